@@ -1,0 +1,94 @@
+"""Stage 3 of the blog, "Constrained Padding": one fixed max length, longer samples dropped.
+
+    uv run 03_constrained_pad_dataloader.py
+    uv run 03_constrained_pad_dataloader.py --max-length 1024 --metrics-json /tmp/03.json
+
+Prints the shapes of one batch, how many samples were dropped, the waste over a whole epoch, and
+saves assets/03.png. Every batch is padded to max_length, whatever its content.
+"""
+
+import argparse
+
+import torch
+from torch.utils.data import DataLoader
+
+from mmdp import config
+from mmdp.cli import add_data_args, add_loader_args, display_path, print_batch, print_settings
+from mmdp.collate import ConstrainedPadCollator
+from mmdp.data import load_vqa_dataset
+from mmdp.errors import exit_on_user_error
+from mmdp.metrics import EpochReport, write_json
+from mmdp.plots import plot_padding, save_figure, waste
+from mmdp.tokenizer import get_tokenizer
+from mmdp.vqa_dataset import VQADataset
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_data_args(parser)
+    add_loader_args(parser)
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=config.MAX_LENGTH,
+        help=f"fixed length every batch is padded to; longer samples are dropped "
+        f"(default: {config.MAX_LENGTH})",
+    )
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    print_settings(args)
+
+    # Get the text tokenizer (SmolLM2's, shipped in the repo) and the dataset
+    tokenizer = get_tokenizer(args.tokenizer)
+    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_samples)
+
+    # Wrap it: each item is tokenized with the chat template, 64 image tokens per image
+    train_dataset = VQADataset(rows, tokenizer)
+
+    # Constrained padding drops samples longer than max_length and pads the rest to max_length
+    loader = DataLoader(
+        train_dataset,
+        batch_size=args.batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(args.seed),
+        num_workers=args.num_workers,
+        collate_fn=ConstrainedPadCollator(tokenizer.pad_token_id, args.max_length),
+    )
+
+    # Go through one epoch; keep the first batch that dropped a sample to show it (as the blog does)
+    report = EpochReport()
+    shown = None
+    for batch in loader:
+        if shown is None or (not shown["dropped"] and batch["dropped"]):
+            shown = batch
+        report.add_batch(batch)
+
+    print("\nOne batch:")
+    print_batch(shown)
+    print(
+        f"This batch has {len(shown['sample_index'])} of {args.batch_size} samples; dropped: "
+        f"{shown['dropped'] or 'none'}"
+    )
+    print(f"\nOver the epoch:\n{report.summary()}")
+    if args.metrics_json:
+        print(
+            f"Wrote the epoch report to {display_path(write_json(report.as_dict(), args.metrics_json))}"
+        )
+
+    # Visualize the padding of that batch
+    lengths = shown["attention_mask"].sum(dim=1).tolist()
+    title = (
+        f"Constrained Padding: padded to max length ({args.max_length}), "
+        f"{waste(lengths, args.max_length):.0%} padding"
+    )
+    fig = plot_padding(lengths, args.max_length, title, limit=args.max_length)
+    path = save_figure(fig, args.out_dir, "03.png")
+    print(f"Saved the padding figure to {display_path(path)}")
+
+
+if __name__ == "__main__":
+    with exit_on_user_error():
+        main()

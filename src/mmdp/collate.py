@@ -1,0 +1,82 @@
+"""Collators for stages 2 and 3: pad every sample of a batch to one length.
+
+Both take the list of dicts VQADataset returns and produce one dict of tensors:
+    input_ids       int64 [B, L]   padded on the right with pad_token_id
+    labels          int64 [B, L]   -100 on padding
+    attention_mask  int64 [B, L]   1 on real tokens, 0 on padding: the only reliable padding
+                                   marker, since SmolLM2's pad id is also its <|im_end|> token
+    images          float [N, 3, S, S]  every image of the batch, in sample order
+    image_sample    int64 [N]      which row of the batch each image belongs to
+    sample_index    int64 [B]      the dataset row of each batch row
+    dropped         {reason: count} rows left out of this batch, and why
+    converted       {mode: count}  images converted to RGB
+"""
+
+from collections import Counter
+
+import torch
+
+from mmdp import config
+
+TOO_LONG = "too_long"  # a sample longer than the constrained max_length
+
+
+def pad_batch(samples: list[dict], pad_token_id: int, length: int | None = None) -> dict:
+    """Pad the usable samples to `length` (default: the longest of them) and stack them."""
+    dropped = Counter(s["skip"] for s in samples if s["skip"] is not None)
+    samples = [s for s in samples if s["skip"] is None]
+    if length is None:
+        length = max((len(s["input_ids"]) for s in samples), default=0)
+    batch_size = len(samples)
+    input_ids = torch.full((batch_size, length), pad_token_id, dtype=torch.long)
+    labels = torch.full((batch_size, length), config.IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((batch_size, length), dtype=torch.long)
+    for i, sample in enumerate(samples):
+        n = len(sample["input_ids"])
+        input_ids[i, :n] = sample["input_ids"]
+        labels[i, :n] = sample["labels"]
+        attention_mask[i, :n] = 1
+    images = [s["images"] for s in samples]
+    image_size = config.IMAGE_SIZE if not images else images[0].shape[-1]
+    converted = Counter()
+    for s in samples:
+        converted.update(s["converted"])
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "attention_mask": attention_mask,
+        "images": torch.cat(images) if images else torch.zeros(0, 3, image_size, image_size),
+        "image_sample": torch.tensor(
+            [i for i, s in enumerate(samples) for _ in range(len(s["images"]))], dtype=torch.long
+        ),
+        "sample_index": torch.tensor([s["row"] for s in samples], dtype=torch.long),
+        "dropped": dict(dropped),
+        "converted": dict(converted),
+    }
+
+
+class NaivePadCollator:
+    """Stage 2: pad every sample to the longest sample of its batch."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, samples: list[dict]) -> dict:
+        return pad_batch(samples, self.pad_token_id)
+
+
+class ConstrainedPadCollator:
+    """Stage 3: drop samples longer than max_length (counted as "too_long"), pad to max_length."""
+
+    def __init__(self, pad_token_id: int, max_length: int):
+        self.pad_token_id = pad_token_id
+        self.max_length = max_length
+
+    def __call__(self, samples: list[dict]) -> dict:
+        samples = [
+            {"row": s["row"], "skip": TOO_LONG}
+            if s["skip"] is None and len(s["input_ids"]) > self.max_length
+            else s
+            for s in samples
+        ]
+        return pad_batch(samples, self.pad_token_id, length=self.max_length)

@@ -1,0 +1,131 @@
+"""Load a VQA dataset in the_cauldron's schema: the embedded synthetic default, a local copy, or the Hub.
+
+Schema (one row = one training sample):
+    images: list of images          (a `datasets` Image feature per element)
+    texts:  list of {"user": str, "assistant": str, "source": str}   (one dict per turn)
+
+Every loader returns a `datasets.Dataset` whose images are NOT decoded (`Image(decode=False)`):
+rows carry the encoded bytes, so counting images costs nothing, and decoding happens in one
+place (`mmdp.images.load_image`) where a broken file becomes a counted skip instead of a crash.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import datasets
+from datasets import Dataset, Features, List, Value, load_dataset, load_from_disk
+from tqdm.auto import tqdm
+
+from mmdp import config
+from mmdp.errors import UserError
+from mmdp.hub import require_hub
+from mmdp.synthetic import encode_png, generate_row
+
+SYNTHETIC_VERSION = 1  # bump when generate_row changes, so old caches are not reused
+
+# Images stay encoded (decode=False): see the module docstring.
+UNDECODED_IMAGES = List(datasets.Image(decode=False))
+FEATURES = Features(
+    {
+        "images": UNDECODED_IMAGES,
+        "texts": List(
+            {"user": Value("string"), "assistant": Value("string"), "source": Value("string")}
+        ),
+    }
+)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MMDP_CACHE", config.DEFAULT_CACHE_DIR))
+
+
+def load_vqa_dataset(
+    name_or_path: str | None = None,
+    subset: str | None = None,
+    split: str = "train",
+    num_rows: int | None = None,
+    seed: int = 0,
+) -> Dataset:
+    """Load the dataset a stage runs on.
+
+    - `None`: the embedded synthetic dataset (`num_rows` rows, generated once and cached);
+    - an existing local path: a directory written by `Dataset.save_to_disk`, or parquet file(s)
+      (a .parquet file, or a directory of them);
+    - anything else: a Hub name for `datasets.load_dataset`, e.g. "HuggingFaceM4/the_cauldron"
+      with subset "ai2d".
+    When `num_rows` is given, only the first `num_rows` rows are kept.
+    """
+    if name_or_path is None:
+        dataset = load_synthetic(max(num_rows or 0, config.DEFAULT_NUM_ROWS), seed=seed)
+    elif Path(name_or_path).exists():
+        dataset = load_local(Path(name_or_path), split)
+    else:
+        dataset = load_hub(name_or_path, subset, split)
+    check_schema(dataset, name_or_path)
+    if dataset.features["images"] != UNDECODED_IMAGES:
+        dataset = dataset.cast_column("images", UNDECODED_IMAGES)
+    if num_rows is not None and num_rows < len(dataset):
+        dataset = dataset.select(range(num_rows))
+    return dataset
+
+
+def load_synthetic(num_rows: int, seed: int = 0) -> Dataset:
+    """The embedded default: generated on first use (with a progress bar), then loaded from disk."""
+    path = cache_dir() / f"synthetic-v{SYNTHETIC_VERSION}-seed{seed}-rows{num_rows}"
+    if not path.exists():
+        print(f"Generating the synthetic VQA dataset ({num_rows:,} rows) into {path} (once)")
+        rows = (
+            {
+                "images": [{"bytes": encode_png(image), "path": None} for image in row["images"]],
+                "texts": row["texts"],
+            }
+            for row in map(generate_row, range(num_rows), [seed] * num_rows)
+        )
+        rows = tqdm(rows, total=num_rows, desc="generating", unit="row")
+        dataset = Dataset.from_list(list(rows), features=FEATURES)
+        # Write next to the final path, then rename: an interrupted run leaves no half cache.
+        partial = path.with_name(path.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        dataset.save_to_disk(str(partial))
+        partial.rename(path)
+    return load_from_disk(str(path))
+
+
+def load_local(path: Path, split: str) -> Dataset:
+    parquet_files = [path] if path.suffix == ".parquet" else sorted(path.glob("**/*.parquet"))
+    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+        loaded = load_from_disk(str(path))
+    elif parquet_files:
+        loaded = load_dataset("parquet", data_files=[str(f) for f in parquet_files], split="train")
+    else:
+        raise UserError(
+            f"{path} is neither a directory written by save_to_disk nor parquet file(s)"
+        )
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise UserError(f"{path} has no split {split!r} (it has {', '.join(loaded)})")
+        loaded = loaded[split]
+    return loaded
+
+
+def load_hub(name: str, subset: str | None, split: str) -> Dataset:
+    default_hint = "run without --dataset to use the embedded synthetic dataset"
+    require_hub(f"dataset {name!r}", default_hint)
+    try:
+        return load_dataset(name, subset, split=split)
+    except (ConnectionError, OSError, FileNotFoundError, ValueError) as error:
+        raise UserError(
+            f"could not load dataset {name!r}"
+            + (f" (subset {subset!r})" if subset else "")
+            + f" from the Hugging Face Hub ({error.__class__.__name__}); {default_hint}"
+        ) from error
+
+
+def check_schema(dataset: Dataset, source: str | None) -> None:
+    missing = {"images", "texts"} - set(dataset.column_names)
+    if missing:
+        raise UserError(
+            f"dataset {source!r} lacks the column(s) {', '.join(sorted(missing))}: mmdp expects "
+            "the_cauldron's schema, images (list of images) and texts (list of {user, assistant})"
+        )

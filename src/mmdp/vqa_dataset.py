@@ -1,0 +1,63 @@
+"""Stage 2's map-style dataset: one row in, one tokenized sample with its images out."""
+
+from collections import Counter
+
+import torch
+from torch.utils.data import Dataset
+
+from mmdp import config
+from mmdp.conversation import BadConversation, tokenize_conversation
+from mmdp.images import BadImage, load_image
+
+
+class VQADataset(Dataset):
+    """Wraps a dataset in the_cauldron's schema (see mmdp.data) for training.
+
+    `dataset[i]` returns a dict:
+        row        the index i in the wrapped dataset (stays attached through collation)
+        input_ids  int64 [T]: chat-templated conversation, image_token_length image tokens per image
+        labels     int64 [T]: the reply tokens, -100 elsewhere
+        images     float32 [N, 3, S, S] in [0, 1]: the N images in order (N may be 0)
+        converted  Counter of image modes converted to RGB (e.g. {"RGBA": 1})
+        skip       None, or the reason this row cannot be used (a broken image, no reply...);
+                   a skipped row has no tensors. __getitem__ never raises for bad data, because
+                   inside a DataLoader worker that would kill the whole epoch: the collator
+                   drops skipped rows and reports them.
+    """
+
+    def __init__(
+        self,
+        dataset,
+        tokenizer,
+        image_size: int = config.IMAGE_SIZE,
+        image_token_length: int = config.IMAGE_TOKEN_LENGTH,
+    ):
+        self.dataset = dataset
+        self.tokenizer = tokenizer
+        self.image_size = image_size
+        self.image_token_length = image_token_length
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        row = self.dataset[index]
+        images = row["images"] or []
+        try:
+            input_ids, labels = tokenize_conversation(
+                row["texts"], len(images), self.tokenizer, self.image_token_length
+            )
+            loaded = [load_image(image, self.image_size) for image in images]
+        except (BadConversation, BadImage) as error:
+            return {"row": index, "skip": error.reason}
+        pixels = [tensor for tensor, _ in loaded]
+        converted = Counter(mode for _, mode in loaded if mode is not None)
+        size = self.image_size
+        return {
+            "row": index,
+            "input_ids": input_ids,
+            "labels": labels,
+            "images": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size),
+            "converted": converted,
+            "skip": None,
+        }

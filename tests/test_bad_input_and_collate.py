@@ -1,0 +1,120 @@
+import io
+import json
+
+import pytest
+import torch
+from datasets import Dataset
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from mmdp import config
+from mmdp.collate import TOO_LONG, ConstrainedPadCollator, NaivePadCollator
+from mmdp.data import FEATURES
+from mmdp.metrics import EpochReport
+from mmdp.vqa_dataset import VQADataset
+
+
+def encoded(image: Image.Image) -> dict:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return {"bytes": buffer.getvalue(), "path": None}
+
+
+def turn(user="What is shown?", assistant="Shapes."):
+    return {"user": user, "assistant": assistant, "source": "test"}
+
+
+RGB = encoded(Image.new("RGB", (40, 30), (200, 10, 10)))
+ROWS = [
+    {"images": [RGB], "texts": [turn()]},  # 0 fine
+    {"images": [{"bytes": b"this is not an image", "path": None}], "texts": [turn()]},  # 1
+    {"images": [RGB], "texts": []},  # 2 no texts
+    {"images": [RGB], "texts": [turn(assistant="")]},  # 3 empty reply
+    {"images": [encoded(Image.new("L", (20, 20), 128))], "texts": [turn()]},  # 4 grayscale
+    {"images": [encoded(Image.new("RGBA", (20, 20), (0, 0, 255, 0)))], "texts": [turn()]},  # 5
+    {"images": [encoded(Image.new("P", (20, 20), 3))], "texts": [turn()]},  # 6 palette
+    {"images": [encoded(Image.new("1", (8000, 6000)))], "texts": [turn()]},  # 7 huge: 48 Mpx
+    {"images": [RGB, RGB], "texts": [turn(), turn("More?", "No.")]},  # 8 fine, two images
+    {"images": [], "texts": [turn(assistant="word " * 600)]},  # 9 fine, but long
+]
+EXPECTED_SKIPS = {1: "undecodable_image", 2: "no_texts", 3: "empty_reply", 7: "image_too_large"}
+
+
+@pytest.fixture(scope="module")
+def dataset(tokenizer):
+    return VQADataset(Dataset.from_list(ROWS, features=FEATURES), tokenizer)
+
+
+def test_each_bad_row_is_skipped_with_its_reason(dataset):
+    for index in range(len(ROWS)):
+        item = dataset[index]
+        assert item["row"] == index
+        assert item["skip"] == EXPECTED_SKIPS.get(index)
+
+
+def test_odd_image_modes_are_converted_to_rgb(dataset):
+    for index, mode in ((4, "L"), (5, "RGBA"), (6, "P")):
+        item = dataset[index]
+        assert item["converted"] == {mode: 1}
+        assert item["images"].shape == (1, 3, config.IMAGE_SIZE, config.IMAGE_SIZE)
+        assert item["images"].dtype == torch.float32
+    # a fully transparent pixel becomes white, not black
+    assert torch.allclose(dataset[5]["images"], torch.ones(1))
+
+
+def test_epoch_through_workers_counts_every_row(dataset, tokenizer):
+    loader = DataLoader(
+        dataset,
+        batch_size=4,
+        num_workers=2,
+        collate_fn=ConstrainedPadCollator(tokenizer.pad_token_id, max_length=256),
+    )
+    report = EpochReport()
+    rows = []
+    for batch in loader:
+        report.add_batch(batch)
+        rows += batch["sample_index"].tolist()
+    assert report.rows_read == len(ROWS)
+    assert sorted(rows) == [0, 4, 5, 6, 8]
+    assert report.dropped == {
+        "undecodable_image": 1,
+        "no_texts": 1,
+        "empty_reply": 1,
+        "image_too_large": 1,
+        TOO_LONG: 1,
+    }
+    assert report.converted == {"L": 1, "RGBA": 1, "P": 1}
+    assert report.computed_tokens == 5 * 256  # every row padded to max_length
+    summary = json.loads(json.dumps(report.as_dict()))
+    assert summary["samples"] + sum(summary["dropped"].values()) == len(ROWS)
+
+
+def test_naive_collator_pads_to_longest_with_explicit_mask(dataset, tokenizer):
+    samples = [dataset[0], dataset[8], dataset[1]]
+    batch = NaivePadCollator(tokenizer.pad_token_id)(samples)
+    lengths = [len(dataset[0]["input_ids"]), len(dataset[8]["input_ids"])]
+    assert batch["input_ids"].shape == (2, max(lengths))
+    assert batch["attention_mask"].sum(dim=1).tolist() == lengths
+    assert batch["sample_index"].tolist() == [0, 8]
+    assert batch["dropped"] == {"undecodable_image": 1}
+    # three images, in sample order, each mapped to its row of the batch
+    assert batch["images"].shape[0] == 3 and batch["image_sample"].tolist() == [0, 1, 1]
+    padding = batch["attention_mask"] == 0
+    assert (batch["labels"][padding] == config.IGNORE_INDEX).all()
+    assert (batch["input_ids"][padding] == tokenizer.pad_token_id).all()
+    # a real <|im_end|> (same id as padding) keeps its label: padding is found by the mask
+    real_im_end = (batch["input_ids"] == tokenizer.pad_token_id) & ~padding
+    assert (batch["labels"][real_im_end] != config.IGNORE_INDEX).any()
+
+
+def test_constrained_collator_drops_long_samples_and_pads_to_max(dataset, tokenizer):
+    batch = ConstrainedPadCollator(tokenizer.pad_token_id, max_length=200)([dataset[0], dataset[9]])
+    assert batch["input_ids"].shape == (1, 200)
+    assert batch["dropped"] == {TOO_LONG: 1}
+    assert batch["sample_index"].tolist() == [0]
+
+
+def test_a_batch_with_every_sample_dropped_is_empty_not_an_error(dataset, tokenizer):
+    batch = ConstrainedPadCollator(tokenizer.pad_token_id, max_length=64)([dataset[1], dataset[9]])
+    assert batch["input_ids"].shape == (0, 64)
+    assert batch["dropped"] == {"undecodable_image": 1, TOO_LONG: 1}

@@ -1,0 +1,18 @@
+from mmdp.plots import plot_padding, waste
+
+
+def test_padding_figure_lists_every_element_in_its_legend():
+    fig = plot_padding([3, 6, 2], width=8, title="Naive Padding: 54% padding", limit=8)
+    ax = fig.axes[0]
+    assert ax.get_title() == "Naive Padding: 54% padding"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "max length (8)",
+        "content",
+        "padding",
+    ]
+    assert [round(bar.get_width()) for bar in ax.patches] == [3, 6, 2, 5, 2, 6]
+
+
+def test_waste_is_the_padding_share():
+    assert waste([3, 6, 2], 8) == 1 - 11 / 24
+    assert waste([], 8) == 0.0
