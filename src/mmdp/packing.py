@@ -1,0 +1,267 @@
+"""Packing as a knapsack problem: put items (samples) into packs under a token budget.
+
+Everything here is pure: lengths (and image counts) in, packs out, as lists of indices into
+`lengths`. The thread/queue plumbing that streams packs lives elsewhere (mmdp.background,
+mmdp.toy, mmdp.packed_dataset) and calls `pack`.
+
+Example: lengths [3, 6, 2, 5], capacity 8
+
+    greedy ("next fit", the blog's greedy)            [[0], [1, 2], [3]]   loads 3, 8, 5
+    ffd    (first-fit decreasing, the blog's binpack) [[1, 2], [3, 0]]     loads 8, 8
+    bfd    (best-fit decreasing)                      [[1, 2], [3, 0]]     loads 8, 8
+
+Strategies:
+- "greedy": walk the items in order; start a new pack when the next item does not fit.
+- "ffd": 1. sort items longest first; 2. put each into the FIRST pack it fits in;
+  3. open a new pack when none fits.
+- "bfd": as ffd, but put each item into the pack it fits TIGHTEST (least room left).
+- "balanced": the multimodal knapsack of stage 5, after the balanced greedy knapsack of Eagle 2
+  that the blog cites: a token budget AND an image budget per pack, balanced between the two.
+  1. Place the samples with images first, largest share of both budgets first
+     (length/capacity + images/max_images); each goes to the pack it fits tightest in tokens,
+     ties to the pack with the fewest images.
+  2. Then the text-only samples, longest first; each goes to the pack with the fewest image slots
+     left, ties to the tightest: text-only samples fill the token room of packs whose images are
+     used up, the one room no image sample can use.
+  Why: sorted by length alone (ffd, bfd), the long image-heavy samples land together, and those
+  packs hit the image budget with token room left; on a cauldron-like mix that costs ~10% more
+  packs (bench/bench_packing.py). Balanced needs about as few packs as bfd with no image budget.
+
+Every pack respects `capacity` (sum of lengths) and, when `image_counts` and `max_images` are
+given, `max_images` (sum of image counts); every strategy honours both. An item that cannot fit
+even alone raises ValueError naming it: callers filter (and count) such items first.
+
+ffd, bfd and balanced run in O(n log n + G * P) with numpy, where G is the number of distinct
+(length, image count) pairs and P the number of packs still open: instead of placing items one by
+one, a run of identical items is placed at once, since first fit (and best fit) keeps filling the
+same pack with identical items until it is full. `reference_fit_decreasing` is the readable,
+item-by-item version (the blog's loop); tests check that both give identical packs.
+"""
+
+from typing import Literal
+
+import numpy as np
+
+Strategy = Literal["greedy", "ffd", "bfd", "balanced"]
+STRATEGIES = ("greedy", "ffd", "bfd", "balanced")
+
+
+def pack(
+    lengths,
+    capacity: int,
+    strategy: Strategy = "ffd",
+    image_counts=None,
+    max_images: int | None = None,
+) -> list[list[int]]:
+    """Pack items into packs; returns a list of packs, each a list of indices into `lengths`.
+
+    `lengths`: positive integer weights (tokens per sample). `image_counts` (optional): images per
+    sample, bounded per pack by `max_images`. Packs come in the order they were opened; within a
+    pack, items come in the order they were placed. Same input, same output.
+    """
+    lengths, images, max_images = check_items(lengths, capacity, image_counts, max_images)
+    if strategy == "greedy":
+        return pack_greedy(lengths, capacity, images, max_images)
+    if strategy == "ffd":
+        return pack_fit_decreasing(lengths, capacity, images, max_images, fit="first")
+    if strategy == "bfd":
+        return pack_fit_decreasing(lengths, capacity, images, max_images, fit="best")
+    if strategy == "balanced":
+        return pack_fit_decreasing(lengths, capacity, images, max_images, fit="balanced")
+    raise ValueError(
+        f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
+    )
+
+
+def check_items(lengths, capacity, image_counts, max_images):
+    """Validate the items; returns (lengths, images, max_images) as int64 arrays / int."""
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    if capacity < 1:
+        raise ValueError(f"capacity must be positive, got {capacity}")
+    images = (
+        np.zeros_like(lengths)
+        if image_counts is None
+        else np.asarray(image_counts, dtype=np.int64).reshape(-1)
+    )
+    if len(images) != len(lengths):
+        raise ValueError(f"{len(lengths)} lengths but {len(images)} image counts")
+    if max_images is None:
+        max_images = int(images.sum())  # no image budget: never binding
+    problems = [
+        (lengths < 1, "has a non-positive length"),
+        (lengths > capacity, f"is longer than the capacity ({capacity} tokens)"),
+        (images < 0, "has a negative image count"),
+        (images > max_images, f"has more images than the budget ({max_images} per pack)"),
+    ]
+    for bad, what in problems:
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"item {i} (length {lengths[i]}, {images[i]} images) {what}; "
+                f"{int(bad.sum())} item(s) like it: filter them out (and count them) before packing"
+            )
+    return lengths, images, int(max_images)
+
+
+def pack_greedy(lengths, capacity, images, max_images) -> list[list[int]]:
+    """Next fit, the blog's greedy: walk in order, start a new pack when an item does not fit."""
+    packs, current, load, load_images = [], [], 0, 0
+    for i, (length, count) in enumerate(zip(lengths.tolist(), images.tolist())):
+        if current and (load + length > capacity or load_images + count > max_images):
+            packs.append(current)
+            current, load, load_images = [], 0, 0
+        current.append(i)
+        load += length
+        load_images += count
+    if current:
+        packs.append(current)
+    return packs
+
+
+def decreasing_order(lengths, images, capacity=1, max_images=0, by="length") -> np.ndarray:
+    """The order fit-decreasing packers place items in; ties by index, so it is deterministic.
+
+    by="length": longest first (then most images first): the classic ffd / bfd order.
+    by="size": samples with images before text-only ones; within each, the largest share of BOTH
+    budgets first, length/capacity + images/max_images (computed in integers as
+    length * max_images + images * capacity): the balanced order.
+    """
+    index = np.arange(len(lengths))
+    if by == "length":
+        return np.lexsort((index, -images, -lengths))
+    size = lengths * max_images + images * capacity
+    return np.lexsort((index, -images, -lengths, -size, images == 0))
+
+
+def pack_fit_decreasing(lengths, capacity, images, max_images, fit: str) -> list[list[int]]:
+    """First fit / best fit decreasing, placing each run of identical items at once.
+
+    fit="first": the lowest-numbered pack with room; fit="best": the pack with the least token
+    room left that still fits (ties: lowest number); fit="balanced": for a sample with images as
+    best, ties to the most image room left; for a text-only sample the least image room left,
+    ties to the least token room (see the module docstring).
+    Whatever the rule, a pack that takes one of a run of identical items stays the pack the rule
+    picks for the next one until it is full (its room only shrinks), which is what lets a whole
+    run be placed at once.
+    """
+    n = len(lengths)
+    if n == 0:
+        return []
+    by = "size" if fit == "balanced" else "length"
+    order = decreasing_order(lengths, images, capacity, max_images, by)
+    sorted_lengths, sorted_images = lengths[order], images[order]
+    # the shortest item still to come, after each position (to close packs that can take none)
+    shortest_after = np.minimum.accumulate(sorted_lengths[::-1])[::-1]
+    pack_of = np.empty(n, dtype=np.int64)  # pack number of each item, in sorted order
+
+    # The packs that may still take an item: their number and room left (tokens, images).
+    open_ids = np.empty(0, dtype=np.int64)
+    open_room = np.empty(0, dtype=np.int64)
+    open_image_room = np.empty(0, dtype=np.int64)
+    num_packs = 0
+
+    # Runs of identical (length, image count) items.
+    run_starts = np.flatnonzero(
+        np.r_[True, (np.diff(sorted_lengths) != 0) | (np.diff(sorted_images) != 0)]
+    )
+    run_ends = np.r_[run_starts[1:], n]
+    for start, end in zip(run_starts.tolist(), run_ends.tolist()):
+        length, count, todo = int(sorted_lengths[start]), int(sorted_images[start]), end - start
+
+        # 1. Which open packs fit one more item, in the order the strategy tries them.
+        fits = open_room >= length
+        if count:
+            fits &= open_image_room >= count
+        candidates = np.flatnonzero(fits)  # lowest pack number first: first fit
+        if fit == "best":
+            candidates = candidates[np.argsort(open_room[candidates], kind="stable")]
+        elif fit == "balanced":  # np.lexsort sorts by its LAST key first
+            if count:
+                keys = (candidates, -open_image_room[candidates], open_room[candidates])
+            else:
+                keys = (candidates, open_room[candidates], open_image_room[candidates])
+            candidates = candidates[np.lexsort(keys)]
+
+        # 2. Each of them takes as many of the identical items as fit, in that order: after one
+        #    item it is still the first (or the tightest) pack that fits, until it is full.
+        takes = open_room[candidates] // length
+        if count:
+            takes = np.minimum(takes, open_image_room[candidates] // count)
+        taken_before = np.cumsum(takes) - takes
+        takes = np.clip(todo - taken_before, 0, takes)
+        used = takes > 0
+        candidates, takes = candidates[used], takes[used]
+        placed = int(takes.sum())
+        pack_of[start : start + placed] = np.repeat(open_ids[candidates], takes)
+        open_room[candidates] -= takes * length
+        open_image_room[candidates] -= takes * count
+
+        # 3. The rest open new packs, each filled with as many identical items as fit.
+        left = todo - placed
+        if left:
+            per_pack = capacity // length
+            if count:
+                per_pack = min(per_pack, max_images // count)
+            new = -(-left // per_pack)
+            new_takes = np.full(new, per_pack, dtype=np.int64)
+            new_takes[-1] = left - per_pack * (new - 1)
+            new_ids = np.arange(num_packs, num_packs + new)
+            pack_of[start + placed : end] = np.repeat(new_ids, new_takes)
+            open_ids = np.r_[open_ids, new_ids]
+            open_room = np.r_[open_room, capacity - new_takes * length]
+            open_image_room = np.r_[open_image_room, max_images - new_takes * count]
+            num_packs += new
+
+        # Forget packs that no remaining item can fit into.
+        if end < n:
+            still_open = open_room >= shortest_after[end]
+            if not still_open.all():
+                open_ids = open_ids[still_open]
+                open_room = open_room[still_open]
+                open_image_room = open_image_room[still_open]
+
+    # Group the items by pack, keeping the order they were placed in.
+    by_pack = np.argsort(pack_of, kind="stable")
+    bounds = np.cumsum(np.bincount(pack_of, minlength=num_packs))[:-1]
+    return [chunk.tolist() for chunk in np.split(order[by_pack], bounds)]
+
+
+def reference_fit_decreasing(lengths, capacity, image_counts=None, max_images=None, fit="first"):
+    """The readable version, one item at a time (the blog's binpack loop), for reading and tests.
+
+    O(n * packs): fine for a toy, far too slow for an epoch (see bench/bench_packing.py).
+    """
+    lengths, images, max_images = check_items(lengths, capacity, image_counts, max_images)
+    by = "size" if fit == "balanced" else "length"
+    packs, room, image_room = [], [], []
+    for i in decreasing_order(lengths, images, capacity, max_images, by).tolist():
+        length, count = int(lengths[i]), int(images[i])
+        fitting = [p for p in range(len(packs)) if room[p] >= length and image_room[p] >= count]
+        if fit == "best":
+            fitting.sort(key=lambda p: room[p])
+        elif fit == "balanced" and count:
+            fitting.sort(key=lambda p: (room[p], -image_room[p]))
+        elif fit == "balanced":
+            fitting.sort(key=lambda p: (image_room[p], room[p]))
+        if fitting:
+            chosen = fitting[0]
+        else:
+            packs.append([])
+            room.append(capacity)
+            image_room.append(max_images)
+            chosen = len(packs) - 1
+        packs[chosen].append(i)
+        room[chosen] -= length
+        image_room[chosen] -= count
+    return packs
+
+
+def pack_loads(packs, lengths) -> np.ndarray:
+    """Total length of each pack."""
+    lengths = np.asarray(lengths)
+    return np.array([int(lengths[p].sum()) for p in packs], dtype=np.int64)
+
+
+def lower_bound(lengths, capacity: int) -> int:
+    """No packing can use fewer packs than ceil(total length / capacity)."""
+    return -(-int(np.sum(lengths)) // capacity)

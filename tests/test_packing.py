@@ -1,0 +1,142 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mmdp.packing import STRATEGIES, lower_bound, pack, pack_loads, reference_fit_decreasing
+
+BLOG_ITEMS = list(range(1, 25))  # the blog's toy: start=1, end=25, capacity 100
+
+
+def values(packs, items):
+    return [[items[i] for i in p] for p in packs]
+
+
+def test_greedy_reproduces_the_blog():
+    assert values(pack(BLOG_ITEMS, 100, "greedy"), BLOG_ITEMS) == [
+        list(range(1, 14)), list(range(14, 20)), list(range(20, 24)), [24],
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", ["ffd", "bfd", "balanced"])
+def test_binpack_reproduces_the_blog(strategy):
+    # balanced and bfd coincide with ffd here: no images, and 24 items that fill 3 packs exactly
+    assert values(pack(BLOG_ITEMS, 100, strategy), BLOG_ITEMS) == [
+        [24, 23, 22, 21, 10],
+        [20, 19, 18, 17, 16, 9, 1],
+        [15, 14, 13, 12, 11, 8, 7, 6, 5, 4, 3, 2],
+    ]
+
+
+def test_docstring_example():
+    # lengths [3, 6, 2, 5], capacity 8
+    # greedy: 3 | 6+2 (3 does not fit with 6) | 5
+    assert pack([3, 6, 2, 5], 8, "greedy") == [[0], [1, 2], [3]]
+    # ffd: 6 opens pack 1; 5 does not fit (11) -> pack 2; 3 fits pack 1? 9 > 8 no -> pack 2 (8);
+    #      2 fits pack 1 (8)
+    assert pack([3, 6, 2, 5], 8, "ffd") == [[1, 2], [3, 0]]
+    assert pack([3, 6, 2, 5], 8, "bfd") == [[1, 2], [3, 0]]
+
+
+def test_best_fit_picks_the_tightest_pack_first_fit_the_first():
+    # capacity 7, lengths 5, 3, 3, 1 (already decreasing):
+    # 5 -> pack A (2 left); 3 -> A? no -> pack B (4 left); 3 -> B (1 left);
+    # 1 -> ffd: A, the first pack with room; bfd: B, whose room (1) is tighter than A's (2)
+    assert pack([5, 3, 3, 1], 7, "ffd") == [[0, 3], [1, 2]]
+    assert pack([5, 3, 3, 1], 7, "bfd") == [[0], [1, 2, 3]]
+
+
+def test_image_budget_is_a_second_knapsack_constraint():
+    # capacity 10, at most 2 images a pack; lengths 4, 4, 4 with 1 image each:
+    # ffd: 4 -> A; 4 -> A (8 tokens, 2 images); 4 -> A? 12 tokens > 10 -> B
+    assert pack([4, 4, 4], 10, "ffd", [1, 1, 1], 2) == [[0, 1], [2]]
+    # lengths 2, 2, 2 with 1 image each fit in tokens (6) but not in images (3 > 2)
+    assert pack([2, 2, 2], 10, "ffd", [1, 1, 1], 2) == [[0, 1], [2]]
+    assert pack([2, 2, 2], 10, "greedy", [1, 1, 1], 2) == [[0, 1], [2]]
+
+
+def test_fast_ffd_and_bfd_match_the_readable_loop_with_images():
+    rng = np.random.default_rng(0)
+    differ = 0
+    for _ in range(200):
+        lengths = rng.integers(1, 20, 30)
+        images = rng.integers(0, 3, 30)
+        a = pack(lengths, 20, "ffd", images, 3)
+        b = pack(lengths, 20, "bfd", images, 3)
+        differ += a != b
+        assert a == reference_fit_decreasing(lengths, 20, images, 3, fit="first")
+        assert b == reference_fit_decreasing(lengths, 20, images, 3, fit="best")
+    assert differ > 0  # the two strategies are really different
+
+
+def test_items_that_cannot_fit_alone_are_named_not_dropped():
+    with pytest.raises(ValueError, match="item 1 .*longer than the capacity"):
+        pack([3, 12, 4], 10)
+    with pytest.raises(ValueError, match="item 2 .*more images than the budget"):
+        pack([3, 2, 4], 10, "balanced", image_counts=[0, 1, 5], max_images=4)
+    with pytest.raises(ValueError, match="non-positive"):
+        pack([3, 0], 10, "greedy")
+    with pytest.raises(ValueError, match="unknown packing strategy"):
+        pack([3], 10, "knapsack")
+
+
+def test_no_items_no_packs():
+    for strategy in STRATEGIES:
+        assert pack([], 10, strategy) == []
+
+
+items = st.integers(min_value=1, max_value=64).flatmap(
+    lambda capacity: st.tuples(
+        st.just(capacity),
+        st.lists(st.tuples(st.integers(1, capacity), st.integers(0, 3)), max_size=150),
+        st.integers(3, 8),
+    )
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(items, st.sampled_from(STRATEGIES))
+def test_packs_are_valid_whatever_the_input(case, strategy):
+    capacity, pairs, max_images = case
+    lengths = [length for length, _ in pairs]
+    images = [count for _, count in pairs]
+    packs = pack(lengths, capacity, strategy, images, max_images)
+    # every index exactly once
+    assert sorted(i for p in packs for i in p) == list(range(len(lengths)))
+    assert all(p for p in packs)
+    # no pack over either budget
+    assert all(sum(lengths[i] for i in p) <= capacity for p in packs)
+    assert all(sum(images[i] for i in p) <= max_images for p in packs)
+    # deterministic
+    assert pack(lengths, capacity, strategy, images, max_images) == packs
+    if strategy in ("ffd", "bfd"):
+        # first/best fit never leaves two packs both at most half full (token-only packing)
+        token_packs = pack(lengths, capacity, strategy)
+        loads = pack_loads(token_packs, lengths)
+        assert (loads * 2 <= capacity).sum() <= 1
+        assert len(token_packs) < 2 * sum(lengths) / capacity + 1
+        assert len(token_packs) >= lower_bound(lengths, capacity)
+
+
+@settings(max_examples=100, deadline=None)
+@given(items)
+def test_fast_packers_match_the_readable_reference(case):
+    capacity, pairs, max_images = case
+    lengths = [length for length, _ in pairs]
+    images = [count for _, count in pairs]
+    for strategy, fit in (("ffd", "first"), ("bfd", "best"), ("balanced", "balanced")):
+        assert pack(lengths, capacity, strategy, images, max_images) == reference_fit_decreasing(
+            lengths, capacity, images, max_images, fit=fit
+        )
+
+
+def test_balanced_mixes_images_where_length_order_cannot():
+    # Four image-heavy short samples and four text-only long ones, capacity 10, 2 images a pack.
+    # By length (ffd) the four long text samples pair up first and the image samples are left to
+    # packs of their own; balanced pairs each long text sample with an image sample.
+    lengths = [7, 7, 7, 7, 3, 3, 3, 3]
+    images = [0, 0, 0, 0, 2, 2, 2, 2]
+    assert len(pack(lengths, 10, "balanced", images, 2)) == 4  # the lower bound: 40 / 10
+    assert all(
+        sorted(images[i] for i in p) == [0, 2] for p in pack(lengths, 10, "balanced", images, 2)
+    )
