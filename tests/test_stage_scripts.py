@@ -49,3 +49,19 @@ def test_padding_stages_write_figure_and_consistent_metrics(run_script, tmp_path
         assert report["dropped"].get("too_long", 0) > 0
     else:
         assert report["batches"] == 12 and report["dropped"] == {}
+
+
+def test_stage4_prints_the_blogs_packs_and_saves_both_figures(run_script, tmp_path):
+    result = run_script("04_knapsack_toy.py", "--out-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    greedy = lines[lines.index("=== Strategy: GREEDY ===") + 1 :][:4]
+    binpack = lines[lines.index("=== Strategy: BINPACK ===") + 1 :][:3]
+    assert [line.split(": ", 1)[1] for line in greedy] == [
+        " ".join(map(str, range(1, 14))), "14 15 16 17 18 19", "20 21 22 23", "24",
+    ]  # fmt: skip
+    assert [line.split(": ", 1)[1] for line in binpack] == [
+        "24 23 22 21 10", "20 19 18 17 16 9 1", "15 14 13 12 11 8 7 6 5 4 3 2",
+    ]  # fmt: skip
+    for name in ("04_greedy.png", "04_binpack.png"):
+        assert (tmp_path / name).stat().st_size > 10_000

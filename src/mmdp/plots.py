@@ -7,6 +7,8 @@ import textwrap
 from pathlib import Path
 
 import matplotlib
+import matplotlib.lines
+import matplotlib.patches
 
 matplotlib.use("Agg")  # no screen needed: figures are only saved
 import numpy as np  # noqa: E402
@@ -16,6 +18,8 @@ from matplotlib.figure import Figure  # noqa: E402
 CONTENT_COLOUR = "skyblue"
 PADDING_COLOUR = "lightgrey"
 LIMIT_COLOUR = "red"
+# Colours for items / samples: matplotlib's tab20 without its two greys (grey means padding).
+ITEM_COLOURS = [c for i, c in enumerate(plt.cm.tab20.colors) if i not in (14, 15)]
 
 
 def save_figure(fig: Figure, out_dir: str | Path, name: str) -> Path:
@@ -82,3 +86,34 @@ def waste(lengths, width: int) -> float:
     """Padding share of a batch of len(lengths) rows padded to width."""
     total = len(lengths) * width
     return 1 - sum(lengths) / total if total else 0.0
+
+
+def plot_packs(packs: list[list[int]], capacity: int, title: str) -> Figure:
+    """Stage 4: one stacked bar per pack, each item a labelled segment, unused capacity in grey."""
+    fig, ax = plt.subplots(figsize=(10, 0.7 * len(packs) + 1.8))
+    colours = ITEM_COLOURS
+    for row, items in enumerate(packs):
+        left = 0
+        for item in items:
+            ax.barh(row, item, left=left, color=colours[item % len(colours)], edgecolor="white")
+            ax.text(left + item / 2, row, str(item), ha="center", va="center", fontsize=8)
+            left += item
+        ax.barh(row, capacity - left, left=left, color=PADDING_COLOUR)
+        ax.text(capacity + 1, row, f"{left / capacity:.0%} full", va="center", fontsize=9)
+    ax.axvline(capacity, color=LIMIT_COLOUR, linestyle="--")
+    ax.set_yticks(range(len(packs)), [f"pack {i + 1}" for i in range(len(packs))])
+    ax.invert_yaxis()
+    ax.set_xlim(0, capacity * 1.12)
+    ax.set_xlabel("tokens")
+    ax.set_title(title)
+    handles = [
+        matplotlib.patches.Patch(color=colours[3], label="item (its length)"),
+        matplotlib.patches.Patch(color=PADDING_COLOUR, label="unused capacity"),
+        matplotlib.lines.Line2D(
+            [], [], color=LIMIT_COLOUR, linestyle="--", label=f"capacity ({capacity})"
+        ),
+    ]
+    ax.legend(
+        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False
+    )
+    return fig
