@@ -150,7 +150,10 @@ def packers(lengths, images, capacity, max_images, args):
         (f"mmdp {s}", len(lengths), lambda s=s: pack(lengths, capacity, s, images, max_images))
         for s in ("ffd", "bfd", "balanced")
     ]
-    runs.append(("mmdp bfd, no image budget", len(lengths), lambda: pack(lengths, capacity, "bfd")))
+    runs += [
+        (f"mmdp {s}, no image budget", len(lengths), lambda s=s: pack(lengths, capacity, s))
+        for s in ("ffd", "bfd")
+    ]
     if args.skip_peers:
         return runs
     trl_run = trl_bfd(lengths, capacity)
