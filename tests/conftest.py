@@ -25,10 +25,18 @@ def run_script():
     return _run_script
 
 
-def _run_script(name: str, *args: str, env: dict | None = None, timeout: int = 300):
-    """Run a stage script as a user would; returns the CompletedProcess (never raises)."""
+def _run_script(
+    name: str, *args: str, env: dict | None = None, timeout: int = 300, python_args: bool = False
+):
+    """Run a stage script as a user would; returns the CompletedProcess (never raises).
+
+    With python_args=True, `name` and `args` are passed to python as they are (e.g. "-m", ...).
+    """
+    command = (
+        [sys.executable, name, *args] if python_args else [sys.executable, str(REPO / name), *args]
+    )
     return subprocess.run(
-        [sys.executable, str(REPO / name), *args],
+        command,
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -65,3 +65,49 @@ def test_stage4_prints_the_blogs_packs_and_saves_both_figures(run_script, tmp_pa
     ]  # fmt: skip
     for name in ("04_greedy.png", "04_binpack.png"):
         assert (tmp_path / name).stat().st_size > 10_000
+
+
+def test_stage5_default_run_packs_at_least_98_percent(run_script, tmp_path):
+    metrics = tmp_path / "m.json"
+    batch = tmp_path / "batch.pt"
+    result = run_script(
+        "05_knapsack_multimodal.py", "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
+        "--save-batch", str(batch),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(metrics.read_text())
+    assert KEYS <= set(report)
+    assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"] == 2000
+    assert report["utilization"] >= 0.98
+    assert len(report["sample_index"]) == len(set(report["sample_index"])) == report["samples"]
+    for name in ("tokens_per_pack", "images_per_pack", "samples_per_pack"):
+        assert set(report[name]) == {"min", "max", "mean", "std"}
+    assert report["images_per_pack"]["max"] <= 18
+    for name in ("05.png", "05_vs_03.png", "05_samples.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+    import torch
+
+    saved = torch.load(batch)
+    assert {"input_ids", "labels", "position_ids", "padding_mask", "cu_seqlens", "sample_index",
+            "images", "image_sample"} <= set(saved)  # fmt: skip
+    assert saved["input_ids"].shape == (8, 512)
+
+
+def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
+    metrics = tmp_path / "m.json"
+    result = run_script(
+        "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "05_knapsack_multimodal.py", "--num-samples", "300", "--num-workers", "2",
+        "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
+        python_args=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(metrics.read_text())
+    # every rank yielded the same number of batches: no DDP hang at the end of the epoch
+    yielded = report["batches_per_rank_yielded"]
+    assert len(yielded) == 2 and yielded[0] == yielded[1] > 0
+    assert report["rank_balance"]["batches_per_rank"] == yielded
+    # no row twice, none lost: used + dropped (left-out remainder included) = rows read
+    rows = report["sample_index"]
+    assert len(rows) == len(set(rows)) == report["samples"]
+    assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"] == 300

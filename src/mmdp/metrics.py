@@ -8,6 +8,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
+
 
 class EpochReport:
     def __init__(self):
@@ -71,3 +73,86 @@ def write_json(data: dict, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
+
+
+def pack_of_images(batch: dict) -> np.ndarray:
+    """The pack (row of the batch) each image of a collated batch belongs to."""
+    pack_of_sample = np.repeat(np.arange(len(batch["samples_per_pack"])), batch["samples_per_pack"])
+    return pack_of_sample[batch["image_sample"].numpy()]
+
+
+def spread(values) -> dict:
+    """min / max / mean / std of a list of numbers (zeros for an empty list)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return {"min": 0, "max": 0, "mean": 0.0, "std": 0.0}
+    return {
+        "min": int(values.min()) if float(values.min()).is_integer() else float(values.min()),
+        "max": int(values.max()) if float(values.max()).is_integer() else float(values.max()),
+        "mean": round(float(values.mean()), 3),
+        "std": round(float(values.std()), 3),
+    }
+
+
+class PackReport(EpochReport):
+    """EpochReport for packed batches: also tokens, images and samples per pack, and the rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.tokens_per_pack = []
+        self.images_per_pack = []
+        self.samples_per_pack = []
+        self.batch_samples = []  # the dataset rows of each batch, in order
+
+    def add_batch(self, batch: dict, padding_key: str = "padding_mask") -> None:
+        super().add_batch(batch, padding_key)
+        samples_per_pack = batch["samples_per_pack"]
+        images = np.bincount(pack_of_images(batch), minlength=len(samples_per_pack))
+        self.tokens_per_pack += batch[padding_key].sum(dim=1).tolist()
+        self.images_per_pack += images.tolist()
+        self.samples_per_pack += samples_per_pack.tolist()
+        self.batch_samples.append(batch["sample_index"].tolist())
+
+    @property
+    def sample_index(self) -> list[int]:
+        return [row for rows in self.batch_samples for row in rows]
+
+    @classmethod
+    def merged(cls, reports: list["PackReport"]) -> "PackReport":
+        """One report for all ranks; rows in step order (step 0 of rank 0, of rank 1, ...)."""
+        total = cls()
+        for report in reports:
+            for name in ("samples", "batches", "useful_tokens", "computed_tokens"):
+                setattr(total, name, getattr(total, name) + getattr(report, name))
+            total.dropped.update(report.dropped)
+            total.converted.update(report.converted)
+            for name in ("tokens_per_pack", "images_per_pack", "samples_per_pack"):
+                getattr(total, name).extend(getattr(report, name))
+        steps = max((len(r.batch_samples) for r in reports), default=0)
+        total.batch_samples = [
+            r.batch_samples[step]
+            for step in range(steps)
+            for r in reports
+            if step < len(r.batch_samples)
+        ]
+        return total
+
+    def as_dict(self) -> dict:
+        return {
+            **super().as_dict(),
+            "packs": len(self.tokens_per_pack),
+            "tokens_per_pack": spread(self.tokens_per_pack),
+            "images_per_pack": spread(self.images_per_pack),
+            "samples_per_pack": spread(self.samples_per_pack),
+            "sample_index": self.sample_index,
+        }
+
+    def summary(self) -> str:
+        lines = [super().summary(), f"packs:           {len(self.tokens_per_pack):,}"]
+        for name in ("tokens", "images", "samples"):
+            s = spread(getattr(self, f"{name}_per_pack"))
+            lines.append(
+                f"{name + ' per pack:':<17}min {s['min']}, max {s['max']}, "
+                f"mean {s['mean']:.1f}, std {s['std']:.1f}"
+            )
+        return "\n".join(lines)

@@ -15,6 +15,8 @@ import numpy as np  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from mmdp.metrics import pack_of_images  # noqa: E402
+
 CONTENT_COLOUR = "skyblue"
 PADDING_COLOUR = "lightgrey"
 LIMIT_COLOUR = "red"
@@ -65,9 +67,24 @@ def plot_padding(lengths: list[int], width: int, title: str, limit: int | None =
     `lengths` are the real tokens of each row, `width` the padded length of the batch; `limit`,
     if given, draws the fixed max length as a dashed line.
     """
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(lengths) + 2))
+    draw_padding(ax, lengths, width, title, limit)
+    return fig
+
+
+def plot_padding_side_by_side(left: dict, right: dict, title: str) -> Figure:
+    """Two padding panels (each a dict of draw_padding's arguments), e.g. knapsack vs constrained."""
+    rows = max(len(left["lengths"]), len(right["lengths"]))
+    fig, axes = plt.subplots(1, 2, figsize=(15, 0.45 * rows + 2.4), sharex=True)
+    draw_padding(axes[0], **left)
+    draw_padding(axes[1], **right)
+    fig.suptitle(title)
+    return fig
+
+
+def draw_padding(ax, lengths, width: int, title: str, limit: int | None = None) -> None:
     lengths = np.asarray(lengths)
     rows = np.arange(len(lengths))
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(lengths) + 2))
     ax.barh(rows, lengths, color=CONTENT_COLOUR, label="content")
     ax.barh(rows, width - lengths, left=lengths, color=PADDING_COLOUR, label="padding")
     if limit is not None:
@@ -79,7 +96,70 @@ def plot_padding(lengths: list[int], width: int, title: str, limit: int | None =
     ax.set_title(title)
     # After everything is drawn, so every element is listed; below the axes, so it hides no bar.
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
+
+
+def plot_pack_samples(batch: dict, image_token_id: int, title: str) -> Figure:
+    """Stage 5: each pack's tokens coloured by the sample they belong to, image tokens hatched.
+
+    Shows what a flat "content vs padding" bar hides: where each sample starts and ends, how
+    many samples and images each pack holds.
+    """
+    input_ids = batch["input_ids"]
+    rows, width = input_ids.shape
+    fig, ax = plt.subplots(figsize=(12, 0.55 * rows + 2))
+    sample = 0
+    offsets = batch["cu_seqlens"].tolist()
+    segment = 0
+    pack_of_image = pack_of_images(batch)
+    for row in range(rows):
+        left = 0
+        for _ in range(int(batch["samples_per_pack"][row])):
+            length = offsets[segment + 1] - offsets[segment]
+            colour = ITEM_COLOURS[sample % len(ITEM_COLOURS)]
+            ax.barh(row, length, left=left, color=colour, edgecolor="white", linewidth=0.8)
+            is_image = (input_ids[row, left : left + length] == image_token_id).numpy()
+            for start, stop in runs(is_image):
+                ax.barh(
+                    row,
+                    stop - start,
+                    left=left + start,
+                    color="none",
+                    hatch="////",
+                    edgecolor="black",
+                    linewidth=0,
+                )
+            left += length
+            sample += 1
+            segment += 1
+        if left < width:
+            ax.barh(row, width - left, left=left, color=PADDING_COLOUR)
+            segment += 1
+        images = int((pack_of_image == row).sum())
+        samples = int(batch["samples_per_pack"][row])
+        label = f"{samples} sample{'s' * (samples != 1)}, {images} image{'s' * (images != 1)}"
+        ax.text(width * 1.01, row, label, va="center", fontsize=8)
+    ax.set_yticks(range(rows), [f"pack {i + 1}" for i in range(rows)])
+    ax.invert_yaxis()
+    ax.set_xlim(0, width * 1.2)
+    ax.set_xlabel("token position")
+    ax.set_title(title)
+    handles = [
+        matplotlib.patches.Patch(facecolor=ITEM_COLOURS[0], label="a sample (one colour each)"),
+        matplotlib.patches.Patch(
+            facecolor="white", edgecolor="black", hatch="////", label="image tokens (64 per image)"
+        ),
+        matplotlib.patches.Patch(color=PADDING_COLOUR, label="padding"),
+    ]
+    ax.legend(
+        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, frameon=False
+    )
     return fig
+
+
+def runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, stop) of each run of True in a 1-D boolean array."""
+    edges = np.flatnonzero(np.diff(np.r_[0, mask.astype(np.int8), 0]))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
 
 
 def waste(lengths, width: int) -> float:

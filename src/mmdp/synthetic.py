@@ -20,7 +20,8 @@ Tasks (the `source` of each turn):
 - describe:  a long, detailed description of every shape (the long tail)
 - compare:   "Which image has the most squares?" across 2 or 3 images
 - multiturn: several questions about one image, some with long answers
-- text_only: a question with no image (real mixtures have text-only rows too)
+- text_only: arithmetic, spelling, sorting, capitals: no image (mixtures used to train VLMs
+             keep some text-only data; it is also what fills the gaps of packs)
 """
 
 import io
@@ -53,7 +54,7 @@ TASK_WEIGHTS = {
     "describe": 12,
     "compare": 10,
     "multiturn": 10,
-    "text_only": 4,
+    "text_only": 16,
 }
 
 GRID = 4  # shapes sit one per cell of a GRID x GRID grid, so they never overlap
@@ -355,9 +356,40 @@ def task_diagram(rng):
 # Text-only rows
 
 
+WORDS = ("circle", "triangle", "square", "diagram", "picture", "colour", "market", "garden")
+CAPITALS = {
+    "France": "Paris",
+    "Japan": "Tokyo",
+    "Kenya": "Nairobi",
+    "Peru": "Lima",
+    "Norway": "Oslo",
+}
+
+
 def task_text_only(rng):
-    a, b = rng.randint(2, 99), rng.randint(2, 99)
-    return [], [(f"What is {a} times {b}?", f"{a} times {b} is {a * b}.")]
+    kind = rng.choice(("multiply", "reverse", "capital", "sort"))
+    if kind == "multiply":
+        a, b = rng.randint(2, 99), rng.randint(2, 99)
+        return [], [(f"What is {a} times {b}?", f"{a} times {b} is {a * b}.")]
+    if kind == "reverse":
+        word = rng.choice(WORDS)
+        return [], [(f"Spell the word '{word}' backwards.", word[::-1])]
+    if kind == "capital":
+        country = rng.choice(list(CAPITALS))
+        return [], [
+            (
+                f"What is the capital of {country}?",
+                f"The capital of {country} is {CAPITALS[country]}.",
+            )
+        ]
+    numbers = [rng.randint(1, 99) for _ in range(rng.randint(3, 8))]
+    listing = ", ".join(map(str, numbers))
+    return [], [
+        (
+            f"Sort these numbers from smallest to largest: {listing}.",
+            ", ".join(map(str, sorted(numbers))),
+        )
+    ]
 
 
 TASKS = {

@@ -1,0 +1,215 @@
+import io
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from mmdp import config
+from mmdp.data import FEATURES, load_vqa_dataset
+from mmdp.packed_dataset import (
+    RANK_REMAINDER,
+    TOO_LONG,
+    TOO_MANY_IMAGES,
+    PackedDataLoader,
+    PackedDataset,
+    collate_packs,
+    model_inputs,
+)
+from mmdp.vqa_dataset import VQADataset
+
+IMAGE_SIZE = 16  # tiny images keep these tests fast; nothing here depends on the size
+
+
+@pytest.fixture(scope="module")
+def samples(tokenizer):
+    return VQADataset(load_vqa_dataset(num_rows=120), tokenizer, image_size=IMAGE_SIZE)
+
+
+def packed(samples, **kwargs):
+    kwargs = {"seq_length": 512, "packs_per_batch": 4, **kwargs}
+    return PackedDataset(samples, **kwargs)
+
+
+def epoch_rows(loader):
+    return [batch["sample_index"].tolist() for batch in loader]
+
+
+def test_pack_layout(samples, tokenizer):
+    dataset = packed(samples)
+    batch = next(iter(PackedDataLoader(dataset, num_workers=0)))
+    rows, length = batch["input_ids"].shape
+    assert (rows, length) == (4, 512)
+    offsets = batch["cu_seqlens"].tolist()
+    sample = 0
+    segment = 0
+    for row in range(rows):
+        position = 0
+        for _ in range(int(batch["samples_per_pack"][row])):
+            start, stop = offsets[segment] - row * length, offsets[segment + 1] - row * length
+            assert start == position
+            item = samples[int(batch["sample_index"][sample])]
+            n = len(item["input_ids"])
+            assert stop - start == n
+            # the sample's own tokens, positions restarting at 0, its labels but the first
+            assert torch.equal(batch["input_ids"][row, start:stop], item["input_ids"])
+            assert batch["position_ids"][row, start:stop].tolist() == list(range(n))
+            assert batch["labels"][row, start] == config.IGNORE_INDEX
+            assert torch.equal(batch["labels"][row, start + 1 : stop], item["labels"][1:])
+            # its images, in order, mapped back to it
+            mine = batch["image_sample"] == sample
+            assert torch.equal(batch["images"][mine], item["images"])
+            position, sample, segment = stop, sample + 1, segment + 1
+        assert batch["padding_mask"][row].sum() == position
+        assert (batch["labels"][row, position:] == config.IGNORE_INDEX).all()
+        if position < length:  # the padding run is a segment of its own
+            assert batch["position_ids"][row, position:].tolist() == list(range(length - position))
+            segment += 1
+    assert segment == len(offsets) - 1 and offsets[-1] == rows * length
+    assert batch["max_seqlen"] == max(b - a for a, b in zip(offsets, offsets[1:]))
+    assert sample == len(batch["sample_index"])
+    assert "attention_mask" not in batch  # see the README: a 2-D mask would undo the packing
+    assert set(model_inputs(batch)) == {"input_ids", "labels", "position_ids"}
+
+
+def tiny_llama(vocab_size):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model_config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        initializer_range=0.5,  # large weights: attention matters, so mistakes show in the loss
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return LlamaForCausalLM(model_config).eval()
+
+
+def summed_loss(logits, labels):
+    """Sum of token losses, with the model's own shift (logit t predicts label t + 1)."""
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), reduction="sum"
+    )
+
+
+def test_packed_loss_equals_one_sample_at_a_time(samples, tokenizer):
+    model = tiny_llama(len(tokenizer))
+    batch = next(iter(PackedDataLoader(packed(samples), num_workers=0)))
+    inputs = model_inputs(batch)
+    with torch.no_grad():
+        alone = sum(
+            summed_loss(
+                model(input_ids=s["input_ids"][None], use_cache=False).logits, s["labels"][None]
+            )
+            for s in (samples[int(row)] for row in batch["sample_index"])
+        )
+        packed_loss = summed_loss(model(**inputs, use_cache=False).logits, batch["labels"])
+        contiguous = summed_loss(
+            model(input_ids=inputs["input_ids"], use_cache=False).logits, batch["labels"]
+        )
+        with_cache = summed_loss(model(**inputs).logits, batch["labels"])  # trap (a)
+        padding_as_mask = summed_loss(  # trap (b)
+            model(**inputs, attention_mask=batch["padding_mask"].long(), use_cache=False).logits,
+            batch["labels"],
+        )
+    assert abs(packed_loss - alone) / alone < 1e-5
+    for wrong in (contiguous, with_cache, padding_as_mask):
+        assert abs(wrong - alone) / alone > 1e-3
+
+
+def test_same_seed_and_epoch_same_batches_new_epoch_new_order(samples):
+    first = epoch_rows(PackedDataLoader(packed(samples, seed=3), num_workers=2))
+    again = epoch_rows(PackedDataLoader(packed(samples, seed=3), num_workers=0))
+    assert first == again
+    dataset = packed(samples, seed=3)
+    dataset.set_epoch(1)
+    other = epoch_rows(PackedDataLoader(dataset, num_workers=2))
+    assert other != first
+    assert sorted(sum(other, [])) == sorted(sum(first, []))
+
+
+def test_resume_mid_epoch_yields_exactly_the_rest(samples):
+    full = epoch_rows(PackedDataLoader(packed(samples), num_workers=2))
+    loader = PackedDataLoader(packed(samples), num_workers=2)
+    seen = []
+    for batch in loader:
+        seen.append(batch["sample_index"].tolist())
+        if len(seen) == 3:
+            state = loader.state_dict()
+            break
+    assert state == {"seed": 0, "epoch": 0, "batches_done": 3}
+    resumed = PackedDataLoader(packed(samples), num_workers=2)
+    resumed.load_state_dict(state)
+    assert len(resumed) == len(full) - 3
+    assert seen + epoch_rows(resumed) == full
+    # after a full epoch the position resets: iterating again gives the whole epoch
+    assert epoch_rows(resumed) == full
+
+
+def test_ranks_get_equal_batches_and_disjoint_rows(samples):
+    rows_read = len(samples)
+    for world_size in (2, 3):
+        ranks = [
+            packed(samples, packs_per_batch=3, rank=r, world_size=world_size)
+            for r in range(world_size)
+        ]
+        per_rank = [epoch_rows(PackedDataLoader(d, num_workers=2)) for d in ranks]
+        assert len({len(batches) for batches in per_rank}) == 1
+        rows = [row for batches in per_rank for batch in batches for row in batch]
+        assert len(rows) == len(set(rows))
+        dropped = ranks[0].plan(0).dropped
+        assert len(rows) + sum(dropped.values()) == rows_read
+        balance = ranks[0].rank_balance()
+        assert balance["batches_per_rank"] == [len(per_rank[0])] * world_size
+    assert packed(samples).plan(0).dropped.get(RANK_REMAINDER, 0) == 0  # one rank: nothing left
+
+
+def encoded(image):
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return {"bytes": buffer.getvalue(), "path": None}
+
+
+def test_filtered_and_broken_samples_are_counted(tokenizer):
+    good = encoded(Image.new("RGB", (8, 8)))
+    turn = [{"user": "What?", "assistant": "This.", "source": "test"}]
+    rows = Dataset.from_list(
+        [{"images": [good], "texts": turn} for _ in range(10)]
+        + [{"images": [good] * 3, "texts": turn}]  # too many images for a budget of 2
+        + [{"images": [], "texts": [{"user": "Q", "assistant": "w " * 600, "source": "t"}]}]
+        + [{"images": [{"bytes": b"broken", "path": None}], "texts": turn}]  # fails at decode
+        + [{"images": [good], "texts": []}],  # no conversation
+        features=FEATURES,
+    )
+    dataset = PackedDataset(
+        VQADataset(rows, tokenizer, image_size=IMAGE_SIZE),
+        seq_length=256, max_images_per_pack=2, packs_per_batch=2,
+    )  # fmt: skip
+    batches = list(PackedDataLoader(dataset, num_workers=2))
+    used = sorted(row for b in batches for row in b["sample_index"].tolist())
+    assert used == list(range(10))
+    assert dataset.plan(0).dropped == {TOO_MANY_IMAGES: 1, TOO_LONG: 1, "no_texts": 1}
+    dropped_at_decode = sum(b["dropped"].get("undecodable_image", 0) for b in batches)
+    assert dropped_at_decode == 1
+
+
+def test_a_plain_dataloader_with_collate_packs_gives_the_same_batches(samples):
+    dataset = packed(samples)
+    plain = DataLoader(dataset, batch_size=4, collate_fn=collate_packs, num_workers=2)
+    assert epoch_rows(plain) == epoch_rows(PackedDataLoader(packed(samples), num_workers=2))
+
+
+def test_balanced_packs_fill_the_default_dataset(samples):
+    dataset = packed(samples)
+    plan = dataset.plan(0)
+    used = sum(int(dataset.lengths[p].sum()) for b in plan.rank_batches[0] for p in b)
+    packs = sum(len(b) for b in plan.rank_batches[0])
+    assert used / (packs * 512) > 0.9
+    assert np.all(
+        [
+            dataset.image_counts[p].sum() <= dataset.max_images_per_pack
+            for b in plan.rank_batches[0]
+            for p in b
+        ]
+    )
