@@ -69,7 +69,7 @@ def main():
     # Visualize the padding of the first batch
     lengths = first_batch["attention_mask"].sum(dim=1).tolist()
     width = first_batch["input_ids"].shape[1]
-    title = f"Naive Padding: padded to the longest sample ({width}), {waste(lengths, width):.0%} padding"
+    title = f"Naive Padding: padded to the longest sample ({width}), {waste(lengths, width):.1%} padding"
     path = save_figure(plot_padding(lengths, width, title), args.out_dir, "02.png")
     print(f"Saved the padding figure to {display_path(path)}")
 

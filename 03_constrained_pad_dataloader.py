@@ -82,7 +82,7 @@ def main():
     lengths = shown["attention_mask"].sum(dim=1).tolist()
     title = (
         f"Constrained Padding: padded to max length ({args.max_length}), "
-        f"{waste(lengths, args.max_length):.0%} padding"
+        f"{waste(lengths, args.max_length):.1%} padding"
     )
     fig = plot_padding(lengths, args.max_length, title, limit=args.max_length)
     path = save_figure(fig, args.out_dir, "03.png")

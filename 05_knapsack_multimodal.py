@@ -142,7 +142,7 @@ def main():
         "width": args.seq_length,
         "limit": args.seq_length,
         "title": f"Knapsack: {num_samples} samples in {len(lengths)} packs, "
-                 f"{waste(lengths, args.seq_length):.0%} padding",
+                 f"{waste(lengths, args.seq_length):.1%} padding",
     }  # fmt: skip
     fig = plot_padding(**knapsack)
     print(f"Saved the packing figure to {display_path(save_figure(fig, args.out_dir, '05.png'))}")
@@ -160,7 +160,7 @@ def main():
             "width": args.seq_length,
             "limit": args.seq_length,
             "title": f"Constrained: {len(constrained_lengths)} samples, "
-            f"{waste(constrained_lengths, args.seq_length):.0%} padding",
+            f"{waste(constrained_lengths, args.seq_length):.1%} padding",
         },  # fmt: skip
         title=f"One batch of {args.batch_size} rows of {args.seq_length} tokens",
     )

@@ -56,9 +56,9 @@ def print_batch(batch: dict) -> None:
     """One line per entry of a collated batch: tensors by shape, the rest by value."""
     for key, value in batch.items():
         if isinstance(value, torch.Tensor):
-            print(f"  {key:<15} {str(tuple(value.shape)):<22} {value.dtype}")
+            print(f"  {key:<17} {str(tuple(value.shape)):<20} {value.dtype}")
         else:
-            print(f"  {key:<15} {value}")
+            print(f"  {key:<17} {value}")
 
 
 def display_path(path) -> str:

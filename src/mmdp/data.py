@@ -22,7 +22,7 @@ from mmdp.errors import UserError
 from mmdp.hub import require_hub
 from mmdp.synthetic import encode_png, generate_row
 
-SYNTHETIC_VERSION = 2  # bump when generate_row changes, so old caches are not reused
+SYNTHETIC_VERSION = 3  # bump when generate_row changes, so old caches are not reused
 
 # Images stay encoded (decode=False): see the module docstring.
 UNDECODED_IMAGES = List(datasets.Image(decode=False))

@@ -274,8 +274,6 @@ class PackedDataset(IterableDataset):
         labels = [s["labels"].clone() for s in samples]
         for sample_labels in labels:
             sample_labels[0] = config.IGNORE_INDEX  # never predict a sample from the one before
-        image_size = self.dataset.image_size
-        images = [s["images"] for s in samples]
         converted = Counter()
         for s in samples:
             converted.update(s["converted"])
@@ -288,8 +286,9 @@ class PackedDataset(IterableDataset):
             "padding_mask": torch.arange(self.seq_length) < used,
             "seq_lens": seq_lens + ([pad] if pad else []),
             "sample_index": [s["row"] for s in samples],
-            "images": torch.cat(images) if images else torch.zeros(0, 3, image_size, image_size),
+            "images": [s["images"] for s in samples],  # concatenated once, by collate_packs
             "image_sample": [i for i, s in enumerate(samples) for _ in range(len(s["images"]))],
+            "image_size": self.dataset.image_size,
             "batch_index": batch_index,
             "dropped": dropped,
             "converted": converted,
@@ -321,12 +320,19 @@ def collate_packs(packs: list[dict]) -> dict:
             [r for p in packs for r in p["sample_index"]], dtype=torch.long
         ),
         "samples_per_pack": torch.tensor([len(p["sample_index"]) for p in packs], dtype=torch.long),
-        "images": torch.cat([p["images"] for p in packs]),
+        "images": torch.cat(
+            [images for p in packs for images in p["images"]] or [empty_images(packs)]
+        ),
         "image_sample": torch.tensor(image_sample, dtype=torch.long),
         "batch_index": batch_indices.pop(),
         "dropped": dict(dropped),
         "converted": dict(converted),
     }
+
+
+def empty_images(packs) -> torch.Tensor:
+    """The images tensor of a batch without images: shape [0, 3, S, S]."""
+    return torch.zeros(0, 3, packs[0]["image_size"], packs[0]["image_size"])
 
 
 def model_inputs(batch: dict) -> dict:
@@ -357,6 +363,7 @@ class PackedDataLoader(DataLoader):
         )
 
     def __iter__(self):
+        self.dataset.plan(self.dataset.epoch)  # plan once here; workers get it with the dataset
         for batch in super().__iter__():
             self.dataset.batches_done = batch["batch_index"] + 1
             yield batch

@@ -246,7 +246,13 @@ def task_multiturn(rng):
             )
         else:
             turns.append(("How many shapes are there in total?", str(len(scene))))
-    return [scene_image(rng, scene)], turns
+    asked = set()
+    unique_turns = []
+    for question, answer in turns:  # the same question twice reads oddly: keep the first
+        if question not in asked:
+            asked.add(question)
+            unique_turns.append((question, answer))
+    return [scene_image(rng, scene)], unique_turns
 
 
 # ----------------------------------------------------------------------------------------------

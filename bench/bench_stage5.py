@@ -1,0 +1,129 @@
+"""Benchmark the stage-5 loader: peak memory of a full epoch, and its speed against a floor.
+
+    uv run bench/bench_stage5.py                      # 2,000 and 20,000 samples, 3 repeats
+    uv run bench/bench_stage5.py --sizes 2000 --repeats 1
+
+1. Peak memory. A full epoch of PackedDataLoader (2 workers) runs in a fresh process; the table
+   gives the peak resident memory of the main process and of the largest worker (getrusage).
+   Packs are planned from lengths, and images are decoded only for packs about to be yielded, so
+   neither should grow with the dataset: compare the rows for 2,000 and 20,000 samples.
+2. Speed. In the same run, alternating, each --repeats times:
+   - floor: a DataLoader (2 workers, same batch size in samples) that only decodes and resizes
+     the images of the same rows: the work no pipeline can skip;
+   - stage 5: the whole PackedDataLoader epoch (weighing every row, planning, packing,
+     tokenizing, decoding, padding, collating).
+   It reports the median samples/s of each and how much stage 5 adds on top of the floor.
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from mmdp.data import load_vqa_dataset
+from mmdp.images import load_image
+from mmdp.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.tokenizer import get_tokenizer
+from mmdp.vqa_dataset import VQADataset
+
+
+class ImagesOnly(Dataset):
+    """The floor: decode and resize a row's images, nothing else."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        images = [load_image(image)[0] for image in self.rows[index]["images"] or []]
+        return torch.stack(images) if images else torch.zeros(0, 3, 256, 256)
+
+
+def floor_epoch(rows, workers: int, batch_size: int) -> tuple[float, int]:
+    start = time.perf_counter()
+    loader = DataLoader(
+        ImagesOnly(rows), batch_size=batch_size, num_workers=workers, collate_fn=torch.cat
+    )
+    for _ in loader:
+        pass
+    return time.perf_counter() - start, len(rows)
+
+
+def stage5_epoch(rows, tokenizer, workers: int) -> tuple[float, int]:
+    start = time.perf_counter()
+    dataset = PackedDataset(VQADataset(rows, tokenizer))
+    samples = 0
+    for batch in PackedDataLoader(dataset, num_workers=workers):
+        samples += len(batch["sample_index"])
+    return time.perf_counter() - start, samples
+
+
+def child(size: int, workers: int):
+    """One full stage-5 epoch in this process; prints its peak memory as JSON."""
+    rows = load_vqa_dataset(num_rows=size)
+    seconds, samples = stage5_epoch(rows, get_tokenizer(), workers)
+    kib = 1024  # ru_maxrss is in KiB on Linux
+    print(json.dumps({
+        "size": size, "samples": samples, "seconds": seconds,
+        "main_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / kib,
+        "largest_worker_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / kib,
+    }))  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2_000, 20_000])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        return child(args.child, args.workers)
+
+    print("Peak memory of one stage-5 epoch (fresh process each):\n")
+    print("| samples | epoch s | main process peak MiB | largest worker peak MiB |")
+    print("| ---: | ---: | ---: | ---: |")
+    for size in args.sizes:
+        load_vqa_dataset(num_rows=size)  # generate the cache first, outside the measurement
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", str(size), "--workers", str(args.workers)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(
+            f"| {r['samples']:,} of {size:,} | {r['seconds']:.1f} | "
+            f"{r['main_peak_mib']:.0f} | {r['largest_worker_peak_mib']:.0f} |",
+            flush=True,
+        )
+
+    size = args.sizes[0]
+    rows = load_vqa_dataset(num_rows=size)
+    tokenizer = get_tokenizer()
+    floor, full = [], []
+    for _ in range(args.repeats):
+        seconds, samples = floor_epoch(rows, args.workers, batch_size=32)
+        floor.append(samples / seconds)
+        seconds, samples = stage5_epoch(rows, tokenizer, args.workers)
+        full.append(samples / seconds)
+    floor_median, full_median = statistics.median(floor), statistics.median(full)
+    print(
+        f"\nSpeed on {size:,} samples, {args.workers} workers, median of {args.repeats} "
+        f"alternating runs:\n"
+    )
+    print("| loader | samples/s |")
+    print("| --- | ---: |")
+    print(f"| floor: decode + resize the images only | {floor_median:,.0f} |")
+    print(f"| stage 5: weigh, plan, pack, tokenize, decode, pad, collate | {full_median:,.0f} |")
+    print(f"\nstage 5 takes {floor_median / full_median - 1:+.1%} time over the floor")
+
+
+if __name__ == "__main__":
+    main()
