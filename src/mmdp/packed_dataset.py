@@ -115,17 +115,30 @@ class PackedDataset(IterableDataset):
 
     # 1. Weigh every item --------------------------------------------------------------------
 
-    def weigh_rows(self):
-        """Tokens and images of every row, from the text and the image count only."""
-        table = self.dataset.dataset.with_format("arrow")[:]
-        image_counts = pc.fill_null(pc.list_value_length(table["images"]), 0).to_numpy()
-        lengths, problems = count_tokens_batch(
-            table["texts"].to_pylist(),
-            image_counts,
-            self.dataset.tokenizer,
-            self.dataset.image_token_length,
-        )
-        return np.asarray(lengths, dtype=np.int64), image_counts.astype(np.int64), problems
+    def weigh_rows(self, chunk_rows: int = 1024):
+        """Tokens and images of every row, from the text and the image count only.
+
+        Reads the rows a chunk at a time, so memory does not grow with the dataset.
+        """
+        rows = self.dataset.dataset
+        texts = rows.select_columns(["texts"])
+        images = rows.select_columns(["images"]).with_format("arrow")
+        lengths, image_counts, problems = [], [], []
+        for start in range(0, len(rows), chunk_rows):
+            stop = min(start + chunk_rows, len(rows))
+            counts = pc.fill_null(pc.list_value_length(images[start:stop]["images"]), 0)
+            counts = counts.to_numpy().astype(np.int64)
+            chunk_lengths, chunk_problems = count_tokens_batch(
+                texts[start:stop]["texts"],
+                counts,
+                self.dataset.tokenizer,
+                self.dataset.image_token_length,
+            )
+            lengths += chunk_lengths
+            problems += chunk_problems
+            image_counts.append(counts)
+        image_counts = np.concatenate(image_counts) if image_counts else np.zeros(0, np.int64)
+        return np.asarray(lengths, dtype=np.int64), image_counts, problems
 
     # 2-4. Plan the epoch ------------------------------------------------------------------------
 
