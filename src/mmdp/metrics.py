@@ -54,14 +54,14 @@ class EpochReport:
         dropped = ", ".join(f"{n} {reason}" for reason, n in sorted(self.dropped.items()))
         converted = ", ".join(f"{n} from {mode}" for mode, n in sorted(self.converted.items()))
         lines = [
-            f"rows read:       {self.rows_read:,}",
-            f"samples used:    {self.samples:,}",
-            f"samples dropped: {sum(self.dropped.values()):,}"
+            f"{'rows read:':<18}{self.rows_read:,}",
+            f"{'samples used:':<18}{self.samples:,}",
+            f"{'samples dropped:':<18}{sum(self.dropped.values()):,}"
             + (f" ({dropped})" if dropped else ""),
-            f"batches:         {self.batches:,}",
-            f"useful tokens:   {self.useful_tokens:,}",
-            f"computed tokens: {self.computed_tokens:,} (padding included)",
-            f"utilization:     {self.utilization:.1%} (waste {1 - self.utilization:.1%})",
+            f"{'batches:':<18}{self.batches:,}",
+            f"{'useful tokens:':<18}{self.useful_tokens:,}",
+            f"{'computed tokens:':<18}{self.computed_tokens:,} (padding included)",
+            f"{'utilization:':<18}{self.utilization:.1%} (waste {1 - self.utilization:.1%})",
         ]
         if converted:
             lines.append(f"images converted to RGB: {converted}")
@@ -148,11 +148,11 @@ class PackReport(EpochReport):
         }
 
     def summary(self) -> str:
-        lines = [super().summary(), f"packs:           {len(self.tokens_per_pack):,}"]
+        lines = [super().summary(), f"{'packs:':<18}{len(self.tokens_per_pack):,}"]
         for name in ("tokens", "images", "samples"):
             s = spread(getattr(self, f"{name}_per_pack"))
             lines.append(
-                f"{name + ' per pack:':<17}min {s['min']}, max {s['max']}, "
+                f"{name + ' per pack:':<18}min {s['min']}, max {s['max']}, "
                 f"mean {s['mean']:.1f}, std {s['std']:.1f}"
             )
         return "\n".join(lines)

@@ -1,0 +1,130 @@
+"""A deliberately tiny vision-language model in the nanoVLM shape, built from transformers parts.
+
+    image [3, 256, 256] -> SiglipVisionModel (patch 32: 8 x 8 = 64 patches) -> [64, vit_hidden]
+                        -> projector (Linear)                              -> [64, lm_hidden]
+    input_ids -> token embeddings; the 64 embeddings of each image replace the 64 <|image|>
+                 tokens of its sample, image after image -> LlamaForCausalLM
+
+Randomly initialised and small enough to train on 2 CPU cores; the same code runs on a GPU.
+It takes every kind of batch mmdp makes: padded (stages 2-3: `attention_mask`) and packed
+(stage 5: `position_ids`, no attention mask, so transformers keeps samples apart).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM, SiglipVisionConfig, SiglipVisionModel
+
+from mmdp import config
+
+
+@dataclass
+class TinyVLMConfig:
+    vocab_size: int  # the tokenizer's, <|image|> included: len(tokenizer)
+    image_token_id: int
+    image_size: int = config.IMAGE_SIZE
+    vit_patch_size: int = 32  # (256 / 32)^2 = 64 patches = 64 image tokens per image
+    vit_hidden: int = 32
+    vit_layers: int = 1
+    vit_heads: int = 2
+    lm_hidden: int = 64
+    lm_intermediate: int = 128
+    lm_layers: int = 2
+    lm_heads: int = 4
+    lm_kv_heads: int = 2
+    lm_max_positions: int = 2048
+    # std of the initial weights (transformers' default is 0.02). A model that starts near zero
+    # barely looks at its inputs; checks of what it sees (masks, images) start it larger.
+    initializer_range: float = 0.02
+    attn_implementation: str = "sdpa"
+
+
+class TinyVLM(nn.Module):
+    def __init__(self, cfg: TinyVLMConfig):
+        super().__init__()
+        patches = (cfg.image_size // cfg.vit_patch_size) ** 2
+        if patches != config.IMAGE_TOKEN_LENGTH:
+            raise ValueError(f"{patches} patches per image, but {config.IMAGE_TOKEN_LENGTH} image tokens")
+        self.cfg = cfg
+        self.vision = SiglipVisionModel(
+            SiglipVisionConfig(
+                hidden_size=cfg.vit_hidden,
+                intermediate_size=2 * cfg.vit_hidden,
+                num_hidden_layers=cfg.vit_layers,
+                num_attention_heads=cfg.vit_heads,
+                image_size=cfg.image_size,
+                patch_size=cfg.vit_patch_size,
+                initializer_range=cfg.initializer_range,
+                attn_implementation=cfg.attn_implementation,
+            )
+        )
+        self.projector = nn.Linear(cfg.vit_hidden, cfg.lm_hidden)
+        self.lm = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=cfg.vocab_size,
+                hidden_size=cfg.lm_hidden,
+                intermediate_size=cfg.lm_intermediate,
+                num_hidden_layers=cfg.lm_layers,
+                num_attention_heads=cfg.lm_heads,
+                num_key_value_heads=cfg.lm_kv_heads,
+                max_position_embeddings=cfg.lm_max_positions,
+                tie_word_embeddings=True,
+                initializer_range=cfg.initializer_range,
+                attn_implementation=cfg.attn_implementation,
+            )
+        )
+
+    def embed(self, input_ids: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        """Token embeddings, with each image's 64 projected patches in place of its image tokens.
+
+        Images must come in the order their image tokens appear in the batch (row by row, and
+        within a row sample by sample), which is how every mmdp collator orders them.
+        """
+        embeds = self.lm.get_input_embeddings()(input_ids)
+        is_image = input_ids == self.cfg.image_token_id
+        expected = int(is_image.sum())
+        if images is None or len(images) == 0:
+            if expected:
+                raise ValueError(f"{expected} image tokens but no images")
+            return embeds
+        patches = self.vision(pixel_values=images.to(embeds.dtype) * 2 - 1).last_hidden_state
+        image_embeds = self.projector(patches)  # [images, 64, lm_hidden]
+        if image_embeds.shape[0] * image_embeds.shape[1] != expected:
+            raise ValueError(
+                f"{len(images)} images make {image_embeds.shape[0] * image_embeds.shape[1]} "
+                f"embeddings for {expected} image tokens"
+            )
+        return embeds.masked_scatter(is_image[..., None], image_embeds.to(embeds.dtype))
+
+    def forward(self, input_ids, labels=None, images=None, position_ids=None, attention_mask=None):
+        """Logits (and the mean loss over label tokens, Hugging Face's, when labels are given).
+
+        Packed batches: pass position_ids and NO attention_mask (see the README's two traps);
+        padded batches: pass attention_mask. The cache is always off.
+        """
+        return self.lm(
+            inputs_embeds=self.embed(input_ids, images),
+            labels=labels,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            use_cache=False,
+        )
+
+
+def summed_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The sum (not the mean) of the token losses, with the model's own shift: logit t predicts
+    label t + 1. Sums add up across batches of any shape, which lets padded and packed batches of
+    the same samples be compared."""
+    return nn.functional.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(),
+        labels[:, 1:].flatten(),
+        ignore_index=config.IGNORE_INDEX,
+        reduction="sum",
+    )
+
+
+def vlm_inputs(batch: dict) -> dict:
+    """The keys of any mmdp batch that TinyVLM takes (padded batches keep attention_mask)."""
+    keys = ("input_ids", "labels", "images", "position_ids", "attention_mask")
+    return {key: batch[key] for key in keys if key in batch}
