@@ -45,7 +45,9 @@ class TinyVLM(nn.Module):
         super().__init__()
         patches = (cfg.image_size // cfg.vit_patch_size) ** 2
         if patches != config.IMAGE_TOKEN_LENGTH:
-            raise ValueError(f"{patches} patches per image, but {config.IMAGE_TOKEN_LENGTH} image tokens")
+            raise ValueError(
+                f"{patches} patches per image, but {config.IMAGE_TOKEN_LENGTH} image tokens"
+            )
         self.cfg = cfg
         self.vision = SiglipVisionModel(
             SiglipVisionConfig(

@@ -197,3 +197,49 @@ def plot_packs(packs: list[list[int]], capacity: int, title: str) -> Figure:
         handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False
     )
     return fig
+
+
+STRATEGY_COLOURS = {
+    "naive": "tab:grey", "constrained": "tab:brown", "greedy": "tab:orange",
+    "ffd": "tab:green", "bfd": "tab:cyan", "balanced": "tab:blue", "packed": "tab:blue",
+}  # fmt: skip
+
+
+def plot_learning_curves(curves: dict, title: str) -> Figure:
+    """Stage 6: training loss against samples seen, one line per strategy."""
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for name, (samples_seen, losses) in curves.items():
+        ax.plot(samples_seen, losses, marker="o", markersize=3, label=name,
+                color=STRATEGY_COLOURS.get(name))  # fmt: skip
+    ax.set_xlabel("samples seen")
+    ax.set_ylabel("training loss (mean over reply tokens)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def plot_strategies(results: dict, title: str) -> Figure:
+    """Stage 6: every strategy on one epoch: utilization, batches, and tokens / images per row."""
+    names = list(results)
+    colours = [STRATEGY_COLOURS.get(n) for n in names]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    ax = axes[0, 0]
+    values = [100 * results[n]["utilization"] for n in names]
+    bars = ax.bar(names, values, color=colours)
+    ax.bar_label(bars, labels=[f"{v:.1f}%" for v in values])
+    ax.set_ylim(0, 110)
+    ax.set_title("utilization: real tokens / computed tokens")
+    ax = axes[0, 1]
+    values = [results[n]["batches"] for n in names]
+    dropped = [sum(results[n]["dropped"].values()) for n in names]
+    bars = ax.bar([f"{n}\n{d} dropped" for n, d in zip(names, dropped)], values, color=colours)
+    ax.bar_label(bars)
+    ax.set_title("batches per epoch (and samples dropped)")
+    for ax, key, label in ((axes[1, 0], "tokens", "real tokens per row"),
+                           (axes[1, 1], "images", "images per row")):  # fmt: skip
+        ax.boxplot([results[n]["per_row"][key] for n in names], tick_labels=names, showfliers=False)
+        ax.set_title(f"{label} (padded row or pack)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

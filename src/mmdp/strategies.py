@@ -1,0 +1,87 @@
+"""Every batching strategy of the tutorial on one epoch, from lengths alone: the numbers behind
+assets/strategies.png.
+
+Naive and constrained padding batch `batch_size` samples in the order of a seeded shuffle (as
+stages 2 and 3 do, so the figures match); the packers plan the epoch as stage 5 does, with
+`PackedDataset`, and differ only in the strategy.
+"""
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from mmdp.metrics import spread
+from mmdp.packed_dataset import PackedDataset
+
+PADDING_STRATEGIES = ("naive", "constrained")
+PACKING_STRATEGIES = ("greedy", "ffd", "bfd", "balanced")
+
+
+def padding_epoch(dataset: PackedDataset, strategy: str, batch_size: int, seed: int) -> dict:
+    """Stage 2 (naive) or stage 3 (constrained) on lengths: one row per sample."""
+    # The very batches of stages 2 and 3: a DataLoader shuffled with the same seeded generator.
+    order = DataLoader(
+        range(len(dataset.lengths)), batch_size=batch_size, shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )  # fmt: skip
+    usable = np.array([reason is None for reason in dataset.text_problems])
+    dropped = {} if usable.all() else {"unusable_text": int((~usable).sum())}
+    rows, useful, computed, batches = [], 0, 0, 0
+    for indices in order:
+        batch = [int(i) for i in indices if usable[int(i)]]
+        if strategy == "constrained":
+            too_long = [i for i in batch if dataset.lengths[i] > dataset.seq_length]
+            dropped["too_long"] = dropped.get("too_long", 0) + len(too_long)
+            batch = [i for i in batch if dataset.lengths[i] <= dataset.seq_length]
+            width = dataset.seq_length
+        else:
+            width = max((int(dataset.lengths[i]) for i in batch), default=0)
+        batches += 1
+        rows += batch
+        useful += int(dataset.lengths[batch].sum())
+        computed += width * len(batch)
+    return summarize(
+        useful, computed, batches, dropped,
+        tokens=dataset.lengths[rows], images=dataset.image_counts[rows], samples=np.ones(len(rows)),
+    )  # fmt: skip
+
+
+def packing_epoch(dataset: PackedDataset) -> dict:
+    """Stage 5's plan with the dataset's strategy: one row per pack."""
+    plan = dataset.plan(dataset.epoch)
+    packs = [p for batches in plan.rank_batches for batch in batches for p in batch]
+    batches = sum(len(b) for b in plan.rank_batches)
+    tokens = np.array([dataset.lengths[p].sum() for p in packs])
+    return summarize(
+        int(tokens.sum()), len(packs) * dataset.seq_length, batches, dict(plan.dropped),
+        tokens=tokens, images=np.array([dataset.image_counts[p].sum() for p in packs]),
+        samples=np.array([len(p) for p in packs]),
+    )  # fmt: skip
+
+
+def summarize(useful, computed, batches, dropped, *, tokens, images, samples) -> dict:
+    return {
+        "utilization": round(useful / computed, 6) if computed else 0.0,
+        "batches": batches,
+        "useful_tokens": useful,
+        "computed_tokens": computed,
+        "dropped": dropped,
+        "tokens_per_row": spread(tokens),
+        "images_per_row": spread(images),
+        "samples_per_row": spread(samples),
+        "per_row": {"tokens": np.asarray(tokens).tolist(), "images": np.asarray(images).tolist()},
+    }
+
+
+def compare_strategies(samples, *, seq_length, batch_size, max_images, seed) -> dict:
+    """{strategy: epoch summary} for naive, constrained, greedy, ffd, bfd and balanced."""
+    results = {}
+    for strategy in PACKING_STRATEGIES:
+        dataset = PackedDataset(
+            samples, seq_length=seq_length, max_images_per_pack=max_images,
+            packs_per_batch=batch_size, strategy=strategy, seed=seed,
+        )  # fmt: skip
+        results[strategy] = packing_epoch(dataset)
+    for strategy in PADDING_STRATEGIES:
+        results[strategy] = padding_epoch(dataset, strategy, batch_size, seed)
+    return {name: results[name] for name in PADDING_STRATEGIES + PACKING_STRATEGIES}
