@@ -1,14 +1,21 @@
 """mmdp: efficient multimodal (image + text) training-data pipelines, stage by stage.
 
 Modules, in the order the stages use them:
-    config        shared defaults (image tokens per image, image size, chat template...)
-    tokenizer     get_tokenizer(): SmolLM2's tokenizer shipped in the repo, or any other
-    data          load_vqa_dataset(): the synthetic default, a local copy, or the Hub
-    synthetic     the generator behind the default dataset
-    conversation  tokenize_conversation(): input_ids + labels from the chat template
-    images        load_image(): decode, convert to RGB, resize; bad images become named skips
-    vqa_dataset   VQADataset: stage 2's map-style dataset
-    collate       NaivePadCollator (stage 2), ConstrainedPadCollator (stage 3)
-    metrics       EpochReport: utilization and dropped samples over an epoch
-    plots         the figures under assets/
+    config          shared defaults (image tokens per image, image size, chat template...)
+    tokenizer       get_tokenizer(): SmolLM2's tokenizer shipped in the repo, or any other
+    data            load_vqa_dataset(): the synthetic default, a local copy, or the Hub
+    synthetic       the generator behind the default dataset
+    conversation    tokenize_conversation(): input_ids + labels from the chat template
+    images          load_image(): decode, convert to RGB, resize; bad images become named skips
+    vqa_dataset     VQADataset: stage 2's map-style dataset
+    collate         NaivePadCollator (stage 2), ConstrainedPadCollator (stage 3)
+    metrics         EpochReport, PackReport: utilization and dropped samples over an epoch
+    plots           the figures under assets/
+    packing         pack(): greedy, ffd, bfd and balanced packing of lengths (stages 4-6)
+    background      iterate_in_background(): the producer-consumer thread, done safely
+    toy             ToyPackingDataset: stage 4's iterable dataset of integers
+    packed_dataset  PackedDataset, PackedDataLoader, collate_packs: stage 5
+    model           TinyVLM: stage 6's tiny vision-language model
+    strategies      compare_strategies(): every strategy on one epoch (stage 6)
+    cli, errors, hub  command-line flags, one-line errors, is the Hub reachable
 """
