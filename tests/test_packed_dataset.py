@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader
 
 from mmdp import config
 from mmdp.data import FEATURES, load_vqa_dataset
+from mmdp.model import summed_loss
 from mmdp.packed_dataset import (
     RANK_REMAINDER,
     TOO_LONG,
@@ -84,13 +85,6 @@ def tiny_llama(vocab_size):
     )  # fmt: skip
     torch.manual_seed(0)
     return LlamaForCausalLM(model_config).eval()
-
-
-def summed_loss(logits, labels):
-    """Sum of token losses, with the model's own shift (logit t predicts label t + 1)."""
-    return torch.nn.functional.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), reduction="sum"
-    )
 
 
 def test_packed_loss_equals_one_sample_at_a_time(samples, tokenizer):

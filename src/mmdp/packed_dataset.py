@@ -108,6 +108,8 @@ class PackedDataset(IterableDataset):
         self.world_size = (
             world_size if world_size is not None else (dist.get_world_size() if distributed else 1)
         )
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
         self.epoch = 0
         self.batches_done = 0  # where the next iteration starts in this epoch (see state_dict)
         self._plans = {}
