@@ -251,10 +251,7 @@ def main():
     )
 
     # 4. Every strategy on one epoch of the dataset, from lengths
-    results = compare_strategies(
-        samples, seq_length=args.seq_length, batch_size=args.batch_size,
-        max_images=config.MAX_IMAGES_PER_PACK, seed=args.seed,
-    )  # fmt: skip
+    results = compare_strategies(weights)  # the rows were weighed once, in part 1
     print(f"\n4. One epoch of {len(samples):,} samples, seq_length {args.seq_length}, "
           f"batch size {args.batch_size}:")  # fmt: skip
     print(f"   {'strategy':<12} {'utilization':>11} {'batches':>8} {'dropped':>8} "

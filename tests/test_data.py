@@ -158,6 +158,7 @@ def test_hub_dataset_offline_fails_with_one_sentence(run_script):
 def test_unreachable_hub_fails_fast_without_retries(monkeypatch):
     import mmdp.hub
 
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(mmdp.hub, "hub_offline_reason", lambda timeout=3.0: "cannot connect")
     start = time.perf_counter()
     with pytest.raises(UserError, match="out of reach"):

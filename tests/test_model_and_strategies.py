@@ -68,7 +68,7 @@ def loader_report(samples, collate):
 
 
 def test_strategy_comparison_matches_the_stages_own_loaders(samples, tokenizer):
-    results = compare_strategies(samples, seq_length=512, batch_size=8, max_images=18, seed=0)
+    results = compare_strategies(PackedDataset(samples, seq_length=512, packs_per_batch=8, seed=0))
     assert list(results) == ["naive", "constrained", "greedy", "ffd", "bfd", "balanced"]
     naive = loader_report(samples, NaivePadCollator(tokenizer.pad_token_id))
     constrained = loader_report(samples, ConstrainedPadCollator(tokenizer.pad_token_id, 512))

@@ -7,10 +7,13 @@ from urllib.parse import urlparse
 from mmdp.errors import UserError
 
 
+def offline_mode() -> bool:
+    """Has the user asked the Hugging Face libraries to stay offline (HF_HUB_OFFLINE)?"""
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
 def hub_offline_reason(timeout: float = 3.0) -> str | None:
-    """Return why the Hub cannot be reached (offline mode set, no connection), or None."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        return "HF_HUB_OFFLINE is set"
+    """Return why the Hub cannot be reached (no connection), or None."""
     endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
     try:
@@ -26,8 +29,10 @@ def require_hub(what: str, default_hint: str) -> None:
     With HF_HUB_OFFLINE set, the libraries can still serve a copy from the local Hugging Face cache,
     so the caller goes ahead and only a cache miss becomes an error.
     """
+    if offline_mode():
+        return
     reason = hub_offline_reason()
-    if reason is not None and reason != "HF_HUB_OFFLINE is set":
+    if reason is not None:
         raise UserError(
             f"{what} must be downloaded from the Hugging Face Hub, which is out of reach "
             f"({reason}); {default_hint}"

@@ -36,6 +36,7 @@ A pack (and a collated batch, with a leading batch dimension):
                   in sample_index of the sample each image belongs to
 """
 
+import copy
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -209,6 +210,13 @@ class PackedDataset(IterableDataset):
             images[rank] += weight[i][0]
             tokens[rank] += weight[i][1]
         return batches
+
+    def with_strategy(self, strategy: str) -> "PackedDataset":
+        """The same dataset, already weighed, packed with another strategy."""
+        other = copy.copy(self)
+        other.strategy = strategy
+        other._plans = {}
+        return other
 
     def rank_balance(self) -> dict:
         """How evenly each step's tokens and images are shared between ranks, from the plan.

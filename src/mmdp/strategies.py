@@ -73,15 +73,15 @@ def summarize(useful, computed, batches, dropped, *, tokens, images, samples) ->
     }
 
 
-def compare_strategies(samples, *, seq_length, batch_size, max_images, seed) -> dict:
-    """{strategy: epoch summary} for naive, constrained, greedy, ffd, bfd and balanced."""
+def compare_strategies(dataset: PackedDataset) -> dict:
+    """{strategy: epoch summary} for naive, constrained, greedy, ffd, bfd and balanced.
+
+    `dataset` gives the weighed rows and the settings (seq_length, packs_per_batch as the batch
+    size, max_images_per_pack, seed); the rows are weighed once for every strategy.
+    """
     results = {}
     for strategy in PACKING_STRATEGIES:
-        dataset = PackedDataset(
-            samples, seq_length=seq_length, max_images_per_pack=max_images,
-            packs_per_batch=batch_size, strategy=strategy, seed=seed,
-        )  # fmt: skip
-        results[strategy] = packing_epoch(dataset)
+        results[strategy] = packing_epoch(dataset.with_strategy(strategy))
     for strategy in PADDING_STRATEGIES:
-        results[strategy] = padding_epoch(dataset, strategy, batch_size, seed)
+        results[strategy] = padding_epoch(dataset, strategy, dataset.packs_per_batch, dataset.seed)
     return {name: results[name] for name in PADDING_STRATEGIES + PACKING_STRATEGIES}
