@@ -17,17 +17,19 @@ from torch.utils.data import DataLoader
 from mmdp import config
 from mmdp.cli import display_path
 from mmdp.plots import plot_packs, save_figure
-from mmdp.toy import TOY_STRATEGIES, ToyPackingDataset
+from mmdp.toy import BLOG_TOY_STRATEGIES, ToyPackingDataset
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--strategy", choices=[*TOY_STRATEGIES, "both"], default="both", help="default: both"
+        "--strategy", choices=[*BLOG_TOY_STRATEGIES, "both"], default="both", help="default: both"
     )
     parser.add_argument("--start", type=int, default=1, help="first item (default: 1)")
     parser.add_argument("--end", type=int, default=25, help="one past the last item (default: 25)")
-    parser.add_argument("--capacity", type=int, default=100, help="tokens per pack (default: 100)")
+    parser.add_argument(
+        "--max-length", type=int, default=100, help="token budget of a pack (default: 100)"
+    )
     parser.add_argument(
         "--num-workers",
         type=int,
@@ -40,28 +42,26 @@ def parse_args():
 
 def main():
     args = parse_args()
-    strategies = list(TOY_STRATEGIES) if args.strategy == "both" else [args.strategy]
+    strategies = list(BLOG_TOY_STRATEGIES) if args.strategy == "both" else [args.strategy]
     for strategy in strategies:
         # The iterable dataset: a producer thread packs, the DataLoader yields one pack at a time
-        dataset = ToyPackingDataset(args.start, args.end, args.capacity, strategy)
+        dataset = ToyPackingDataset(args.start, args.end, args.max_length, strategy)
         loader = DataLoader(dataset, batch_size=None, num_workers=args.num_workers)
         packs = [list(p) for p in loader]
 
         # Show the packs and how full each one is
         print(f"=== Strategy: {strategy.upper()} ===")
         for number, items in enumerate(packs, start=1):
-            print(f"pack {number} ({sum(items):>3}/{args.capacity}): {' '.join(map(str, items))}")
+            print(f"pack {number} ({sum(items):>3}/{args.max_length}): {' '.join(map(str, items))}")
         used = sum(map(sum, packs))
-        print(
-            f"{len(packs)} packs, {used / (len(packs) * args.capacity):.0%} of their capacity used"
-        )
+        print(f"{len(packs)} packs, {used / (len(packs) * args.max_length):.0%} full")
 
         title = (
-            f"Knapsack toy, {strategy}: {len(packs)} packs of {args.capacity}, "
-            f"{used / (len(packs) * args.capacity):.0%} full"
+            f"Knapsack toy, {strategy}: {len(packs)} packs of {args.max_length}, "
+            f"{used / (len(packs) * args.max_length):.0%} full"
         )
         path = save_figure(
-            plot_packs(packs, args.capacity, title), args.out_dir, f"04_{strategy}.png"
+            plot_packs(packs, args.max_length, title), args.out_dir, f"04_{strategy}.png"
         )
         print(f"Saved the packs to {display_path(path)}\n")
 

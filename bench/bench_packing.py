@@ -148,11 +148,11 @@ def packers(lengths, images, capacity, max_images, args):
     """(name, items it packs, a function that packs them) for every packer compared."""
     runs = [
         (f"mmdp {s}", len(lengths), lambda s=s: pack(lengths, capacity, s, images, max_images))
-        for s in ("ffd", "bfd", "balanced")
+        for s in ("binpack", "bfd", "images_first_bfd")
     ]
     runs += [
         (f"mmdp {s}, no image budget", len(lengths), lambda s=s: pack(lengths, capacity, s))
-        for s in ("ffd", "bfd")
+        for s in ("binpack", "bfd")
     ]
     if args.skip_peers:
         return runs

@@ -32,7 +32,7 @@ def test_a_producer_error_reaches_the_consumer_promptly():
     def produce():
         yield 1
         yield 2
-        raise PackingFailed("item 7 is longer than the capacity")
+        raise PackingFailed("item 7 is longer than the token budget")
 
     start = time.monotonic()
     received = []
@@ -79,7 +79,7 @@ def test_garbage_collection_stops_the_producer():
 
 def test_toy_dataset_with_two_workers_yields_every_item_once():
     for strategy in ("greedy", "binpack"):
-        dataset = ToyPackingDataset(1, 101, capacity=100, strategy=strategy, buffer_size=7)
+        dataset = ToyPackingDataset(1, 101, max_length=100, strategy=strategy, buffer_size=7)
         packs = list(DataLoader(dataset, batch_size=None, num_workers=2))
         items = sorted(int(i) for p in packs for i in p)
         assert items == list(range(1, 101))
@@ -97,7 +97,7 @@ def test_toy_dataset_reproduces_the_blog_without_workers():
     ]
 
 
-def test_an_item_over_the_capacity_fails_the_epoch_with_its_name():
-    dataset = ToyPackingDataset(1, 30, capacity=25, strategy="binpack")
-    with pytest.raises(ValueError, match="longer than the capacity"):
+def test_an_item_over_the_token_budget_fails_the_epoch_with_its_name():
+    dataset = ToyPackingDataset(1, 30, max_length=25, strategy="binpack")
+    with pytest.raises(ValueError, match="longer than the token budget"):
         list(DataLoader(dataset, batch_size=None))

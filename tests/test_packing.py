@@ -3,9 +3,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmdp import packing
 from mmdp.packing import STRATEGIES, lower_bound, pack, pack_loads, reference_fit_decreasing
 
-BLOG_ITEMS = list(range(1, 25))  # the blog's toy: start=1, end=25, capacity 100
+BLOG_ITEMS = list(range(1, 25))  # the blog's toy: start=1, end=25, max_length 100
 
 
 def values(packs, items):
@@ -18,9 +19,10 @@ def test_greedy_reproduces_the_blog():
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("strategy", ["ffd", "bfd", "balanced"])
+@pytest.mark.parametrize("strategy", ["binpack", "bfd", "images_first_bfd"])
 def test_binpack_reproduces_the_blog(strategy):
-    # balanced and bfd coincide with ffd here: no images, and 24 items that fill 3 packs exactly
+    # images_first_bfd and bfd coincide with binpack here: no images, and 24 items that fill 3
+    # packs exactly
     assert values(pack(BLOG_ITEMS, 100, strategy), BLOG_ITEMS) == [
         [24, 23, 22, 21, 10],
         [20, 19, 18, 17, 16, 9, 1],
@@ -29,39 +31,52 @@ def test_binpack_reproduces_the_blog(strategy):
 
 
 def test_docstring_example():
-    # lengths [3, 6, 2, 5], capacity 8
+    # lengths [3, 6, 2, 5], max_length 8
     # greedy: 3 | 6+2 (3 does not fit with 6) | 5
     assert pack([3, 6, 2, 5], 8, "greedy") == [[0], [1, 2], [3]]
-    # ffd: 6 opens pack 1; 5 does not fit (11) -> pack 2; 3 fits pack 1? 9 > 8 no -> pack 2 (8);
+    # binpack: 6 opens pack 1; 5 does not fit (11) -> pack 2; 3 fits pack 1? 9 > 8 no -> pack 2 (8);
     #      2 fits pack 1 (8)
-    assert pack([3, 6, 2, 5], 8, "ffd") == [[1, 2], [3, 0]]
+    assert pack([3, 6, 2, 5], 8, "binpack") == [[1, 2], [3, 0]]
     assert pack([3, 6, 2, 5], 8, "bfd") == [[1, 2], [3, 0]]
 
 
+def test_balanced_greedy_spreads_items_over_the_lightest_packs(monkeypatch):
+    # lengths [3, 6, 2, 5], max_length 8: lower bound 2 packs, plus the blog's 5 extra = 7 empty
+    # packs; longest first, each item to the lightest pack that fits (ties: lowest number):
+    # 6 -> A; 5 -> B (empty, lighter than A); 3 -> C; 2 -> D. Four half-empty packs.
+    assert pack([3, 6, 2, 5], 8, "balanced_greedy") == [[1], [3], [0], [2]]
+    # Without the extra packs: lengths 5, 4, 3, 3, 1, max_length 8, lower bound 2 packs A, B:
+    # 5 -> A; 4 -> B (4 < 5); 3 -> B (7); 3 -> A (A=5 < B=7: 8); 1 -> B (7 < 8: 8).
+    monkeypatch.setattr(packing, "BALANCED_GREEDY_EXTRA_PACKS", 0)
+    assert pack([5, 4, 3, 3, 1], 8, "balanced_greedy") == [[0, 3], [1, 2, 4]]
+    # The image budget binds: 2, 2, 2 tokens with one image each, 2 images a pack, 1 pack to start
+    assert pack([2, 2, 2], 10, "balanced_greedy", [1, 1, 1], 2) == [[0, 1], [2]]
+
+
 def test_best_fit_picks_the_tightest_pack_first_fit_the_first():
-    # capacity 7, lengths 5, 3, 3, 1 (already decreasing):
+    # max_length 7, lengths 5, 3, 3, 1 (already decreasing):
     # 5 -> pack A (2 left); 3 -> A? no -> pack B (4 left); 3 -> B (1 left);
-    # 1 -> ffd: A, the first pack with room; bfd: B, whose room (1) is tighter than A's (2)
-    assert pack([5, 3, 3, 1], 7, "ffd") == [[0, 3], [1, 2]]
+    # 1 -> binpack: A, the first pack with room; bfd: B, whose room (1) is tighter than A's (2)
+    assert pack([5, 3, 3, 1], 7, "binpack") == [[0, 3], [1, 2]]
     assert pack([5, 3, 3, 1], 7, "bfd") == [[0], [1, 2, 3]]
 
 
 def test_image_budget_is_a_second_knapsack_constraint():
-    # capacity 10, at most 2 images a pack; lengths 4, 4, 4 with 1 image each:
-    # ffd: 4 -> A; 4 -> A (8 tokens, 2 images); 4 -> A? 12 tokens > 10 -> B
-    assert pack([4, 4, 4], 10, "ffd", [1, 1, 1], 2) == [[0, 1], [2]]
+    # max_length 10, at most 2 images a pack; lengths 4, 4, 4 with 1 image each:
+    # binpack: 4 -> A; 4 -> A (8 tokens, 2 images); 4 -> A? 12 tokens > 10 -> B
+    assert pack([4, 4, 4], 10, "binpack", [1, 1, 1], 2) == [[0, 1], [2]]
     # lengths 2, 2, 2 with 1 image each fit in tokens (6) but not in images (3 > 2)
-    assert pack([2, 2, 2], 10, "ffd", [1, 1, 1], 2) == [[0, 1], [2]]
+    assert pack([2, 2, 2], 10, "binpack", [1, 1, 1], 2) == [[0, 1], [2]]
     assert pack([2, 2, 2], 10, "greedy", [1, 1, 1], 2) == [[0, 1], [2]]
 
 
-def test_fast_ffd_and_bfd_match_the_readable_loop_with_images():
+def test_fast_binpack_and_bfd_match_the_readable_loop_with_images():
     rng = np.random.default_rng(0)
     differ = 0
     for _ in range(200):
         lengths = rng.integers(1, 20, 30)
         images = rng.integers(0, 3, 30)
-        a = pack(lengths, 20, "ffd", images, 3)
+        a = pack(lengths, 20, "binpack", images, 3)
         b = pack(lengths, 20, "bfd", images, 3)
         differ += a != b
         assert a == reference_fit_decreasing(lengths, 20, images, 3, fit="first")
@@ -70,10 +85,10 @@ def test_fast_ffd_and_bfd_match_the_readable_loop_with_images():
 
 
 def test_items_that_cannot_fit_alone_are_named_not_dropped():
-    with pytest.raises(ValueError, match="item 1 .*longer than the capacity"):
+    with pytest.raises(ValueError, match="item 1 .*longer than the token budget"):
         pack([3, 12, 4], 10)
-    with pytest.raises(ValueError, match="item 2 .*more images than the budget"):
-        pack([3, 2, 4], 10, "balanced", image_counts=[0, 1, 5], max_images=4)
+    with pytest.raises(ValueError, match="item 2 .*more images than the image budget"):
+        pack([3, 2, 4], 10, "images_first_bfd", image_counts=[0, 1, 5], max_images=4)
     with pytest.raises(ValueError, match="non-positive"):
         pack([3, 0], 10, "greedy")
     with pytest.raises(ValueError, match="unknown packing strategy"):
@@ -86,9 +101,9 @@ def test_no_items_no_packs():
 
 
 items = st.integers(min_value=1, max_value=64).flatmap(
-    lambda capacity: st.tuples(
-        st.just(capacity),
-        st.lists(st.tuples(st.integers(1, capacity), st.integers(0, 3)), max_size=150),
+    lambda max_length: st.tuples(
+        st.just(max_length),
+        st.lists(st.tuples(st.integers(1, max_length), st.integers(0, 3)), max_size=150),
         st.integers(3, 8),
     )
 )
@@ -97,46 +112,51 @@ items = st.integers(min_value=1, max_value=64).flatmap(
 @settings(max_examples=150, deadline=None)
 @given(items, st.sampled_from(STRATEGIES))
 def test_packs_are_valid_whatever_the_input(case, strategy):
-    capacity, pairs, max_images = case
+    max_length, pairs, max_images = case
     lengths = [length for length, _ in pairs]
     images = [count for _, count in pairs]
-    packs = pack(lengths, capacity, strategy, images, max_images)
+    packs = pack(lengths, max_length, strategy, images, max_images)
     # every index exactly once
     assert sorted(i for p in packs for i in p) == list(range(len(lengths)))
     assert all(p for p in packs)
     # no pack over either budget
-    assert all(sum(lengths[i] for i in p) <= capacity for p in packs)
+    assert all(sum(lengths[i] for i in p) <= max_length for p in packs)
     assert all(sum(images[i] for i in p) <= max_images for p in packs)
     # deterministic
-    assert pack(lengths, capacity, strategy, images, max_images) == packs
-    if strategy in ("ffd", "bfd"):
+    assert pack(lengths, max_length, strategy, images, max_images) == packs
+    if strategy in ("binpack", "bfd"):
         # first/best fit never leaves two packs both at most half full (token-only packing)
-        token_packs = pack(lengths, capacity, strategy)
+        token_packs = pack(lengths, max_length, strategy)
         loads = pack_loads(token_packs, lengths)
-        assert (loads * 2 <= capacity).sum() <= 1
-        assert len(token_packs) < 2 * sum(lengths) / capacity + 1
-        assert len(token_packs) >= lower_bound(lengths, capacity)
+        assert (loads * 2 <= max_length).sum() <= 1
+        assert len(token_packs) < 2 * sum(lengths) / max_length + 1
+        assert len(token_packs) >= lower_bound(lengths, max_length)
 
 
 @settings(max_examples=100, deadline=None)
 @given(items)
 def test_fast_packers_match_the_readable_reference(case):
-    capacity, pairs, max_images = case
+    max_length, pairs, max_images = case
     lengths = [length for length, _ in pairs]
     images = [count for _, count in pairs]
-    for strategy, fit in (("ffd", "first"), ("bfd", "best"), ("balanced", "balanced")):
-        assert pack(lengths, capacity, strategy, images, max_images) == reference_fit_decreasing(
-            lengths, capacity, images, max_images, fit=fit
+    for strategy, fit in (
+        ("binpack", "first"),
+        ("bfd", "best"),
+        ("images_first_bfd", "images_first"),
+    ):
+        assert pack(lengths, max_length, strategy, images, max_images) == reference_fit_decreasing(
+            lengths, max_length, images, max_images, fit=fit
         )
 
 
-def test_balanced_mixes_images_where_length_order_cannot():
-    # Four image-heavy short samples and four text-only long ones, capacity 10, 2 images a pack.
-    # By length (ffd) the four long text samples pair up first and the image samples are left to
-    # packs of their own; balanced pairs each long text sample with an image sample.
+def test_images_first_bfd_mixes_images_where_length_order_cannot():
+    # Four image-heavy short samples and four text-only long ones, max_length 10, 2 images a pack.
+    # By length (binpack) the four long text samples pair up first and the image samples are left to
+    # packs of their own; images_first_bfd pairs each long text sample with an image sample.
     lengths = [7, 7, 7, 7, 3, 3, 3, 3]
     images = [0, 0, 0, 0, 2, 2, 2, 2]
-    assert len(pack(lengths, 10, "balanced", images, 2)) == 4  # the lower bound: 40 / 10
+    assert len(pack(lengths, 10, "images_first_bfd", images, 2)) == 4  # the lower bound: 40 / 10
     assert all(
-        sorted(images[i] for i in p) == [0, 2] for p in pack(lengths, 10, "balanced", images, 2)
+        sorted(images[i] for i in p) == [0, 2]
+        for p in pack(lengths, 10, "images_first_bfd", images, 2)
     )

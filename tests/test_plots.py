@@ -18,13 +18,13 @@ def test_waste_is_the_padding_share():
     assert waste([], 8) == 0.0
 
 
-def test_pack_figure_shows_items_and_unused_capacity():
+def test_pack_figure_shows_items_and_unused_room():
     from mmdp.plots import plot_packs
 
-    fig = plot_packs([[6, 2], [5, 3]], capacity=10, title="Knapsack toy, binpack")
+    fig = plot_packs([[6, 2], [5, 3]], max_length=10, title="Knapsack toy, binpack")
     ax = fig.axes[0]
     assert ax.get_title() == "Knapsack toy, binpack"
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels == ["item (its length)", "unused capacity", "capacity (10)"]
+    assert labels == ["item (its length)", "unused room", "max length (10)"]
     texts = [t.get_text() for t in ax.texts]
     assert texts == ["6", "2", "80% full", "5", "3", "80% full"]

@@ -4,52 +4,63 @@ Everything here is pure: lengths (and image counts) in, packs out, as lists of i
 `lengths`. The thread/queue plumbing that streams packs lives elsewhere (mmdp.background,
 mmdp.toy, mmdp.packed_dataset) and calls `pack`.
 
-Example: lengths [3, 6, 2, 5], capacity 8
+The budgets: a pack holds at most `max_length` tokens (the token budget: the blog's `max_length`
+in stage 4, its `seq_length` in stage 5) and, when image counts are given, at most `max_images`
+images (the image budget: the blog's "image limit").
 
-    greedy ("next fit", the blog's greedy)            [[0], [1, 2], [3]]   loads 3, 8, 5
-    ffd    (first-fit decreasing, the blog's binpack) [[1, 2], [3, 0]]     loads 8, 8
-    bfd    (best-fit decreasing)                      [[1, 2], [3, 0]]     loads 8, 8
+Example: lengths [3, 6, 2, 5], max_length 8
+
+    greedy  (next fit, the blog's greedy)                 [[0], [1, 2], [3]]   loads 3, 8, 5
+    binpack (first-fit decreasing, FFD: the blog's binpack) [[1, 2], [3, 0]]   loads 8, 8
+    bfd     (best-fit decreasing)                         [[1, 2], [3, 0]]     loads 8, 8
 
 Strategies:
 - "greedy": walk the items in order; start a new pack when the next item does not fit.
-- "ffd": 1. sort items longest first; 2. put each into the FIRST pack it fits in;
-  3. open a new pack when none fits.
-- "bfd": as ffd, but put each item into the pack it fits TIGHTEST (least room left).
-- "balanced": the multimodal knapsack of stage 5, after the balanced greedy knapsack of Eagle 2
-  that the blog cites: a token budget AND an image budget per pack, balanced between the two.
+- "binpack": first-fit decreasing. 1. sort items longest first; 2. put each into the FIRST pack
+  it fits in; 3. open a new pack when none fits.
+- "bfd": best-fit decreasing: as binpack, but put each item into the pack it fits TIGHTEST
+  (least room left).
+- "images_first_bfd": mmdp's multimodal knapsack (stage 5's default), a best-fit decreasing that
+  weighs both budgets.
   1. Place the samples with images first, largest share of both budgets first
-     (length/capacity + images/max_images); each goes to the pack it fits tightest in tokens,
+     (length/max_length + images/max_images); each goes to the pack it fits tightest in tokens,
      ties to the pack with the fewest images.
   2. Then the text-only samples, longest first; each goes to the pack with the fewest image slots
      left, ties to the tightest: text-only samples fill the token room of packs whose images are
      used up, the one room no image sample can use.
-  Why: sorted by length alone (ffd, bfd), the long image-heavy samples land together, and those
-  packs hit the image budget with token room left; on a cauldron-like mix that costs ~10% more
-  packs (bench/bench_packing.py). Balanced needs about as few packs as bfd with no image budget.
+  Why: sorted by length alone (binpack, bfd), the long image-heavy samples land together, and
+  those packs hit the image budget with token room left; on a cauldron-like mix that costs ~5%
+  more packs (bench/bench_packing.py). images_first_bfd needs about as few packs as bfd with no
+  image budget.
+- "balanced_greedy": the blog's own stage-5 packer, the balanced greedy knapsack of Eagle 2
+  (nanoVLM's `_balanced_greedy_knapsack`); see `pack_balanced_greedy`.
 
-Every pack respects `capacity` (sum of lengths) and, when `image_counts` and `max_images` are
+Every pack respects `max_length` (sum of lengths) and, when `image_counts` and `max_images` are
 given, `max_images` (sum of image counts); every strategy honours both. An item that cannot fit
 even alone raises ValueError naming it: callers filter (and count) such items first.
 
-ffd, bfd and balanced run in O(n log n + G * P) with numpy, where G is the number of distinct
-(length, image count) pairs and P the number of packs still open: instead of placing items one by
-one, a run of identical items is placed at once, since first fit (and best fit) keeps filling the
-same pack with identical items until it is full. `reference_fit_decreasing` is the readable,
-item-by-item version (the blog's loop); tests check that both give identical packs.
+binpack, bfd and images_first_bfd run in O(n log n + G * P) with numpy, where G is the number of
+distinct (length, image count) pairs and P the number of packs still open: instead of placing
+items one by one, a run of identical items is placed at once, since first fit (and best fit)
+keeps filling the same pack with identical items until it is full. `reference_fit_decreasing` is
+the readable, item-by-item version (the blog's loop); tests check that both give identical packs.
 """
 
 from typing import Literal
 
 import numpy as np
 
-Strategy = Literal["greedy", "ffd", "bfd", "balanced"]
-STRATEGIES = ("greedy", "ffd", "bfd", "balanced")
+Strategy = Literal["greedy", "binpack", "bfd", "images_first_bfd", "balanced_greedy"]
+STRATEGIES = ("greedy", "binpack", "bfd", "images_first_bfd", "balanced_greedy")
+
+# The blog's `delta`: how many packs balanced_greedy opens beyond the lower bound.
+BALANCED_GREEDY_EXTRA_PACKS = 5
 
 
 def pack(
     lengths,
-    capacity: int,
-    strategy: Strategy = "ffd",
+    max_length: int,
+    strategy: Strategy = "binpack",
     image_counts=None,
     max_images: int | None = None,
 ) -> list[list[int]]:
@@ -59,25 +70,27 @@ def pack(
     sample, bounded per pack by `max_images`. Packs come in the order they were opened; within a
     pack, items come in the order they were placed. Same input, same output.
     """
-    lengths, images, max_images = check_items(lengths, capacity, image_counts, max_images)
+    lengths, images, max_images = check_items(lengths, max_length, image_counts, max_images)
     if strategy == "greedy":
-        return pack_greedy(lengths, capacity, images, max_images)
-    if strategy == "ffd":
-        return pack_fit_decreasing(lengths, capacity, images, max_images, fit="first")
+        return pack_greedy(lengths, max_length, images, max_images)
+    if strategy == "binpack":
+        return pack_fit_decreasing(lengths, max_length, images, max_images, fit="first")
     if strategy == "bfd":
-        return pack_fit_decreasing(lengths, capacity, images, max_images, fit="best")
-    if strategy == "balanced":
-        return pack_fit_decreasing(lengths, capacity, images, max_images, fit="balanced")
+        return pack_fit_decreasing(lengths, max_length, images, max_images, fit="best")
+    if strategy == "images_first_bfd":
+        return pack_fit_decreasing(lengths, max_length, images, max_images, fit="images_first")
+    if strategy == "balanced_greedy":
+        return pack_balanced_greedy(lengths, max_length, images, max_images)
     raise ValueError(
         f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
     )
 
 
-def check_items(lengths, capacity, image_counts, max_images):
+def check_items(lengths, max_length, image_counts, max_images):
     """Validate the items; returns (lengths, images, max_images) as int64 arrays / int."""
     lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
-    if capacity < 1:
-        raise ValueError(f"capacity must be positive, got {capacity}")
+    if max_length < 1:
+        raise ValueError(f"max_length (the token budget) must be positive, got {max_length}")
     images = (
         np.zeros_like(lengths)
         if image_counts is None
@@ -89,9 +102,9 @@ def check_items(lengths, capacity, image_counts, max_images):
         max_images = int(images.sum())  # no image budget: never binding
     problems = [
         (lengths < 1, "has a non-positive length"),
-        (lengths > capacity, f"is longer than the capacity ({capacity} tokens)"),
+        (lengths > max_length, f"is longer than the token budget (max_length {max_length})"),
         (images < 0, "has a negative image count"),
-        (images > max_images, f"has more images than the budget ({max_images} per pack)"),
+        (images > max_images, f"has more images than the image budget (max_images {max_images})"),
     ]
     for bad, what in problems:
         if bad.any():
@@ -103,11 +116,11 @@ def check_items(lengths, capacity, image_counts, max_images):
     return lengths, images, int(max_images)
 
 
-def pack_greedy(lengths, capacity, images, max_images) -> list[list[int]]:
+def pack_greedy(lengths, max_length, images, max_images) -> list[list[int]]:
     """Next fit, the blog's greedy: walk in order, start a new pack when an item does not fit."""
     packs, current, load, load_images = [], [], 0, 0
     for i, (length, count) in enumerate(zip(lengths.tolist(), images.tolist())):
-        if current and (load + length > capacity or load_images + count > max_images):
+        if current and (load + length > max_length or load_images + count > max_images):
             packs.append(current)
             current, load, load_images = [], 0, 0
         current.append(i)
@@ -118,26 +131,58 @@ def pack_greedy(lengths, capacity, images, max_images) -> list[list[int]]:
     return packs
 
 
-def decreasing_order(lengths, images, capacity=1, max_images=0, by="length") -> np.ndarray:
+def pack_balanced_greedy(lengths, max_length, images, max_images) -> list[list[int]]:
+    """The blog's balanced greedy knapsack (after Eagle 2), item by item as the blog's code does it.
+
+    1. Open ceil(total length / max_length) + BALANCED_GREEDY_EXTRA_PACKS empty packs.
+    2. Take the items longest first (ties: lowest index); put each into the LEAST loaded pack
+       (fewest tokens, ties: lowest number) that fits it under both budgets.
+    3. Open a new pack when none fits. At the end, drop the packs left empty.
+    Spreading the items keeps the packs' loads even (the "balanced"), at the price of more packs
+    than binpack or bfd (bench/bench_packing.py). O(n * P log P): fine for a buffer of a few
+    thousand items.
+    """
+    if len(lengths) == 0:
+        return []
+    count = lower_bound(lengths, max_length) + BALANCED_GREEDY_EXTRA_PACKS
+    packs = [[] for _ in range(count)]
+    load, load_images = [0] * count, [0] * count
+    for i in np.lexsort((np.arange(len(lengths)), -lengths)).tolist():
+        length, count = int(lengths[i]), int(images[i])
+        for chosen in sorted(range(len(packs)), key=load.__getitem__):
+            if load[chosen] + length <= max_length and load_images[chosen] + count <= max_images:
+                break
+        else:
+            packs.append([])
+            load.append(0)
+            load_images.append(0)
+            chosen = len(packs) - 1
+        packs[chosen].append(i)
+        load[chosen] += length
+        load_images[chosen] += count
+    return [items for items in packs if items]
+
+
+def decreasing_order(lengths, images, max_length=1, max_images=0, by="length") -> np.ndarray:
     """The order fit-decreasing packers place items in; ties by index, so it is deterministic.
 
-    by="length": longest first (then most images first): the classic ffd / bfd order.
+    by="length": longest first (then most images first): the classic binpack (FFD) / bfd order.
     by="size": samples with images before text-only ones; within each, the largest share of BOTH
-    budgets first, length/capacity + images/max_images (computed in integers as
-    length * max_images + images * capacity): the balanced order.
+    budgets first, length/max_length + images/max_images (computed in integers as
+    length * max_images + images * max_length): the images_first_bfd order.
     """
     index = np.arange(len(lengths))
     if by == "length":
         return np.lexsort((index, -images, -lengths))
-    size = lengths * max_images + images * capacity
+    size = lengths * max_images + images * max_length
     return np.lexsort((index, -images, -lengths, -size, images == 0))
 
 
-def pack_fit_decreasing(lengths, capacity, images, max_images, fit: str) -> list[list[int]]:
+def pack_fit_decreasing(lengths, max_length, images, max_images, fit: str) -> list[list[int]]:
     """First fit / best fit decreasing, placing each run of identical items at once.
 
     fit="first": the lowest-numbered pack with room; fit="best": the pack with the least token
-    room left that still fits (ties: lowest number); fit="balanced": for a sample with images as
+    room left that still fits (ties: lowest number); fit="images_first": for a sample with images as
     best, ties to the most image room left; for a text-only sample the least image room left,
     ties to the least token room (see the module docstring).
     Whatever the rule, a pack that takes one of a run of identical items stays the pack the rule
@@ -147,8 +192,8 @@ def pack_fit_decreasing(lengths, capacity, images, max_images, fit: str) -> list
     n = len(lengths)
     if n == 0:
         return []
-    by = "size" if fit == "balanced" else "length"
-    order = decreasing_order(lengths, images, capacity, max_images, by)
+    by = "size" if fit == "images_first_bfd" else "length"
+    order = decreasing_order(lengths, images, max_length, max_images, by)
     sorted_lengths, sorted_images = lengths[order], images[order]
     # the shortest item still to come, after each position (to close packs that can take none)
     shortest_after = np.minimum.accumulate(sorted_lengths[::-1])[::-1]
@@ -175,7 +220,7 @@ def pack_fit_decreasing(lengths, capacity, images, max_images, fit: str) -> list
         candidates = np.flatnonzero(fits)  # lowest pack number first: first fit
         if fit == "best":
             candidates = candidates[np.argsort(open_room[candidates], kind="stable")]
-        elif fit == "balanced":  # np.lexsort sorts by its LAST key first
+        elif fit == "images_first_bfd":  # np.lexsort sorts by its LAST key first
             if count:
                 keys = (candidates, -open_image_room[candidates], open_room[candidates])
             else:
@@ -199,7 +244,7 @@ def pack_fit_decreasing(lengths, capacity, images, max_images, fit: str) -> list
         # 3. The rest open new packs, each filled with as many identical items as fit.
         left = todo - placed
         if left:
-            per_pack = capacity // length
+            per_pack = max_length // length
             if count:
                 per_pack = min(per_pack, max_images // count)
             new = -(-left // per_pack)
@@ -208,7 +253,7 @@ def pack_fit_decreasing(lengths, capacity, images, max_images, fit: str) -> list
             new_ids = np.arange(num_packs, num_packs + new)
             pack_of[start + placed : end] = np.repeat(new_ids, new_takes)
             open_ids = np.r_[open_ids, new_ids]
-            open_room = np.r_[open_room, capacity - new_takes * length]
+            open_room = np.r_[open_room, max_length - new_takes * length]
             open_image_room = np.r_[open_image_room, max_images - new_takes * count]
             num_packs += new
 
@@ -226,28 +271,28 @@ def pack_fit_decreasing(lengths, capacity, images, max_images, fit: str) -> list
     return [chunk.tolist() for chunk in np.split(order[by_pack], bounds)]
 
 
-def reference_fit_decreasing(lengths, capacity, image_counts=None, max_images=None, fit="first"):
+def reference_fit_decreasing(lengths, max_length, image_counts=None, max_images=None, fit="first"):
     """The readable version, one item at a time (the blog's binpack loop), for reading and tests.
 
     O(n * packs): fine for a toy, far too slow for an epoch (see bench/bench_packing.py).
     """
-    lengths, images, max_images = check_items(lengths, capacity, image_counts, max_images)
-    by = "size" if fit == "balanced" else "length"
+    lengths, images, max_images = check_items(lengths, max_length, image_counts, max_images)
+    by = "size" if fit == "images_first_bfd" else "length"
     packs, room, image_room = [], [], []
-    for i in decreasing_order(lengths, images, capacity, max_images, by).tolist():
+    for i in decreasing_order(lengths, images, max_length, max_images, by).tolist():
         length, count = int(lengths[i]), int(images[i])
         fitting = [p for p in range(len(packs)) if room[p] >= length and image_room[p] >= count]
         if fit == "best":
             fitting.sort(key=lambda p: room[p])
-        elif fit == "balanced" and count:
+        elif fit == "images_first_bfd" and count:
             fitting.sort(key=lambda p: (room[p], -image_room[p]))
-        elif fit == "balanced":
+        elif fit == "images_first_bfd":
             fitting.sort(key=lambda p: (image_room[p], room[p]))
         if fitting:
             chosen = fitting[0]
         else:
             packs.append([])
-            room.append(capacity)
+            room.append(max_length)
             image_room.append(max_images)
             chosen = len(packs) - 1
         packs[chosen].append(i)
@@ -262,6 +307,6 @@ def pack_loads(packs, lengths) -> np.ndarray:
     return np.array([int(lengths[p].sum()) for p in packs], dtype=np.int64)
 
 
-def lower_bound(lengths, capacity: int) -> int:
-    """No packing can use fewer packs than ceil(total length / capacity)."""
-    return -(-int(np.sum(lengths)) // capacity)
+def lower_bound(lengths, max_length: int) -> int:
+    """No packing can use fewer packs than ceil(total length / max_length)."""
+    return -(-int(np.sum(lengths)) // max_length)

@@ -168,8 +168,8 @@ def waste(lengths, width: int) -> float:
     return 1 - sum(lengths) / total if total else 0.0
 
 
-def plot_packs(packs: list[list[int]], capacity: int, title: str) -> Figure:
-    """Stage 4: one stacked bar per pack, each item a labelled segment, unused capacity in grey."""
+def plot_packs(packs: list[list[int]], max_length: int, title: str) -> Figure:
+    """Stage 4: one stacked bar per pack, each item a labelled segment, unused room in grey."""
     fig, ax = plt.subplots(figsize=(10, 0.7 * len(packs) + 1.8))
     colours = ITEM_COLOURS
     for row, items in enumerate(packs):
@@ -178,19 +178,19 @@ def plot_packs(packs: list[list[int]], capacity: int, title: str) -> Figure:
             ax.barh(row, item, left=left, color=colours[item % len(colours)], edgecolor="white")
             ax.text(left + item / 2, row, str(item), ha="center", va="center", fontsize=8)
             left += item
-        ax.barh(row, capacity - left, left=left, color=PADDING_COLOUR)
-        ax.text(capacity + 1, row, f"{left / capacity:.0%} full", va="center", fontsize=9)
-    ax.axvline(capacity, color=LIMIT_COLOUR, linestyle="--")
+        ax.barh(row, max_length - left, left=left, color=PADDING_COLOUR)
+        ax.text(max_length + 1, row, f"{left / max_length:.0%} full", va="center", fontsize=9)
+    ax.axvline(max_length, color=LIMIT_COLOUR, linestyle="--")
     ax.set_yticks(range(len(packs)), [f"pack {i + 1}" for i in range(len(packs))])
     ax.invert_yaxis()
-    ax.set_xlim(0, capacity * 1.12)
+    ax.set_xlim(0, max_length * 1.12)
     ax.set_xlabel("tokens")
     ax.set_title(title)
     handles = [
         matplotlib.patches.Patch(color=colours[3], label="item (its length)"),
-        matplotlib.patches.Patch(color=PADDING_COLOUR, label="unused capacity"),
+        matplotlib.patches.Patch(color=PADDING_COLOUR, label="unused room"),
         matplotlib.lines.Line2D(
-            [], [], color=LIMIT_COLOUR, linestyle="--", label=f"capacity ({capacity})"
+            [], [], color=LIMIT_COLOUR, linestyle="--", label=f"max length ({max_length})"
         ),
     ]
     ax.legend(

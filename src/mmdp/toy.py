@@ -6,28 +6,28 @@ import math
 from torch.utils.data import IterableDataset, get_worker_info
 
 from mmdp.background import iterate_in_background
-from mmdp.packing import pack
+from mmdp.packing import STRATEGIES, pack
 
-# The blog's names for its two strategies, and the packer each one is.
-TOY_STRATEGIES = {"greedy": "greedy", "binpack": "ffd"}
+# The blog's two strategies for the toy: next fit in order, and first-fit decreasing.
+BLOG_TOY_STRATEGIES = ("greedy", "binpack")
 
 
 class ToyPackingDataset(IterableDataset):
     """Yields packs (lists of ints) of the items start, start + 1, ..., end - 1.
 
-    Each item is a sequence length; a pack holds items summing to at most `capacity`.
+    Each item is a sequence length; a pack holds items summing to at most `max_length`.
     The producer thread reads `buffer_size` items at a time, packs them and fills a bounded
     queue while the consumer yields. With DataLoader workers, each worker packs its own
     contiguous share of the range (the blog's sharding), so every item is yielded exactly once.
     """
 
-    def __init__(self, start=1, end=25, capacity=100, strategy="greedy", buffer_size=1000):
-        if strategy not in TOY_STRATEGIES:
+    def __init__(self, start=1, end=25, max_length=100, strategy="greedy", buffer_size=1000):
+        if strategy not in STRATEGIES:
             raise ValueError(
-                f"unknown strategy {strategy!r}; choose one of {', '.join(TOY_STRATEGIES)}"
+                f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
             )
         self.start, self.end = start, end
-        self.capacity = capacity
+        self.max_length = max_length
         self.strategy = strategy
         self.buffer_size = buffer_size
 
@@ -43,7 +43,7 @@ class ToyPackingDataset(IterableDataset):
     def produce_packs(self, items):
         items = iter(items)
         while buffer := list(itertools.islice(items, self.buffer_size)):
-            for indices in pack(buffer, self.capacity, TOY_STRATEGIES[self.strategy]):
+            for indices in pack(buffer, self.max_length, self.strategy):
                 yield [buffer[i] for i in indices]
 
     def __iter__(self):
