@@ -70,9 +70,26 @@ def pack(
     sample, bounded per pack by `max_images`. Packs come in the order they were opened; within a
     pack, items come in the order they were placed. Same input, same output.
     """
+    items, starts = pack_flat(lengths, max_length, strategy, image_counts, max_images)
+    return [items[a:b].tolist() for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
+
+
+def pack_flat(
+    lengths,
+    max_length: int,
+    strategy: Strategy = "binpack",
+    image_counts=None,
+    max_images: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`pack` as two flat arrays, for callers that plan millions of items (mmdp.planner).
+
+    Returns (items, starts): pack p holds items[starts[p] : starts[p + 1]], and
+    len(starts) == packs + 1. Example: lengths [3, 6, 2, 5], max_length 8, binpack ->
+    items [1, 2, 3, 0], starts [0, 2, 4].
+    """
     lengths, images, max_images = check_items(lengths, max_length, image_counts, max_images)
     if strategy == "greedy":
-        return pack_greedy(lengths, max_length, images, max_images)
+        return flatten(pack_greedy(lengths, max_length, images, max_images))
     if strategy == "binpack":
         return pack_fit_decreasing(lengths, max_length, images, max_images, fit="first")
     if strategy == "bfd":
@@ -80,10 +97,17 @@ def pack(
     if strategy == "images_first_bfd":
         return pack_fit_decreasing(lengths, max_length, images, max_images, fit="images_first")
     if strategy == "balanced_greedy":
-        return pack_balanced_greedy(lengths, max_length, images, max_images)
+        return flatten(pack_balanced_greedy(lengths, max_length, images, max_images))
     raise ValueError(
         f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
     )
+
+
+def flatten(packs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Lists of item indices -> (items, starts), as pack_flat returns them."""
+    sizes = np.array([len(p) for p in packs], dtype=np.int64)
+    items = np.fromiter((i for p in packs for i in p), dtype=np.int64, count=int(sizes.sum()))
+    return items, np.r_[0, np.cumsum(sizes)]
 
 
 def check_items(lengths, max_length, image_counts, max_images):
@@ -178,20 +202,21 @@ def decreasing_order(lengths, images, max_length=1, max_images=0, by="length") -
     return np.lexsort((index, -images, -lengths, -size, images == 0))
 
 
-def pack_fit_decreasing(lengths, max_length, images, max_images, fit: str) -> list[list[int]]:
+def pack_fit_decreasing(lengths, max_length, images, max_images, fit: str):
     """First fit / best fit decreasing, placing each run of identical items at once.
 
     fit="first": the lowest-numbered pack with room; fit="best": the pack with the least token
-    room left that still fits (ties: lowest number); fit="images_first": for a sample with images as
-    best, ties to the most image room left; for a text-only sample the least image room left,
-    ties to the least token room (see the module docstring).
+    room left that still fits (ties: lowest number); fit="images_first": for a sample with
+    images as best, ties to the most image room left; for a text-only sample the least image
+    room left, ties to the least token room (see the module docstring). Returns (items, starts)
+    as pack_flat does.
     Whatever the rule, a pack that takes one of a run of identical items stays the pack the rule
     picks for the next one until it is full (its room only shrinks), which is what lets a whole
     run be placed at once.
     """
     n = len(lengths)
     if n == 0:
-        return []
+        return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
     by = "size" if fit == "images_first_bfd" else "length"
     order = decreasing_order(lengths, images, max_length, max_images, by)
     sorted_lengths, sorted_images = lengths[order], images[order]
@@ -265,10 +290,9 @@ def pack_fit_decreasing(lengths, max_length, images, max_images, fit: str) -> li
                 open_room = open_room[still_open]
                 open_image_room = open_image_room[still_open]
 
-    # Group the items by pack, keeping the order they were placed in.
+    # Group the items by pack, keeping the order they were placed in: (items, starts).
     by_pack = np.argsort(pack_of, kind="stable")
-    bounds = np.cumsum(np.bincount(pack_of, minlength=num_packs))[:-1]
-    return [chunk.tolist() for chunk in np.split(order[by_pack], bounds)]
+    return order[by_pack], np.r_[0, np.cumsum(np.bincount(pack_of, minlength=num_packs))]
 
 
 def reference_fit_decreasing(lengths, max_length, image_counts=None, max_images=None, fit="first"):
