@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from mmdp.cli import add_data_args, add_loader_args, display_path, print_batch, print_settings
-from mmdp.collate import NaivePadCollator
+from mmdp.collate import NaivePadCollator, real_token_mask
 from mmdp.data import load_vqa_dataset
 from mmdp.errors import exit_on_user_error
 from mmdp.metrics import EpochReport, write_json
@@ -67,7 +67,7 @@ def main():
         )
 
     # Visualize the padding of the first batch
-    lengths = first_batch["attention_mask"].sum(dim=1).tolist()
+    lengths = real_token_mask(first_batch).sum(dim=1).tolist()
     width = first_batch["input_ids"].shape[1]
     title = f"Naive Padding: padded to the longest sample ({width}), {waste(lengths, width):.1%} padding"
     path = save_figure(plot_padding(lengths, width, title), args.out_dir, "02.png")

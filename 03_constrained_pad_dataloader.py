@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from mmdp import config
 from mmdp.cli import add_data_args, add_loader_args, display_path, print_batch, print_settings
-from mmdp.collate import ConstrainedPadCollator
+from mmdp.collate import ConstrainedPadCollator, real_token_mask
 from mmdp.data import load_vqa_dataset
 from mmdp.errors import exit_on_user_error
 from mmdp.metrics import EpochReport, write_json
@@ -79,7 +79,7 @@ def main():
         )
 
     # Visualize the padding of that batch
-    lengths = shown["attention_mask"].sum(dim=1).tolist()
+    lengths = real_token_mask(shown).sum(dim=1).tolist()
     title = (
         f"Constrained Padding: padded to max length ({args.max_length}), "
         f"{waste(lengths, args.max_length):.1%} padding"

@@ -2,7 +2,7 @@
 image budget, balanced, each pack padded to a fixed length.
 
     uv run 05_knapsack_multimodal.py
-    uv run 05_knapsack_multimodal.py --seq-length 1024 --save-batch /tmp/batch.pt
+    uv run 05_knapsack_multimodal.py --max-length 1024 --save-batch /tmp/batch.pt
     uv run torchrun --nproc_per_node 2 05_knapsack_multimodal.py --metrics-json /tmp/05.json
 
 Prints the shapes of one batch and the epoch report (utilization, dropped samples by reason,
@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from mmdp import config
 from mmdp.cli import add_data_args, add_loader_args, display_path, print_batch, print_settings
-from mmdp.collate import ConstrainedPadCollator
+from mmdp.collate import ConstrainedPadCollator, real_token_mask
 from mmdp.data import load_vqa_dataset
 from mmdp.errors import exit_on_user_error
 from mmdp.metrics import PackReport, write_json
@@ -43,15 +43,18 @@ def parse_args():
     add_data_args(parser)
     add_loader_args(parser)
     parser.add_argument(
-        "--seq-length", type=int, default=config.MAX_LENGTH,
+        "--max-length", type=int, default=config.MAX_LENGTH,
         help=f"token budget of a pack, and its padded length (default: {config.MAX_LENGTH})",
     )  # fmt: skip
     parser.add_argument(
-        "--max-images-per-pack", type=int, default=config.MAX_IMAGES_PER_PACK,
-        help=f"image budget of a pack (default: {config.MAX_IMAGES_PER_PACK})",
+        "--max-images", type=int, default=config.MAX_IMAGES,
+        help=f"image budget of a pack (default: {config.MAX_IMAGES})",
     )  # fmt: skip
     parser.add_argument(
-        "--strategy", choices=STRATEGIES, default="balanced", help="packer (default: balanced)"
+        "--strategy",
+        choices=STRATEGIES,
+        default="images_first_bfd",
+        help="packer (default: images_first_bfd)",
     )
     parser.add_argument("--epoch", type=int, default=0, help="which epoch's shuffle (default: 0)")
     parser.add_argument(
@@ -76,8 +79,8 @@ def main():
     # Wrap it: weigh every sample, filter, pack with a token and an image budget, shard
     packed = PackedDataset(
         samples,
-        seq_length=args.seq_length,
-        max_images_per_pack=args.max_images_per_pack,
+        max_length=args.max_length,
+        max_images=args.max_images,
         packs_per_batch=args.batch_size,
         strategy=args.strategy,
         seed=args.seed,
@@ -126,23 +129,18 @@ def main():
         }
         print(f"Wrote the epoch report to {display_path(write_json(metrics, args.metrics_json))}")
     if args.save_batch:
-        tensors = {
-            k: v if isinstance(v, torch.Tensor) else torch.tensor(v)
-            for k, v in first_batch.items()
-            if k not in ("dropped", "converted")
-        }
-        torch.save(tensors, args.save_batch)
+        torch.save(first_batch, args.save_batch)
         print(f"Saved the first batch to {display_path(args.save_batch)}")
 
     # Visualize the packing of the first batch: the blog's figure, then next to stage 3
-    lengths = first_batch["padding_mask"].sum(dim=1).tolist()
+    lengths = real_token_mask(first_batch).sum(dim=1).tolist()
     num_samples = len(first_batch["sample_index"])
     knapsack = {
         "lengths": lengths,
-        "width": args.seq_length,
-        "limit": args.seq_length,
+        "width": args.max_length,
+        "limit": args.max_length,
         "title": f"Knapsack: {num_samples} samples in {len(lengths)} packs, "
-                 f"{waste(lengths, args.seq_length):.1%} padding",
+                 f"{waste(lengths, args.max_length):.1%} padding",
     }  # fmt: skip
     fig = plot_padding(**knapsack)
     print(f"Saved the packing figure to {display_path(save_figure(fig, args.out_dir, '05.png'))}")
@@ -150,26 +148,26 @@ def main():
     constrained_rows = torch.randperm(
         len(samples), generator=torch.Generator().manual_seed(args.seed)
     )
-    collate = ConstrainedPadCollator(tokenizer.pad_token_id, args.seq_length)
+    collate = ConstrainedPadCollator(tokenizer.pad_token_id, args.max_length)
     constrained = collate([samples[int(i)] for i in constrained_rows[: args.batch_size]])
-    constrained_lengths = constrained["attention_mask"].sum(dim=1).tolist()
+    constrained_lengths = real_token_mask(constrained).sum(dim=1).tolist()
     fig = plot_padding_side_by_side(
         knapsack,
         {
             "lengths": constrained_lengths,
-            "width": args.seq_length,
-            "limit": args.seq_length,
+            "width": args.max_length,
+            "limit": args.max_length,
             "title": f"Constrained: {len(constrained_lengths)} samples, "
-            f"{waste(constrained_lengths, args.seq_length):.1%} padding",
+            f"{waste(constrained_lengths, args.max_length):.1%} padding",
         },  # fmt: skip
-        title=f"One batch of {args.batch_size} rows of {args.seq_length} tokens",
+        title=f"One batch of {args.batch_size} rows of {args.max_length} tokens",
     )
     print(f"Saved the comparison to {display_path(save_figure(fig, args.out_dir, '05_vs_03.png'))}")
 
     fig = plot_pack_samples(
         first_batch, tokenizer.image_token_id,
         title=f"Knapsack packs: {num_samples} samples, "
-              f"{len(first_batch['images'])} images in {len(lengths)} packs of {args.seq_length}",
+              f"{len(first_batch['images'])} images in {len(lengths)} packs of {args.max_length}",
     )  # fmt: skip
     path = save_figure(fig, args.out_dir, "05_samples.png")
     print(f"Saved the samples-per-pack figure to {display_path(path)}")

@@ -24,7 +24,7 @@ import torch
 
 from mmdp import config
 from mmdp.cli import add_data_args, display_path, print_settings
-from mmdp.collate import ConstrainedPadCollator, NaivePadCollator
+from mmdp.collate import ConstrainedPadCollator, NaivePadCollator, real_token_mask
 from mmdp.data import load_vqa_dataset
 from mmdp.errors import exit_on_user_error
 from mmdp.metrics import write_json
@@ -44,7 +44,7 @@ def parse_args():
     parser.add_argument("--tokenizer", default=None, help="default: the shipped SmolLM2 tokenizer")
     parser.add_argument("--batch-size", type=int, default=config.BATCH_SIZE,
                         help="samples (padding) or packs (packing) per batch (default: 8)")  # fmt: skip
-    parser.add_argument("--seq-length", type=int, default=config.MAX_LENGTH,
+    parser.add_argument("--max-length", type=int, default=config.MAX_LENGTH,
                         help="pack length, and constrained padding's max length (default: 512)")  # fmt: skip
     parser.add_argument("--check-samples", type=int, default=48,
                         help="samples in the loss-equivalence check (default: 48)")  # fmt: skip
@@ -75,7 +75,7 @@ def padded_batches(samples, rows, collate, batch_size):
 def packed_batches(rows_dataset, tokenizer, args, packs_per_batch=None):
     """Stage 5's batches of a dataset (all of them) and the PackedDataset that made them."""
     packed = PackedDataset(
-        VQADataset(rows_dataset, tokenizer), seq_length=args.seq_length,
+        VQADataset(rows_dataset, tokenizer), max_length=args.max_length,
         packs_per_batch=packs_per_batch or args.batch_size, seed=args.seed,
     )  # fmt: skip
     return list(PackedDataLoader(packed, num_workers=0)), packed
@@ -87,7 +87,7 @@ def check_losses(model, samples, rows, tokenizer, args) -> tuple[dict, list]:
     constrained = padded_batches(
         samples,
         rows,
-        ConstrainedPadCollator(tokenizer.pad_token_id, args.seq_length),
+        ConstrainedPadCollator(tokenizer.pad_token_id, args.max_length),
         args.batch_size,
     )
     packed, _ = packed_batches(samples.dataset.select(rows), tokenizer, args)
@@ -119,7 +119,7 @@ def train(model, batches, lr, device, autocast) -> dict:
     timed_useful = timed_computed = 0
     for step, batch in enumerate(batches):
         batch = to_device(batch, device)
-        mask = batch.get("attention_mask", batch.get("padding_mask"))
+        mask = real_token_mask(batch)
         start = time.perf_counter()
         with autocast:
             loss = model(**vlm_inputs(batch)).loss
@@ -162,13 +162,13 @@ def main():
     samples = VQADataset(rows, tokenizer)
     vlm_config = TinyVLMConfig(vocab_size=len(tokenizer), image_token_id=tokenizer.image_token_id)
 
-    # 1. Correctness: the samples every strategy keeps (usable, at most seq_length tokens)
+    # 1. Correctness: the samples every strategy keeps (usable, at most max_length tokens)
     weights = PackedDataset(
-        samples, seq_length=args.seq_length, packs_per_batch=args.batch_size, seed=args.seed
+        samples, max_length=args.max_length, packs_per_batch=args.batch_size, seed=args.seed
     )
     kept = [
         i for i, (n, problem) in enumerate(zip(weights.lengths, weights.text_problems))
-        if problem is None and n <= args.seq_length
+        if problem is None and n <= args.max_length
     ][: args.check_samples]  # fmt: skip
     # a model with large initial weights, so that what it sees (masks, images) shows in the loss
     checker = TinyVLM(TinyVLMConfig(**{**vlm_config.__dict__, "initializer_range": 0.5})).eval()
@@ -196,7 +196,7 @@ def main():
         "constrained": padded_batches(
             samples,
             order[: args.train_samples],
-            ConstrainedPadCollator(tokenizer.pad_token_id, args.seq_length),
+            ConstrainedPadCollator(tokenizer.pad_token_id, args.max_length),
             args.batch_size,
         ),  # fmt: skip
     }
@@ -228,7 +228,7 @@ def main():
     gain = packed["useful_tokens_per_s"] / naive["useful_tokens_per_s"]
     print(
         f"\n2. Training on {args.train_samples} samples per strategy ({device.type}); a step is "
-        f"{args.batch_size} samples padded, or {packs_per_step} packs of {args.seq_length}:"
+        f"{args.batch_size} samples padded, or {packs_per_step} packs of {args.max_length}:"
     )
     print(
         f"   {'strategy':<12} {'useful tok/s':>12} {'steps':>6} {'steps/epoch':>12} {'s/epoch':>8}"
@@ -252,7 +252,7 @@ def main():
 
     # 4. Every strategy on one epoch of the dataset, from lengths
     results = compare_strategies(weights)  # the rows were weighed once, in part 1
-    print(f"\n4. One epoch of {len(samples):,} samples, seq_length {args.seq_length}, "
+    print(f"\n4. One epoch of {len(samples):,} samples, max_length {args.max_length}, "
           f"batch size {args.batch_size}:")  # fmt: skip
     print(f"   {'strategy':<12} {'utilization':>11} {'batches':>8} {'dropped':>8} "
           f"{'tokens/row':>16} {'images/row':>11} {'samples/row':>12}")  # fmt: skip
@@ -263,7 +263,7 @@ def main():
               f"{images['mean']:>6.1f} ± {images['std']:<3.1f} {per_row['mean']:>7.1f} ± {per_row['std']:<3.1f}")  # fmt: skip
     fig = plot_strategies(
         results,
-        f"Every strategy on one epoch ({len(samples):,} samples, rows of {args.seq_length})",
+        f"Every strategy on one epoch ({len(samples):,} samples, rows of {args.max_length})",
     )
     print(
         f"   Saved the comparison to {display_path(save_figure(fig, args.out_dir, 'strategies.png'))}"

@@ -8,8 +8,15 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from mmdp import config
-from mmdp.collate import TOO_LONG, ConstrainedPadCollator, NaivePadCollator
+from mmdp.collate import ConstrainedPadCollator, NaivePadCollator
 from mmdp.data import FEATURES
+from mmdp.drop_reasons import (
+    EMPTY_REPLY,
+    IMAGE_TOO_LARGE,
+    NO_TEXTS,
+    TOO_LONG,
+    UNDECODABLE_IMAGE,
+)
 from mmdp.metrics import EpochReport
 from mmdp.vqa_dataset import VQADataset
 
@@ -37,7 +44,7 @@ ROWS = [
     {"images": [RGB, RGB], "texts": [turn(), turn("More?", "No.")]},  # 8 fine, two images
     {"images": [], "texts": [turn(assistant="word " * 600)]},  # 9 fine, but long
 ]
-EXPECTED_SKIPS = {1: "undecodable_image", 2: "no_texts", 3: "empty_reply", 7: "image_too_large"}
+EXPECTED_DROPS = {1: UNDECODABLE_IMAGE, 2: NO_TEXTS, 3: EMPTY_REPLY, 7: IMAGE_TOO_LARGE}
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +52,11 @@ def dataset(tokenizer):
     return VQADataset(Dataset.from_list(ROWS, features=FEATURES), tokenizer)
 
 
-def test_each_bad_row_is_skipped_with_its_reason(dataset):
+def test_each_bad_row_is_dropped_with_its_reason(dataset):
     for index in range(len(ROWS)):
         item = dataset[index]
         assert item["row"] == index
-        assert item["skip"] == EXPECTED_SKIPS.get(index)
+        assert item["drop_reason"] == EXPECTED_DROPS.get(index)
 
 
 def test_odd_image_modes_are_converted_to_rgb(dataset):
@@ -77,10 +84,10 @@ def test_epoch_through_workers_counts_every_row(dataset, tokenizer):
     assert report.rows_read == len(ROWS)
     assert sorted(rows) == [0, 4, 5, 6, 8]
     assert report.dropped == {
-        "undecodable_image": 1,
-        "no_texts": 1,
-        "empty_reply": 1,
-        "image_too_large": 1,
+        UNDECODABLE_IMAGE: 1,
+        NO_TEXTS: 1,
+        EMPTY_REPLY: 1,
+        IMAGE_TOO_LARGE: 1,
         TOO_LONG: 1,
     }
     assert report.converted == {"L": 1, "RGBA": 1, "P": 1}
@@ -96,9 +103,9 @@ def test_naive_collator_pads_to_longest_with_explicit_mask(dataset, tokenizer):
     assert batch["input_ids"].shape == (2, max(lengths))
     assert batch["attention_mask"].sum(dim=1).tolist() == lengths
     assert batch["sample_index"].tolist() == [0, 8]
-    assert batch["dropped"] == {"undecodable_image": 1}
+    assert batch["dropped"] == {UNDECODABLE_IMAGE: 1}
     # three images, in sample order, each mapped to its row of the batch
-    assert batch["images"].shape[0] == 3 and batch["image_sample"].tolist() == [0, 1, 1]
+    assert batch["images"].shape[0] == 3 and batch["sample_of_image"].tolist() == [0, 1, 1]
     padding = batch["attention_mask"] == 0
     assert (batch["labels"][padding] == config.IGNORE_INDEX).all()
     assert (batch["input_ids"][padding] == tokenizer.pad_token_id).all()
@@ -117,4 +124,4 @@ def test_constrained_collator_drops_long_samples_and_pads_to_max(dataset, tokeni
 def test_a_batch_with_every_sample_dropped_is_empty_not_an_error(dataset, tokenizer):
     batch = ConstrainedPadCollator(tokenizer.pad_token_id, max_length=64)([dataset[1], dataset[9]])
     assert batch["input_ids"].shape == (0, 64)
-    assert batch["dropped"] == {"undecodable_image": 1, TOO_LONG: 1}
+    assert batch["dropped"] == {UNDECODABLE_IMAGE: 1, TOO_LONG: 1}

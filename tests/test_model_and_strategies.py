@@ -4,11 +4,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from mmdp.collate import ConstrainedPadCollator, NaivePadCollator
+from mmdp import config
+from mmdp.collate import ConstrainedPadCollator, NaivePadCollator, real_token_mask
 from mmdp.data import load_vqa_dataset
 from mmdp.metrics import EpochReport
 from mmdp.model import TinyVLM, TinyVLMConfig, summed_loss, vlm_inputs
 from mmdp.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing import STRATEGIES
 from mmdp.strategies import compare_strategies
 from mmdp.vqa_dataset import VQADataset
 
@@ -37,7 +39,7 @@ def test_packed_padded_and_alone_give_the_same_loss_with_images(samples, model, 
         for row in rows:
             s = samples[row]
             labels = s["labels"].clone()
-            labels[0] = -100  # as in a pack: the first token has no label
+            labels[0] = config.IGNORE_INDEX  # as in a pack: the first token has no label
             logits = model(input_ids=s["input_ids"][None], images=s["images"]).logits
             alone += summed_loss(logits, labels[None])
         # the same batch with every image moved onto another sample's image tokens
@@ -68,21 +70,21 @@ def loader_report(samples, collate):
 
 
 def test_strategy_comparison_matches_the_stages_own_loaders(samples, tokenizer):
-    results = compare_strategies(PackedDataset(samples, seq_length=512, packs_per_batch=8, seed=0))
-    assert list(results) == ["naive", "constrained", "greedy", "ffd", "bfd", "balanced"]
+    results = compare_strategies(PackedDataset(samples, max_length=512, packs_per_batch=8, seed=0))
+    assert list(results) == ["naive", "constrained", *STRATEGIES]
     naive = loader_report(samples, NaivePadCollator(tokenizer.pad_token_id))
     constrained = loader_report(samples, ConstrainedPadCollator(tokenizer.pad_token_id, 512))
     for name, report in (("naive", naive), ("constrained", constrained)):
         assert results[name]["useful_tokens"] == report.useful_tokens
         assert results[name]["computed_tokens"] == report.computed_tokens
         assert results[name]["batches"] == report.batches
-    packed = PackedDataset(samples, seq_length=512, packs_per_batch=8)
+    packed = PackedDataset(samples, max_length=512, packs_per_batch=8)
     batches = list(PackedDataLoader(packed, num_workers=0))
-    assert results["balanced"]["batches"] == len(batches)
-    assert results["balanced"]["useful_tokens"] == sum(
-        int(b["padding_mask"].sum()) for b in batches
+    assert results["images_first_bfd"]["batches"] == len(batches)
+    assert results["images_first_bfd"]["useful_tokens"] == sum(
+        int(real_token_mask(b).sum()) for b in batches
     )
-    assert results["greedy"]["utilization"] < results["ffd"]["utilization"]
+    assert results["greedy"]["utilization"] < results["binpack"]["utilization"]
 
 
 def test_stage6_runs_and_reports(run_script, tmp_path):

@@ -2,6 +2,8 @@ import json
 
 import pytest
 
+from mmdp.drop_reasons import TOO_LONG
+
 KEYS = {"samples", "dropped", "batches", "useful_tokens", "computed_tokens", "utilization"}
 
 
@@ -46,7 +48,7 @@ def test_padding_stages_write_figure_and_consistent_metrics(run_script, tmp_path
         assert report["computed_tokens"] == report["batches"] * 8 * 256 - 256 * sum(
             report["dropped"].values()
         )
-        assert report["dropped"].get("too_long", 0) > 0
+        assert report["dropped"].get(TOO_LONG, 0) > 0
     else:
         assert report["batches"] == 12 and report["dropped"] == {}
 
@@ -87,10 +89,18 @@ def test_stage5_default_run_packs_at_least_98_percent(run_script, tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
     import torch
 
+    from mmdp.packed_batch import model_inputs
+
     saved = torch.load(batch)
-    assert {"input_ids", "labels", "position_ids", "padding_mask", "cu_seqlens", "sample_index",
-            "images", "image_sample"} <= set(saved)  # fmt: skip
-    assert saved["input_ids"].shape == (8, 512)
+    assert {"real_token_mask", "sample_index", "images", "sample_of_image"} <= set(saved)
+    inputs = model_inputs(saved)
+    assert inputs["input_ids"].shape == (8, 512)
+    # the four FlashAttention kwargs, as transformers takes them
+    assert inputs["cu_seq_lens_q"].dtype == inputs["cu_seq_lens_k"].dtype == torch.int32
+    assert inputs["cu_seq_lens_q"][-1] == 8 * 512
+    assert (
+        isinstance(inputs["max_length_q"], int) and inputs["max_length_q"] == inputs["max_length_k"]
+    )
 
 
 def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):

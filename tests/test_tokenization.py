@@ -2,14 +2,8 @@ import pytest
 import torch
 
 from mmdp import config
-from mmdp.conversation import (
-    EMPTY_REPLY,
-    IMAGE_TOKEN_IN_TEXT,
-    NO_TEXTS,
-    BadConversation,
-    count_tokens,
-    tokenize_conversation,
-)
+from mmdp.conversation import BadConversation, count_tokens, tokenize_conversation
+from mmdp.drop_reasons import EMPTY_REPLY, IMAGE_TOKEN_IN_TEXT, NO_TEXTS
 
 
 def test_shipped_tokenizer_is_smollm2_with_image_token(tokenizer):

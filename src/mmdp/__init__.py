@@ -11,7 +11,7 @@ Modules, in the order the stages use them:
     collate         NaivePadCollator (stage 2), ConstrainedPadCollator (stage 3)
     metrics         EpochReport, PackReport: utilization and dropped samples over an epoch
     plots           the figures under assets/
-    packing         pack(): greedy, ffd, bfd and balanced packing of lengths (stages 4-6)
+    packing         pack(): greedy, binpack, bfd, images_first_bfd, balanced_greedy (stages 4-6)
     background      iterate_in_background(): the producer-consumer thread, done safely
     toy             ToyPackingDataset: stage 4's iterable dataset of integers
     packed_dataset  PackedDataset, PackedDataLoader, collate_packs: stage 5

@@ -5,8 +5,9 @@ Both take the list of dicts VQADataset returns and produce one dict of tensors:
     labels          int64 [B, L]   -100 on padding
     attention_mask  int64 [B, L]   1 on real tokens, 0 on padding: the only reliable padding
                                    marker, since SmolLM2's pad id is also its <|im_end|> token
+                                   (read it with `real_token_mask(batch)`)
     images          float [N, 3, S, S]  every image of the batch, in sample order
-    image_sample    int64 [N]      which row of the batch each image belongs to
+    sample_of_image    int64 [N]      which row of the batch each image belongs to
     sample_index    int64 [B]      the dataset row of each batch row
     dropped         {reason: count} rows left out of this batch, and why
     converted       {mode: count}  images converted to RGB
@@ -17,14 +18,26 @@ from collections import Counter
 import torch
 
 from mmdp import config
+from mmdp.drop_reasons import TOO_LONG
 
-TOO_LONG = "too_long"  # a sample longer than the constrained max_length
+
+def real_token_mask(batch: dict) -> torch.Tensor:
+    """Which tokens of any mmdp batch are real (True) rather than padding: bool [B, L].
+
+    Every consumer (epoch reports, figures, tokens per second) asks this function, never a key:
+    padded batches (stages 2-3) mark real tokens with `attention_mask`, which the model takes;
+    packed batches (stage 5) with `real_token_mask`, because a 2-D attention_mask would undo
+    their per-sample masking (see mmdp.packed_dataset).
+    """
+    if "real_token_mask" in batch:
+        return batch["real_token_mask"]
+    return batch["attention_mask"].bool()
 
 
 def pad_batch(samples: list[dict], pad_token_id: int, length: int | None = None) -> dict:
     """Pad the usable samples to `length` (default: the longest of them) and stack them."""
-    dropped = Counter(s["skip"] for s in samples if s["skip"] is not None)
-    samples = [s for s in samples if s["skip"] is None]
+    dropped = Counter(s["drop_reason"] for s in samples if s["drop_reason"] is not None)
+    samples = [s for s in samples if s["drop_reason"] is None]
     if length is None:
         length = max((len(s["input_ids"]) for s in samples), default=0)
     batch_size = len(samples)
@@ -46,7 +59,7 @@ def pad_batch(samples: list[dict], pad_token_id: int, length: int | None = None)
         "labels": labels,
         "attention_mask": attention_mask,
         "images": torch.cat(images) if images else torch.zeros(0, 3, image_size, image_size),
-        "image_sample": torch.tensor(
+        "sample_of_image": torch.tensor(
             [i for i, s in enumerate(samples) for _ in range(len(s["images"]))], dtype=torch.long
         ),
         "sample_index": torch.tensor([s["row"] for s in samples], dtype=torch.long),
@@ -74,8 +87,8 @@ class ConstrainedPadCollator:
 
     def __call__(self, samples: list[dict]) -> dict:
         samples = [
-            {"row": s["row"], "skip": TOO_LONG}
-            if s["skip"] is None and len(s["input_ids"]) > self.max_length
+            {"row": s["row"], "drop_reason": TOO_LONG}
+            if s["drop_reason"] is None and len(s["input_ids"]) > self.max_length
             else s
             for s in samples
         ]

@@ -51,5 +51,5 @@ DEFAULT_CACHE_DIR = Path.home() / ".cache" / "mmdp"
 
 # Stage defaults.
 BATCH_SIZE = 8  # the blog's batch for the padding figures
-MAX_LENGTH = 512  # stage 3's fixed length and stage 5's token budget per pack (seq_length)
-MAX_IMAGES_PER_PACK = 18  # stage 5's image budget per pack (the blog's max_images_per_knapsack)
+MAX_LENGTH = 512  # stage 3's fixed length and stage 5's token budget per pack (max_length)
+MAX_IMAGES = 18  # stage 5's image budget per pack (the blog's max_images_per_knapsack)

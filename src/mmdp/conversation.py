@@ -16,11 +16,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from mmdp import config
-
-# Why a sample's text is unusable. The epoch report counts these.
-NO_TEXTS = "no_texts"
-EMPTY_REPLY = "empty_reply"
-IMAGE_TOKEN_IN_TEXT = "image_token_in_text"
+from mmdp.drop_reasons import EMPTY_REPLY, IMAGE_TOKEN_IN_TEXT, NO_TEXTS
 
 
 class BadConversation(Exception):

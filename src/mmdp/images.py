@@ -8,14 +8,11 @@ import torch
 from PIL import Image
 
 from mmdp import config
-
-# Why an image (and so its sample) is skipped. The epoch report counts these.
-UNDECODABLE_IMAGE = "undecodable_image"
-IMAGE_TOO_LARGE = "image_too_large"
+from mmdp.drop_reasons import IMAGE_TOO_LARGE, UNDECODABLE_IMAGE
 
 
 class BadImage(Exception):
-    """An image that cannot be used; `reason` is one of the constants above."""
+    """An image that cannot be used; `reason` is one of mmdp.drop_reasons."""
 
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mmdp.collate import real_token_mask
+
 
 class EpochReport:
     def __init__(self):
@@ -20,9 +22,9 @@ class EpochReport:
         self.useful_tokens = 0  # real tokens (padding excluded)
         self.computed_tokens = 0  # every position of every batch, padding included
 
-    def add_batch(self, batch: dict, padding_key: str = "attention_mask") -> None:
-        """Count one collated batch; `padding_key` names its 1 = real token / 0 = padding mask."""
-        mask = batch[padding_key]
+    def add_batch(self, batch: dict) -> None:
+        """Count one collated batch, padded or packed."""
+        mask = real_token_mask(batch)
         self.batches += 1
         self.samples += len(batch["sample_index"])
         self.useful_tokens += int(mask.sum())
@@ -75,10 +77,10 @@ def write_json(data: dict, path: str | Path) -> Path:
     return path
 
 
-def pack_of_images(batch: dict) -> np.ndarray:
+def pack_of_image(batch: dict) -> np.ndarray:
     """The pack (row of the batch) each image of a collated batch belongs to."""
     pack_of_sample = np.repeat(np.arange(len(batch["samples_per_pack"])), batch["samples_per_pack"])
-    return pack_of_sample[batch["image_sample"].numpy()]
+    return pack_of_sample[batch["sample_of_image"].numpy()]
 
 
 def spread(values) -> dict:
@@ -104,11 +106,11 @@ class PackReport(EpochReport):
         self.samples_per_pack = []
         self.batch_samples = []  # the dataset rows of each batch, in order
 
-    def add_batch(self, batch: dict, padding_key: str = "padding_mask") -> None:
-        super().add_batch(batch, padding_key)
+    def add_batch(self, batch: dict) -> None:
+        super().add_batch(batch)
         samples_per_pack = batch["samples_per_pack"]
-        images = np.bincount(pack_of_images(batch), minlength=len(samples_per_pack))
-        self.tokens_per_pack += batch[padding_key].sum(dim=1).tolist()
+        images = np.bincount(pack_of_image(batch), minlength=len(samples_per_pack))
+        self.tokens_per_pack += real_token_mask(batch).sum(dim=1).tolist()
         self.images_per_pack += images.tolist()
         self.samples_per_pack += samples_per_pack.tolist()
         self.batch_samples.append(batch["sample_index"].tolist())

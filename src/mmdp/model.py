@@ -7,7 +7,8 @@
 
 Randomly initialised and small enough to train on 2 CPU cores; the same code runs on a GPU.
 It takes every kind of batch mmdp makes: padded (stages 2-3: `attention_mask`) and packed
-(stage 5: `position_ids`, no attention mask, so transformers keeps samples apart).
+(stage 5: `position_ids` and FlashAttention's `cu_seq_lens_*` / `max_length_*`, no attention mask,
+so transformers keeps samples apart under every attention implementation).
 """
 
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, SiglipVisionConfig, SiglipVisionModel
 
 from mmdp import config
+from mmdp.packed_batch import model_inputs
 
 
 @dataclass
@@ -99,10 +101,19 @@ class TinyVLM(nn.Module):
             )
         return embeds.masked_scatter(is_image[..., None], image_embeds.to(embeds.dtype))
 
-    def forward(self, input_ids, labels=None, images=None, position_ids=None, attention_mask=None):
+    def forward(
+        self,
+        input_ids,
+        labels=None,
+        images=None,
+        position_ids=None,
+        attention_mask=None,
+        **flash_attention_kwargs,
+    ):
         """Logits (and the mean loss over label tokens, Hugging Face's, when labels are given).
 
-        Packed batches: pass position_ids and NO attention_mask (see the README's two traps);
+        Packed batches: pass position_ids, cu_seq_lens_q/k and max_length_q/k (passed on to the
+        language model for FlashAttention) and NO attention_mask (see the README's traps);
         padded batches: pass attention_mask. The cache is always off.
         """
         return self.lm(
@@ -111,6 +122,7 @@ class TinyVLM(nn.Module):
             position_ids=position_ids,
             attention_mask=attention_mask,
             use_cache=False,
+            **flash_attention_kwargs,
         )
 
 
@@ -127,6 +139,9 @@ def summed_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def vlm_inputs(batch: dict) -> dict:
-    """The keys of any mmdp batch that TinyVLM takes (padded batches keep attention_mask)."""
-    keys = ("input_ids", "labels", "images", "position_ids", "attention_mask")
-    return {key: batch[key] for key in keys if key in batch}
+    """The keys of any mmdp batch that TinyVLM takes: a packed batch's model_inputs and its
+    images, or a padded batch's input_ids, labels, attention_mask and images."""
+    if "attention_mask" in batch:
+        keys = ("input_ids", "labels", "attention_mask", "images")
+        return {key: batch[key] for key in keys}
+    return {**model_inputs(batch), "images": batch["images"]}

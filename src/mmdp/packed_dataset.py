@@ -4,10 +4,10 @@ How an epoch is made, in the blog's terms:
 
 1. Weigh every item without decoding it: a sample weighs its tokens (text + 64 per image) and
    carries its image count (mmdp.conversation.count_tokens_batch; images stay encoded).
-2. Filter: samples longer than `seq_length` or with more images than `max_images_per_pack` are
+2. Filter: samples longer than `max_length` or with more images than `max_images` are
    skipped and counted by reason, like rows whose conversation is unusable.
 3. Shuffle the rest with (seed, epoch), and pack them buffer by buffer with
-   `mmdp.packing.pack(..., strategy="balanced")`: a token budget and an image budget per pack.
+   `mmdp.packing.pack(..., strategy="images_first_bfd")`: a token budget and an image budget per pack.
 4. Shuffle the packs, and cut them into steps of `world_size * packs_per_batch` packs. Within a
    step, deal the packs to the ranks so that each rank gets about the same number of images.
    Every rank gets the same number of batches (DDP would hang otherwise); the at most
@@ -15,25 +15,12 @@ How an epoch is made, in the blog's terms:
 5. Each rank's batches are split over its DataLoader workers (batch k goes to worker
    k % num_workers, which is the order the DataLoader yields them in). In each worker a producer
    thread builds the packs of its batches (tokenize, decode and resize images, concatenate, pad
-   to `seq_length`) and fills a bounded queue; the DataLoader collates them with `collate_packs`.
+   to `max_length`) and fills a bounded queue; the DataLoader collates them with `collate_packs`.
 
 Steps 1-4 use only lengths, so every rank and worker computes the same plan and no sample is
 yielded twice or lost. Images are decoded only for packs about to be yielded.
 
-A pack (and a collated batch, with a leading batch dimension):
-
-    input_ids     ids of the samples, one after the other, then padding
-    labels        -100 on padding, on non-reply tokens, and on the FIRST token of each sample
-                  (so no sample is trained to predict the start of the next one)
-    position_ids  restart at 0 for every sample (and for the padding run, a segment of its own)
-    padding_mask  True on real tokens. Deliberately NOT called attention_mask: a 2-D
-                  attention_mask makes transformers drop the per-sample (block-diagonal) mask it
-                  builds from restarting position_ids, and samples would attend to each other.
-    cu_seqlens    int32 offsets of every segment in the flattened [batch * seq_length] tokens,
-                  as FlashAttention's varlen kernels take them; max_seqlen the longest segment
-    sample_index  the dataset rows in the batch, in order; samples_per_pack how many per row
-    images        float [N, 3, S, S], every image in sample order; image_sample [N]: the position
-                  in sample_index of the sample each image belongs to
+The packs and batches it yields are described in mmdp.packed_batch.
 """
 
 import copy
@@ -42,27 +29,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow.compute as pc
-import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mmdp import config
 from mmdp.background import iterate_in_background
 from mmdp.conversation import count_tokens_batch
+from mmdp.drop_reasons import RANK_REMAINDER, TOO_LONG, TOO_MANY_IMAGES
 from mmdp.metrics import spread
+from mmdp.packed_batch import collate_packs, layout_pack, model_inputs  # noqa: F401
 from mmdp.packing import pack
 from mmdp.vqa_dataset import VQADataset
-
-# Why a row is left out of an epoch (besides the reasons of mmdp.conversation and mmdp.images).
-TOO_LONG = "too_long"
-TOO_MANY_IMAGES = "too_many_images"
-RANK_REMAINDER = "left_out_to_equalise_ranks"
-
-# Keys of a collated batch that a Hugging Face causal LM does not take.
-NOT_MODEL_INPUTS = (
-    "padding_mask", "cu_seqlens", "max_seqlen", "sample_index", "samples_per_pack", "images",
-    "image_sample", "batch_index", "dropped", "converted",
-)  # fmt: skip
 
 
 @dataclass
@@ -86,10 +63,10 @@ class PackedDataset(IterableDataset):
         self,
         dataset: VQADataset,
         *,
-        seq_length: int = config.MAX_LENGTH,
-        max_images_per_pack: int = config.MAX_IMAGES_PER_PACK,
+        max_length: int = config.MAX_LENGTH,
+        max_images: int = config.MAX_IMAGES,
         packs_per_batch: int = config.BATCH_SIZE,
-        strategy: str = "balanced",
+        strategy: str = "images_first_bfd",
         buffer_size: int = 4096,
         seed: int = 0,
         rank: int | None = None,
@@ -97,8 +74,8 @@ class PackedDataset(IterableDataset):
         max_queued_packs: int = 16,
     ):
         self.dataset = dataset
-        self.seq_length = seq_length
-        self.max_images_per_pack = max_images_per_pack
+        self.max_length = max_length
+        self.max_images = max_images
         self.packs_per_batch = packs_per_batch
         self.strategy = strategy
         self.buffer_size = buffer_size
@@ -154,8 +131,8 @@ class PackedDataset(IterableDataset):
         rows = np.arange(len(self.lengths))
         dropped = Counter(reason for reason in self.text_problems if reason is not None)
         usable = np.array([reason is None for reason in self.text_problems], dtype=bool)
-        too_long = usable & (self.lengths > self.seq_length)
-        too_many_images = usable & ~too_long & (self.image_counts > self.max_images_per_pack)
+        too_long = usable & (self.lengths > self.max_length)
+        too_many_images = usable & ~too_long & (self.image_counts > self.max_images)
         dropped[TOO_LONG] += int(too_long.sum())
         dropped[TOO_MANY_IMAGES] += int(too_many_images.sum())
         usable &= ~too_long & ~too_many_images
@@ -168,10 +145,10 @@ class PackedDataset(IterableDataset):
             buffer = shuffled[start : start + self.buffer_size]
             for indices in pack(
                 self.lengths[buffer],
-                self.seq_length,
+                self.max_length,
                 self.strategy,
                 self.image_counts[buffer],
-                self.max_images_per_pack,
+                self.max_images,
             ):
                 packs.append(buffer[indices].tolist())
         packs = [packs[i] for i in rng.permutation(len(packs))]
@@ -282,86 +259,18 @@ class PackedDataset(IterableDataset):
     def build_pack(self, rows: list[int], batch_index: int) -> dict:
         """Tokenize the rows, decode their images, and lay them out in one padded row."""
         samples = [self.dataset[row] for row in rows]
-        dropped = Counter(s["skip"] for s in samples if s["skip"] is not None)
-        samples = [s for s in samples if s["skip"] is None]
+        dropped = Counter(s["drop_reason"] for s in samples if s["drop_reason"] is not None)
+        samples = [s for s in samples if s["drop_reason"] is None]
         for s in samples:
             if len(s["input_ids"]) != self.lengths[s["row"]]:
                 raise RuntimeError(
                     f"row {s['row']}: planned {self.lengths[s['row']]} tokens, tokenized "
                     f"{len(s['input_ids'])}; the tokenizer is not deterministic"
                 )
-        seq_lens = [len(s["input_ids"]) for s in samples]
-        used = sum(seq_lens)
-        pad = self.seq_length - used
-        pad_id = self.dataset.tokenizer.pad_token_id
-        labels = [s["labels"].clone() for s in samples]
-        for sample_labels in labels:
-            sample_labels[0] = config.IGNORE_INDEX  # never predict a sample from the one before
-        converted = Counter()
-        for s in samples:
-            converted.update(s["converted"])
-        return {
-            "input_ids": torch.cat(
-                [*(s["input_ids"] for s in samples), torch.full((pad,), pad_id)]
-            ),
-            "labels": torch.cat([*labels, torch.full((pad,), config.IGNORE_INDEX)]),
-            "position_ids": torch.cat([torch.arange(n) for n in seq_lens + [pad]]),
-            "padding_mask": torch.arange(self.seq_length) < used,
-            "seq_lens": seq_lens + ([pad] if pad else []),
-            "sample_index": [s["row"] for s in samples],
-            "images": [s["images"] for s in samples],  # concatenated once, by collate_packs
-            "image_sample": [i for i, s in enumerate(samples) for _ in range(len(s["images"]))],
-            "image_size": self.dataset.image_size,
-            "batch_index": batch_index,
-            "dropped": dropped,
-            "converted": converted,
-        }
-
-
-def collate_packs(packs: list[dict]) -> dict:
-    """Stack packs into a batch (see the module docstring for every key)."""
-    seq_length = len(packs[0]["input_ids"])
-    offsets, image_sample, samples_before = [0], [], 0
-    for row, p in enumerate(packs):
-        offsets += (row * seq_length + np.cumsum(p["seq_lens"])).tolist()
-        image_sample += [samples_before + i for i in p["image_sample"]]
-        samples_before += len(p["sample_index"])
-    dropped, converted = Counter(), Counter()
-    for p in packs:
-        dropped.update(p["dropped"])
-        converted.update(p["converted"])
-    batch_indices = {p["batch_index"] for p in packs}
-    assert len(batch_indices) == 1, f"packs of several planned batches collated: {batch_indices}"
-    return {
-        "input_ids": torch.stack([p["input_ids"] for p in packs]),
-        "labels": torch.stack([p["labels"] for p in packs]),
-        "position_ids": torch.stack([p["position_ids"] for p in packs]),
-        "padding_mask": torch.stack([p["padding_mask"] for p in packs]),
-        "cu_seqlens": torch.tensor(offsets, dtype=torch.int32),
-        "max_seqlen": max(max(p["seq_lens"]) for p in packs),
-        "sample_index": torch.tensor(
-            [r for p in packs for r in p["sample_index"]], dtype=torch.long
-        ),
-        "samples_per_pack": torch.tensor([len(p["sample_index"]) for p in packs], dtype=torch.long),
-        "images": torch.cat(
-            [images for p in packs for images in p["images"]] or [empty_images(packs)]
-        ),
-        "image_sample": torch.tensor(image_sample, dtype=torch.long),
-        "batch_index": batch_indices.pop(),
-        "dropped": dict(dropped),
-        "converted": dict(converted),
-    }
-
-
-def empty_images(packs) -> torch.Tensor:
-    """The images tensor of a batch without images: shape [0, 3, S, S]."""
-    return torch.zeros(0, 3, packs[0]["image_size"], packs[0]["image_size"])
-
-
-def model_inputs(batch: dict) -> dict:
-    """The keys of a collated batch that a Hugging Face causal LM takes: call
-    `model(**model_inputs(batch), use_cache=False)` (see the README on why use_cache=False)."""
-    return {key: value for key, value in batch.items() if key not in NOT_MODEL_INPUTS}
+        pack = layout_pack(
+            samples, self.max_length, self.dataset.tokenizer.pad_token_id, self.dataset.image_size
+        )
+        return {**pack, "batch_index": batch_index, "dropped": dropped}
 
 
 class PackedDataLoader(DataLoader):

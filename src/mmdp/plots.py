@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from mmdp.metrics import pack_of_images  # noqa: E402
+from mmdp.metrics import pack_of_image  # noqa: E402
 
 CONTENT_COLOUR = "skyblue"
 PADDING_COLOUR = "lightgrey"
@@ -108,9 +108,9 @@ def plot_pack_samples(batch: dict, image_token_id: int, title: str) -> Figure:
     rows, width = input_ids.shape
     fig, ax = plt.subplots(figsize=(12, 0.55 * rows + 2))
     sample = 0
-    offsets = batch["cu_seqlens"].tolist()
+    offsets = batch["cu_seq_lens_q"].tolist()
     segment = 0
-    pack_of_image = pack_of_images(batch)
+    image_pack = pack_of_image(batch)
     for row in range(rows):
         left = 0
         for _ in range(int(batch["samples_per_pack"][row])):
@@ -134,7 +134,7 @@ def plot_pack_samples(batch: dict, image_token_id: int, title: str) -> Figure:
         if left < width:
             ax.barh(row, width - left, left=left, color=PADDING_COLOUR)
             segment += 1
-        images = int((pack_of_image == row).sum())
+        images = int((image_pack == row).sum())
         samples = int(batch["samples_per_pack"][row])
         label = f"{samples} sample{'s' * (samples != 1)}, {images} image{'s' * (images != 1)}"
         ax.text(width * 1.01, row, label, va="center", fontsize=8)
@@ -201,7 +201,8 @@ def plot_packs(packs: list[list[int]], max_length: int, title: str) -> Figure:
 
 STRATEGY_COLOURS = {
     "naive": "tab:grey", "constrained": "tab:brown", "greedy": "tab:orange",
-    "ffd": "tab:green", "bfd": "tab:cyan", "balanced": "tab:blue", "packed": "tab:blue",
+    "binpack": "tab:green", "bfd": "tab:cyan", "images_first_bfd": "tab:blue",
+    "balanced_greedy": "tab:purple",
 }  # fmt: skip
 
 

@@ -6,15 +6,18 @@ stages 2 and 3 do, so the figures match); the packers plan the epoch as stage 5 
 `PackedDataset`, and differ only in the strategy.
 """
 
+from collections import Counter
+
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from mmdp.drop_reasons import TOO_LONG
 from mmdp.metrics import spread
 from mmdp.packed_dataset import PackedDataset
+from mmdp.packing import STRATEGIES as PACKING_STRATEGIES
 
 PADDING_STRATEGIES = ("naive", "constrained")
-PACKING_STRATEGIES = ("greedy", "ffd", "bfd", "balanced")
 
 
 def padding_epoch(dataset: PackedDataset, strategy: str, batch_size: int, seed: int) -> dict:
@@ -25,15 +28,15 @@ def padding_epoch(dataset: PackedDataset, strategy: str, batch_size: int, seed: 
         generator=torch.Generator().manual_seed(seed),
     )  # fmt: skip
     usable = np.array([reason is None for reason in dataset.text_problems])
-    dropped = {} if usable.all() else {"unusable_text": int((~usable).sum())}
+    dropped = Counter(reason for reason in dataset.text_problems if reason is not None)
     rows, useful, computed, batches = [], 0, 0, 0
     for indices in order:
         batch = [int(i) for i in indices if usable[int(i)]]
         if strategy == "constrained":
-            too_long = [i for i in batch if dataset.lengths[i] > dataset.seq_length]
-            dropped["too_long"] = dropped.get("too_long", 0) + len(too_long)
-            batch = [i for i in batch if dataset.lengths[i] <= dataset.seq_length]
-            width = dataset.seq_length
+            too_long = [i for i in batch if dataset.lengths[i] > dataset.max_length]
+            dropped[TOO_LONG] += len(too_long)
+            batch = [i for i in batch if dataset.lengths[i] <= dataset.max_length]
+            width = dataset.max_length
         else:
             width = max((int(dataset.lengths[i]) for i in batch), default=0)
         batches += 1
@@ -41,7 +44,7 @@ def padding_epoch(dataset: PackedDataset, strategy: str, batch_size: int, seed: 
         useful += int(dataset.lengths[batch].sum())
         computed += width * len(batch)
     return summarize(
-        useful, computed, batches, dropped,
+        useful, computed, batches, dict(dropped),
         tokens=dataset.lengths[rows], images=dataset.image_counts[rows], samples=np.ones(len(rows)),
     )  # fmt: skip
 
@@ -53,7 +56,7 @@ def packing_epoch(dataset: PackedDataset) -> dict:
     batches = sum(len(b) for b in plan.rank_batches)
     tokens = np.array([dataset.lengths[p].sum() for p in packs])
     return summarize(
-        int(tokens.sum()), len(packs) * dataset.seq_length, batches, dict(plan.dropped),
+        int(tokens.sum()), len(packs) * dataset.max_length, batches, dict(plan.dropped),
         tokens=tokens, images=np.array([dataset.image_counts[p].sum() for p in packs]),
         samples=np.array([len(p) for p in packs]),
     )  # fmt: skip
@@ -74,10 +77,10 @@ def summarize(useful, computed, batches, dropped, *, tokens, images, samples) ->
 
 
 def compare_strategies(dataset: PackedDataset) -> dict:
-    """{strategy: epoch summary} for naive, constrained, greedy, ffd, bfd and balanced.
+    """{strategy: epoch summary} for naive, constrained and every packing strategy.
 
-    `dataset` gives the weighed rows and the settings (seq_length, packs_per_batch as the batch
-    size, max_images_per_pack, seed); the rows are weighed once for every strategy.
+    `dataset` gives the weighed rows and the settings (max_length, packs_per_batch as the batch
+    size, max_images, seed); the rows are weighed once for every strategy.
     """
     results = {}
     for strategy in PACKING_STRATEGIES:

@@ -19,8 +19,8 @@ class VQADataset(Dataset):
         labels     int64 [T]: the reply tokens, -100 elsewhere
         images     float32 [N, 3, S, S] in [0, 1]: the N images in order (N may be 0)
         converted  Counter of image modes converted to RGB (e.g. {"RGBA": 1})
-        skip       None, or the reason this row cannot be used (a broken image, no reply...);
-                   a skipped row has no tensors. __getitem__ never raises for bad data, because
+        drop_reason  None, or why this row cannot be used (mmdp.drop_reasons: a broken image,
+                   no reply...); a dropped row has no tensors. __getitem__ never raises for bad data, because
                    inside a DataLoader worker that would kill the whole epoch: the collator
                    drops skipped rows and reports them.
     """
@@ -49,7 +49,7 @@ class VQADataset(Dataset):
             )
             loaded = [load_image(image, self.image_size) for image in images]
         except (BadConversation, BadImage) as error:
-            return {"row": index, "skip": error.reason}
+            return {"row": index, "drop_reason": error.reason}
         pixels = [tensor for tensor, _ in loaded]
         converted = Counter(mode for _, mode in loaded if mode is not None)
         size = self.image_size
@@ -59,5 +59,5 @@ class VQADataset(Dataset):
             "labels": labels,
             "images": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size),
             "converted": converted,
-            "skip": None,
+            "drop_reason": None,
         }

@@ -1,0 +1,123 @@
+"""Attention implementations and packed batches: which transformers keeps samples apart, and a
+CPU stand-in for FlashAttention so that its routing can be tested without a GPU.
+
+What keeps the samples of a packed batch apart (see mmdp.packed_batch and the README):
+
+    eager, sdpa, flex_attention   the per-sample causal mask transformers builds from restarting
+                                  position_ids (masking_utils.find_packed_sequence_indices),
+                                  since transformers 4.53.1; before, it silently mixed samples
+    flash_attention_2 / 3         the varlen kernels, given cu_seq_lens_q/k and max_length_q/k;
+                                  from position_ids alone only when the batch has ONE row
+"""
+
+import functools
+from contextlib import contextmanager
+
+import torch
+import transformers
+from packaging.version import Version
+
+# The first transformers whose eager and sdpa masks honour restarting position_ids (the packed
+# sequence detection of huggingface/transformers#39194). Measured: 4.53.0 mixes samples, 4.53.1
+# does not (the same check as tests/test_attention.py).
+MIN_TRANSFORMERS = "4.53.1"
+
+
+@functools.cache
+def check_transformers(version: str = transformers.__version__) -> None:
+    """Raise if this transformers would let the samples of a packed batch attend to each other."""
+    if Version(version) < Version(MIN_TRANSFORMERS):
+        raise RuntimeError(
+            f"transformers {version} ignores restarting position_ids in its eager and sdpa "
+            f"attention masks, so packed samples would attend to each other; upgrade to "
+            f"transformers>={MIN_TRANSFORMERS}"
+        )
+
+
+def attend(q, k, v, causal: bool, scale: float | None) -> torch.Tensor:
+    """Plain softmax attention of one sequence: q [Lq, H, D], k and v [Lk, Hkv, D] -> [Lq, H, D].
+
+    Causal masks align bottom-right, as FlashAttention's do (query i sees keys up to
+    i + Lk - Lq); key/value heads are repeated for grouped-query attention.
+    """
+    groups = q.shape[1] // k.shape[1]
+    q, k, v = q.transpose(0, 1), k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scores = q @ k.transpose(0, 1).transpose(1, 2) * (scale or q.shape[-1] ** -0.5)
+    if causal:
+        lq, lk = q.shape[1], k.shape[0]
+        allowed = torch.ones(lq, lk, dtype=torch.bool).tril(diagonal=lk - lq)
+        scores = scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+    weights = scores.float().softmax(dim=-1).to(v.dtype)
+    return (weights @ v.transpose(0, 1)).transpose(0, 1)
+
+
+def reference_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):
+    """flash_attn_func's contract in plain torch: q, k, v [B, L, heads, D], no padding."""
+    return torch.stack([attend(q[b], k[b], v[b], causal, softmax_scale) for b in range(len(q))])
+
+
+def reference_flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+):
+    """flash_attn_varlen_func's contract in plain torch: q, k, v [total tokens, heads, D], and
+    sequence i is q[cu_seqlens_q[i] : cu_seqlens_q[i + 1]] (keys likewise). Each sequence attends
+    only to itself: that is what keeps packed samples apart."""
+    out = torch.empty_like(q)
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(len(bounds_q) - 1):
+        (q0, q1), (k0, k1) = bounds_q[i : i + 2], bounds_k[i : i + 2]
+        out[q0:q1] = attend(q[q0:q1], k[k0:k1], v[k0:k1], causal, softmax_scale)
+    return out
+
+
+@contextmanager
+def flash_attention_on_cpu(implementation: str = "flash_attention_2"):
+    """Run transformers' own FlashAttention routing with the reference kernels above.
+
+    Inside the block, a model whose config says `implementation` goes through the real dispatch
+    (integrations.flash_attention.flash_attention_forward -> _flash_attention_forward: varlen when
+    cu_seq_lens_* are given or position_ids restart in a single row, plain causal attention over
+    each whole row otherwise); only the two kernels are replaced. That is how a CPU test sees what
+    a GPU run with FlashAttention would compute. Set the model's implementation with
+    `use_attention(model, implementation)`.
+    """
+    from transformers import modeling_flash_attention_utils as fa
+
+    names = ("_loaded_implementation", "_flash_fn", "_flash_varlen_fn", "_pad_fn", "_unpad_fn",
+             "_process_flash_kwargs_fn")  # fmt: skip
+    if not all(hasattr(fa, name) for name in names):
+        raise RuntimeError(
+            f"transformers {transformers.__version__} routes FlashAttention differently; the CPU "
+            "stand-in needs the version in uv.lock"
+        )
+    saved = {name: getattr(fa, name) for name in names}
+    fa._loaded_implementation = implementation
+    fa._flash_fn = reference_flash_attn_func
+    fa._flash_varlen_fn = reference_flash_attn_varlen_func
+    fa._pad_fn, fa._unpad_fn = fa._pad_input, fa._unpad_input
+    fa._process_flash_kwargs_fn = fa._lazy_define_process_function(reference_flash_attn_varlen_func)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(fa, name, value)
+
+
+def use_attention(model: torch.nn.Module, implementation: str) -> torch.nn.Module:
+    """Switch a built model (and every sub-model) to another attention implementation, without
+    transformers' check that its kernels are installed: with FlashAttention on a CPU, only
+    inside `flash_attention_on_cpu()`."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            config._attn_implementation = implementation
+    return model

@@ -1,0 +1,36 @@
+"""Why a row is left out of an epoch: every reason under one name, in one place.
+
+Every loader counts the rows it drops by these reasons, so that an epoch report always adds up:
+samples + sum(dropped.values()) == rows read. A new reason belongs here, nowhere else.
+"""
+
+# The conversation cannot be tokenized (mmdp.conversation).
+NO_TEXTS = "no_texts"  # the row has no conversation
+EMPTY_REPLY = "empty_reply"  # an assistant reply is empty: nothing to learn from
+IMAGE_TOKEN_IN_TEXT = "image_token_in_text"  # the text holds <|image|> itself: images would shift
+
+# An image cannot be used (mmdp.images); found when the image is decoded.
+UNDECODABLE_IMAGE = "undecodable_image"
+IMAGE_TOO_LARGE = "image_too_large"  # over config.MAX_IMAGE_PIXELS, read from the header
+
+# Over a budget (stages 3, 5 and 6).
+TOO_LONG = "too_long"  # more tokens than max_length
+TOO_MANY_IMAGES = "too_many_images"  # more images than max_images
+
+# Left out by stage 5 so that every rank yields the same number of batches (DDP would hang).
+RANK_REMAINDER = "left_out_to_equalise_ranks"
+
+# Every reason, in the order reports list them. A row's reason is stored as its position in this
+# tuple (mmdp.planner keeps millions of them as one byte each); 0 means "not dropped".
+REASONS = (
+    None,
+    NO_TEXTS,
+    EMPTY_REPLY,
+    IMAGE_TOKEN_IN_TEXT,
+    UNDECODABLE_IMAGE,
+    IMAGE_TOO_LARGE,
+    TOO_LONG,
+    TOO_MANY_IMAGES,
+    RANK_REMAINDER,
+)
+CODE = {reason: code for code, reason in enumerate(REASONS)}

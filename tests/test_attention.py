@@ -1,0 +1,153 @@
+"""Packed batches keep samples apart under every attention implementation, through transformers'
+real code: eager, sdpa, flex_attention, and FlashAttention's routing (with reference kernels on
+the CPU). The check everywhere: the summed loss of a packed batch equals that of running each of
+its samples alone (relative difference < 1e-5, float32)."""
+
+import pytest
+import torch
+from conftest import ATTENTION_IMPLEMENTATIONS, tiny_llama
+from transformers import DataCollatorWithFlattening
+
+from mmdp import config
+from mmdp.attention import MIN_TRANSFORMERS, check_transformers, use_attention
+from mmdp.data import load_vqa_dataset
+from mmdp.model import TinyVLM, TinyVLMConfig, summed_loss, vlm_inputs
+from mmdp.packed_batch import collate_packs, layout_pack, model_inputs
+from mmdp.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.vqa_dataset import VQADataset
+
+VOCAB = 97
+# Samples of these lengths, pack by pack. Without a padding tail every pack is exactly full.
+PACKS = [[7, 5, 4], [6, 10], [16]]
+FULL = 16
+WITH_TAIL = 20
+
+
+def random_sample(row: int, length: int, generator: torch.Generator) -> dict:
+    """A VQADataset-like text sample: random ids, about half of them trained."""
+    input_ids = torch.randint(0, VOCAB, (length,), generator=generator)
+    trained = torch.rand(length, generator=generator) < 0.5
+    labels = torch.where(trained, input_ids, config.IGNORE_INDEX)
+    images = torch.zeros(0, 3, 8, 8)
+    return {"row": row, "input_ids": input_ids, "labels": labels, "images": images, "converted": {}}
+
+
+def packed_batch(num_packs: int, max_length: int) -> tuple[dict, list[dict]]:
+    """A batch of the first num_packs of PACKS, laid out and collated by mmdp's own code."""
+    generator = torch.Generator().manual_seed(num_packs * 100 + max_length)
+    packs, samples = [], []
+    for lengths in PACKS[:num_packs]:
+        mine = [random_sample(len(samples) + i, n, generator) for i, n in enumerate(lengths)]
+        samples += mine
+        pack = layout_pack(mine, max_length, pad_token_id=0, image_size=8)
+        packs.append({**pack, "batch_index": 0, "dropped": {}})
+    return collate_packs(packs), samples
+
+
+def loss_alone(samples: list[dict]) -> float:
+    """Each sample on its own, under eager attention: no mask can leak there."""
+    model = tiny_llama(VOCAB, "eager")
+    with torch.no_grad():
+        return sum(
+            float(summed_loss(model(input_ids=s["input_ids"][None]).logits, s["labels"][None]))
+            for s in samples
+        )
+
+
+def relative_difference(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+@pytest.mark.parametrize("attention", ATTENTION_IMPLEMENTATIONS, indirect=True)
+@pytest.mark.parametrize("num_packs", [1, 3])
+@pytest.mark.parametrize("max_length", [FULL, WITH_TAIL], ids=["no_padding", "padding_tail"])
+def test_packed_loss_equals_one_sample_at_a_time(attention, num_packs, max_length):
+    batch, samples = packed_batch(num_packs, max_length)
+    assert (batch["real_token_mask"].sum(dim=1) < max_length).any() == (max_length > FULL)
+    model = tiny_llama(VOCAB, attention)
+    with torch.no_grad():
+        packed = summed_loss(model(**model_inputs(batch), use_cache=False).logits, batch["labels"])
+    assert relative_difference(float(packed), loss_alone(samples)) < 1e-5
+
+
+@pytest.mark.parametrize("attention", ["flash_attention_2"], indirect=True)
+def test_flash_attention_mixes_several_packs_without_its_kwargs(attention):
+    """The trap: FlashAttention reads restarting position_ids only when the batch has one row.
+    With several rows and no cu_seq_lens_* / max_length_*, it attends over each whole row."""
+    model = tiny_llama(VOCAB, attention)
+    for num_packs, mixed in ((1, False), (3, True)):
+        batch, samples = packed_batch(num_packs, WITH_TAIL)
+        without_kwargs = {k: batch[k] for k in ("input_ids", "labels", "position_ids")}
+        with torch.no_grad():
+            loss = summed_loss(model(**without_kwargs, use_cache=False).logits, batch["labels"])
+        assert (relative_difference(float(loss), loss_alone(samples)) > 1e-3) == mixed
+
+
+@pytest.mark.parametrize("attention", ["sdpa"], indirect=True)
+def test_the_other_traps_break_the_check(attention):
+    """use_cache left on, a 2-D attention mask, or contiguous positions: samples see each other."""
+    batch, samples = packed_batch(3, WITH_TAIL)
+    inputs = model_inputs(batch)
+    model = tiny_llama(VOCAB, attention)
+    real = batch["real_token_mask"].long()
+    with torch.no_grad():
+        wrong = {
+            "use_cache": model(**inputs).logits,
+            "attention_mask": model(**inputs, attention_mask=real, use_cache=False).logits,
+            "contiguous positions": model(input_ids=inputs["input_ids"], use_cache=False).logits,
+        }
+    alone = loss_alone(samples)
+    for trap, logits in wrong.items():
+        assert relative_difference(float(summed_loss(logits, batch["labels"])), alone) > 1e-3, trap
+
+
+@pytest.fixture(scope="module")
+def image_samples(tokenizer):
+    return VQADataset(load_vqa_dataset(num_rows=40), tokenizer, image_size=32)
+
+
+@pytest.mark.parametrize("attention", ATTENTION_IMPLEMENTATIONS, indirect=True)
+def test_tiny_vlm_with_images_keeps_packed_samples_apart(attention, image_samples, tokenizer):
+    batch = next(
+        iter(PackedDataLoader(PackedDataset(image_samples, packs_per_batch=3), num_workers=0))
+    )
+    assert len(batch["images"]) >= 2 and len(batch["samples_per_pack"]) == 3
+    torch.manual_seed(0)
+    vlm_config = TinyVLMConfig(
+        len(tokenizer), tokenizer.image_token_id, image_size=32, vit_patch_size=4,
+        initializer_range=0.5, attn_implementation="eager",
+    )  # fmt: skip
+    model = TinyVLM(vlm_config).eval()
+    with torch.no_grad():
+        alone = 0.0
+        for row in batch["sample_index"].tolist():
+            s = image_samples[row]
+            logits = model(input_ids=s["input_ids"][None], images=s["images"]).logits
+            alone += float(summed_loss(logits, s["labels"][None]))
+        use_attention(model.lm, attention)  # the packed language model; images are not packed
+        packed = summed_loss(model(**vlm_inputs(batch)).logits, batch["labels"])
+    assert relative_difference(float(packed), alone) < 1e-5
+
+
+def test_same_as_transformers_flattening_collator(image_samples):
+    """One pack without padding: the same position_ids, boundaries and labels as
+    transformers.DataCollatorWithFlattening for the same samples."""
+    samples = [image_samples[row] for row in range(6)]
+    samples = [s for s in samples if s["drop_reason"] is None][:4]
+    total = sum(len(s["input_ids"]) for s in samples)
+    ours = collate_packs([{**layout_pack(samples, total, 0, 32), "batch_index": 0, "dropped": {}}])
+    theirs = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_position_ids=True)(
+        [{"input_ids": s["input_ids"], "labels": s["labels"]} for s in samples]
+    )
+    for key in ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k"):
+        assert torch.equal(ours[key], theirs[key]), key
+        assert ours[key].dtype == theirs[key].dtype, key
+    assert ours["max_length_q"] == theirs["max_length_q"] == ours["max_length_k"]
+    assert isinstance(theirs["max_length_k"], int)
+
+
+def test_a_transformers_that_mixes_packed_samples_is_refused():
+    with pytest.raises(RuntimeError, match=f"transformers>={MIN_TRANSFORMERS}"):
+        check_transformers("4.53.0")
+    check_transformers("4.53.1")
+    check_transformers("5.0.0")
