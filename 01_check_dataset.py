@@ -11,7 +11,7 @@ The first run generates and caches the synthetic dataset (a few seconds); later 
 import argparse
 import random
 
-from mmdp.cli import add_data_args, display_path
+from mmdp.cli import add_data_args, description, display_path
 from mmdp.data import load_vqa_dataset
 from mmdp.errors import exit_on_user_error
 from mmdp.images import BadImage, open_image
@@ -19,7 +19,7 @@ from mmdp.plots import plot_sample, save_figure
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=description(__doc__))
     add_data_args(parser)
     parser.set_defaults(seed=None)  # no --seed: a new random sample on every run, as in the blog
     return parser.parse_args()

@@ -12,18 +12,26 @@ import argparse
 import torch
 from torch.utils.data import DataLoader
 
-from mmdp.cli import add_data_args, add_loader_args, display_path, print_batch, print_settings
+from mmdp.cli import (
+    add_data_args,
+    add_loader_args,
+    description,
+    display_path,
+    print_batch,
+    print_settings,
+    run_epoch,
+)
 from mmdp.collate import NaivePadCollator, real_token_mask
 from mmdp.data import load_vqa_dataset
 from mmdp.errors import exit_on_user_error
 from mmdp.metrics import EpochReport, write_json
-from mmdp.plots import plot_padding, save_figure, waste
+from mmdp.plots import plot_padding, save_figure, waste_title
 from mmdp.tokenizer import get_tokenizer
 from mmdp.vqa_dataset import VQADataset
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=description(__doc__))
     add_data_args(parser)
     add_loader_args(parser)
     return parser.parse_args()
@@ -52,11 +60,7 @@ def main():
 
     # Go through one epoch; keep the first batch to show it
     report = EpochReport()
-    first_batch = None
-    for batch in loader:
-        if first_batch is None:
-            first_batch = batch
-        report.add_batch(batch)
+    first_batch, _ = run_epoch(loader, report)
 
     print("\nOne batch:")
     print_batch(first_batch)
@@ -69,7 +73,7 @@ def main():
     # Visualize the padding of the first batch
     lengths = real_token_mask(first_batch).sum(dim=1).tolist()
     width = first_batch["input_ids"].shape[1]
-    title = f"Naive Padding: padded to the longest sample ({width}), {waste(lengths, width):.1%} padding"
+    title = waste_title(f"Naive Padding: padded to the longest sample ({width})", lengths, width)
     path = save_figure(plot_padding(lengths, width, title), args.out_dir, "02.png")
     print(f"Saved the padding figure to {display_path(path)}")
 

@@ -13,23 +13,32 @@ import torch
 from torch.utils.data import DataLoader
 
 from mmdp import config
-from mmdp.cli import add_data_args, add_loader_args, display_path, print_batch, print_settings
+from mmdp.cli import (
+    add_data_args,
+    add_loader_args,
+    description,
+    display_path,
+    positive_int,
+    print_batch,
+    print_settings,
+    run_epoch,
+)
 from mmdp.collate import ConstrainedPadCollator, real_token_mask
 from mmdp.data import load_vqa_dataset
 from mmdp.errors import exit_on_user_error
 from mmdp.metrics import EpochReport, write_json
-from mmdp.plots import plot_padding, save_figure, waste
+from mmdp.plots import plot_padding, save_figure, waste_title
 from mmdp.tokenizer import get_tokenizer
 from mmdp.vqa_dataset import VQADataset
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=description(__doc__))
     add_data_args(parser)
     add_loader_args(parser)
     parser.add_argument(
         "--max-length",
-        type=int,
+        type=positive_int,
         default=config.MAX_LENGTH,
         help=f"fixed length every batch is padded to; longer samples are dropped "
         f"(default: {config.MAX_LENGTH})",
@@ -60,11 +69,9 @@ def main():
 
     # Go through one epoch; keep the first batch that dropped a sample to show it (as the blog does)
     report = EpochReport()
-    shown = None
-    for batch in loader:
-        if shown is None or (not shown["dropped"] and batch["dropped"]):
-            shown = batch
-        report.add_batch(batch)
+    shown, _ = run_epoch(
+        loader, report, keep_batch=lambda batch: batch["dropped"], hint="raise --max-length"
+    )
 
     print("\nOne batch:")
     print_batch(shown)
@@ -80,9 +87,8 @@ def main():
 
     # Visualize the padding of that batch
     lengths = real_token_mask(shown).sum(dim=1).tolist()
-    title = (
-        f"Constrained Padding: padded to max length ({args.max_length}), "
-        f"{waste(lengths, args.max_length):.1%} padding"
+    title = waste_title(
+        f"Constrained Padding: padded to max length ({args.max_length})", lengths, args.max_length
     )
     fig = plot_padding(lengths, args.max_length, title, limit=args.max_length)
     path = save_figure(fig, args.out_dir, "03.png")

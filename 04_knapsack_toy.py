@@ -15,29 +15,39 @@ import argparse
 from torch.utils.data import DataLoader
 
 from mmdp import config
-from mmdp.cli import display_path
+from mmdp.cli import description, display_path, non_negative_int, positive_int
 from mmdp.plots import plot_packs, save_figure
 from mmdp.toy import BLOG_TOY_STRATEGIES, ToyPackingDataset
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=description(__doc__))
     parser.add_argument(
         "--strategy", choices=[*BLOG_TOY_STRATEGIES, "both"], default="both", help="default: both"
     )
-    parser.add_argument("--start", type=int, default=1, help="first item (default: 1)")
-    parser.add_argument("--end", type=int, default=25, help="one past the last item (default: 25)")
+    parser.add_argument("--start", type=positive_int, default=1, help="first item (default: 1)")
     parser.add_argument(
-        "--max-length", type=int, default=100, help="token budget of a pack (default: 100)"
+        "--end", type=positive_int, default=25, help="one past the last item (default: 25)"
+    )
+    parser.add_argument(
+        "--max-length", type=positive_int, default=100, help="token budget of a pack (default: 100)"
     )
     parser.add_argument(
         "--num-workers",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="DataLoader workers; each packs its own share of the items (default: 0, as the blog)",
     )
     parser.add_argument("--out-dir", default=str(config.ASSETS_DIR), help="default: assets/")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.start >= args.end:
+        parser.error(f"--start ({args.start}) must be below --end ({args.end}): no items to pack")
+    if args.end - 1 > args.max_length:
+        parser.error(
+            f"the item {args.end - 1} is longer than a pack (--max-length {args.max_length}); "
+            f"raise --max-length to at least {args.end - 1}, or lower --end"
+        )
+    return args
 
 
 def main():

@@ -1,5 +1,5 @@
 """Stage 5 of the blog, "Knapsacks for Multimodal Data": pack samples under a token budget and an
-image budget, balanced, each pack padded to a fixed length.
+image budget, each pack padded to a fixed length, ready for a trainer.
 
     uv run 05_knapsack_multimodal.py
     uv run 05_knapsack_multimodal.py --max-length 1024 --save-batch /tmp/batch.pt
@@ -14,13 +14,23 @@ rank 0 prints, draws and writes one merged --metrics-json. About 8 s for 2,000 s
 
 import argparse
 import os
-import time
 
 import torch
 import torch.distributed as dist
 
 from mmdp import config
-from mmdp.cli import add_data_args, add_loader_args, display_path, print_batch, print_settings
+from mmdp.cli import (
+    add_data_args,
+    add_loader_args,
+    description,
+    display_path,
+    non_negative_int,
+    nothing_to_do,
+    positive_int,
+    print_batch,
+    print_settings,
+    run_epoch,
+)
 from mmdp.collate import ConstrainedPadCollator, real_token_mask
 from mmdp.data import load_vqa_dataset
 from mmdp.errors import exit_on_user_error
@@ -32,31 +42,31 @@ from mmdp.plots import (
     plot_padding,
     plot_padding_side_by_side,
     save_figure,
-    waste,
+    waste_title,
 )
 from mmdp.tokenizer import get_tokenizer
 from mmdp.vqa_dataset import VQADataset
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=description(__doc__))
     add_data_args(parser)
     add_loader_args(parser)
     parser.add_argument(
-        "--max-length", type=int, default=config.MAX_LENGTH,
+        "--max-length", type=positive_int, default=config.MAX_LENGTH,
         help=f"token budget of a pack, and its padded length (default: {config.MAX_LENGTH})",
     )  # fmt: skip
     parser.add_argument(
-        "--max-images", type=int, default=config.MAX_IMAGES,
+        "--max-images", type=non_negative_int, default=config.MAX_IMAGES,
         help=f"image budget of a pack (default: {config.MAX_IMAGES})",
     )  # fmt: skip
     parser.add_argument(
-        "--strategy",
-        choices=STRATEGIES,
-        default="images_first_bfd",
+        "--strategy", choices=STRATEGIES, default="images_first_bfd",
         help="packer (default: images_first_bfd)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--epoch", type=non_negative_int, default=0, help="which epoch's shuffle (default: 0)"
     )
-    parser.add_argument("--epoch", type=int, default=0, help="which epoch's shuffle (default: 0)")
     parser.add_argument(
         "--save-batch", default=None, help="torch.save the first collated batch to this path"
     )
@@ -65,9 +75,7 @@ def parse_args():
 
 def main():
     args = parse_args()
-    if "RANK" in os.environ and not dist.is_initialized():
-        dist.init_process_group("gloo")  # started by torchrun: one process per rank
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = start_ranks()
     if rank == 0:
         print_settings(args)
 
@@ -78,96 +86,115 @@ def main():
 
     # Wrap it: weigh every sample, filter, pack with a token and an image budget, shard
     packed = PackedDataset(
-        samples,
-        max_length=args.max_length,
-        max_images=args.max_images,
-        packs_per_batch=args.batch_size,
-        strategy=args.strategy,
-        seed=args.seed,
-    )
+        samples, max_length=args.max_length, max_images=args.max_images,
+        packs_per_batch=args.batch_size, strategy=args.strategy, seed=args.seed,
+    )  # fmt: skip
     packed.set_epoch(args.epoch)
+
+    # Go through one epoch on every rank; rank 0 reports for all of them
+    epoch = run_packed_epoch(packed, args)
+    if rank != 0:
+        dist.destroy_process_group()
+        return
+    print("\nOne batch:")
+    print_batch(epoch["first_batch"])
+    print_report(epoch, packed)
+    write_outputs(epoch, packed, args)
+
+    # Visualize the packing of the first batch: the blog's figure, then next to stage 3
+    draw_figures(epoch["first_batch"], samples, tokenizer, args)
+
+
+def start_ranks() -> int:
+    """Under torchrun, join the process group (one process per rank); return this rank."""
+    if "RANK" in os.environ and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def run_packed_epoch(packed: PackedDataset, args) -> dict:
+    """One epoch through the loader, on this rank; on rank 0, the report merged over ranks.
+
+    Rows dropped while planning are counted once, in the merged report.
+    """
+    hint = "raise --max-length or --max-images, or use more --num-samples"
+    if packed.num_batches() == 0:
+        raise nothing_to_do(len(packed.lengths), packed.plan(packed.epoch).dropped, hint)
     loader = PackedDataLoader(packed, num_workers=args.num_workers)
-
-    # Go through one epoch; keep the first batch to show it
     report = PackReport()
-    first_batch = None
-    start = time.perf_counter()
-    for batch in loader:
-        if first_batch is None:
-            first_batch = batch
-        report.add_batch(batch)
-    seconds = time.perf_counter() - start
-
-    # One report for all ranks; rows dropped while planning are counted once
+    first_batch, seconds = run_epoch(loader, report, hint=hint)
     reports = [report]
     if dist.is_initialized():
         reports = [None] * dist.get_world_size()
         dist.all_gather_object(reports, report)
-    if rank != 0:
-        dist.destroy_process_group()
-        return
-    report = PackReport.merged(reports)
-    report.dropped.update(packed.plan(args.epoch).dropped)
+    merged = PackReport.merged(reports)
+    merged.dropped.update(packed.plan(packed.epoch).dropped)
+    return {"report": merged, "reports": reports, "first_batch": first_batch, "seconds": seconds}
 
-    print("\nOne batch:")
-    print_batch(first_batch)
+
+def print_report(epoch: dict, packed: PackedDataset) -> None:
+    report, seconds = epoch["report"], epoch["seconds"]
     print(f"\nOver the epoch ({seconds:.1f} s, {report.samples / seconds:,.0f} samples/s):")
     print(report.summary())
-    balance = packed.rank_balance()
     if packed.world_size > 1:
+        balance = packed.rank_balance()
         print(
             f"ranks: {balance['world_size']}, batches per rank {balance['batches_per_rank']}, "
             f"image spread between ranks per step: max {balance['image_spread_per_step']['max']}, "
             f"mean {balance['image_spread_per_step']['mean']}"
         )
+
+
+def write_outputs(epoch: dict, packed: PackedDataset, args) -> None:
+    """--metrics-json (the merged epoch report) and --save-batch (the first batch, as is)."""
     if args.metrics_json:
         metrics = {
-            **report.as_dict(),
-            "batches_per_rank_yielded": [r.batches for r in reports],
-            "rank_balance": balance,
-            "seconds": round(seconds, 3),
+            **epoch["report"].as_dict(),
+            "batches_per_rank_yielded": [r.batches for r in epoch["reports"]],
+            "rank_balance": packed.rank_balance(),
+            "seconds": round(epoch["seconds"], 3),
         }
         print(f"Wrote the epoch report to {display_path(write_json(metrics, args.metrics_json))}")
     if args.save_batch:
-        torch.save(first_batch, args.save_batch)
+        torch.save(epoch["first_batch"], args.save_batch)
         print(f"Saved the first batch to {display_path(args.save_batch)}")
 
-    # Visualize the packing of the first batch: the blog's figure, then next to stage 3
-    lengths = real_token_mask(first_batch).sum(dim=1).tolist()
-    num_samples = len(first_batch["sample_index"])
+
+def draw_figures(batch: dict, samples: VQADataset, tokenizer, args) -> None:
+    """assets/05.png (the blog's figure), 05_vs_03.png (beside constrained padding), and
+    05_samples.png (where each sample and image sits in its pack)."""
+    lengths = real_token_mask(batch).sum(dim=1).tolist()
+    num_samples = len(batch["sample_index"])
     knapsack = {
-        "lengths": lengths,
-        "width": args.max_length,
-        "limit": args.max_length,
-        "title": f"Knapsack: {num_samples} samples in {len(lengths)} packs, "
-                 f"{waste(lengths, args.max_length):.1%} padding",
+        "lengths": lengths, "width": args.max_length, "limit": args.max_length,
+        "title": waste_title(
+            f"Knapsack: {num_samples} samples in {len(lengths)} packs", lengths, args.max_length
+        ),
     }  # fmt: skip
     fig = plot_padding(**knapsack)
     print(f"Saved the packing figure to {display_path(save_figure(fig, args.out_dir, '05.png'))}")
 
-    constrained_rows = torch.randperm(
-        len(samples), generator=torch.Generator().manual_seed(args.seed)
-    )
+    # The same number of rows with stage 3's constrained padding, from the same seed
+    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(args.seed))
     collate = ConstrainedPadCollator(tokenizer.pad_token_id, args.max_length)
-    constrained = collate([samples[int(i)] for i in constrained_rows[: args.batch_size]])
+    constrained = collate([samples[int(i)] for i in order[: args.batch_size]])
     constrained_lengths = real_token_mask(constrained).sum(dim=1).tolist()
+    constrained_panel = {
+        "lengths": constrained_lengths, "width": args.max_length, "limit": args.max_length,
+        "title": waste_title(
+            f"Constrained: {len(constrained_lengths)} samples", constrained_lengths, args.max_length
+        ),
+    }  # fmt: skip
     fig = plot_padding_side_by_side(
-        knapsack,
-        {
-            "lengths": constrained_lengths,
-            "width": args.max_length,
-            "limit": args.max_length,
-            "title": f"Constrained: {len(constrained_lengths)} samples, "
-            f"{waste(constrained_lengths, args.max_length):.1%} padding",
-        },  # fmt: skip
+        knapsack, constrained_panel,
         title=f"One batch of {args.batch_size} rows of {args.max_length} tokens",
-    )
+    )  # fmt: skip
     print(f"Saved the comparison to {display_path(save_figure(fig, args.out_dir, '05_vs_03.png'))}")
 
     fig = plot_pack_samples(
-        first_batch, tokenizer.image_token_id,
+        batch, tokenizer.image_token_id,
         title=f"Knapsack packs: {num_samples} samples, "
-              f"{len(first_batch['images'])} images in {len(lengths)} packs of {args.max_length}",
+              f"{len(batch['images'])} images in {len(lengths)} packs of {args.max_length}",
     )  # fmt: skip
     path = save_figure(fig, args.out_dir, "05_samples.png")
     print(f"Saved the samples-per-pack figure to {display_path(path)}")

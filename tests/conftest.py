@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -9,9 +10,32 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Tests never touch the user's cache or the committed figures: generated datasets go to a
-# temporary cache shared by this test session (and by the scripts it starts).
-os.environ["MMDP_CACHE"] = tempfile.mkdtemp(prefix="mmdp-test-cache-")
+# Tests never touch the user's cache or the committed figures, and leave nothing behind: all they
+# create goes into one folder, removed when the run ends. Generated datasets (MMDP_CACHE, shared by
+# the scripts the tests start), pytest's tmp_path, torch's compile cache, and whatever this process
+# and its children (scripts, torchrun) write to the temp folder.
+RUN_DIR = Path(tempfile.mkdtemp(prefix="mmdp-tests-"))
+os.environ["MMDP_CACHE"] = str(RUN_DIR / "cache")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(RUN_DIR / "torchinductor")
+os.environ["TMPDIR"] = str(RUN_DIR / "tmp")
+(RUN_DIR / "tmp").mkdir()
+tempfile.tempdir = None  # this process, too, reads TMPDIR again
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    config.option.basetemp = str(RUN_DIR / "pytest")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(RUN_DIR, ignore_errors=True)
+
+
+def image_cell(image) -> dict:
+    """A PIL image as a row of the_cauldron's schema stores it: {"bytes": PNG, "path": None}."""
+    from mmdp.synthetic import encode_png
+
+    return {"bytes": encode_png(image), "path": None}
 
 
 @pytest.fixture(scope="session")
@@ -90,3 +114,22 @@ def attention(request):
         yield implementation
     finally:
         torch._dynamo.config.automatic_dynamic_shapes = saved
+
+
+@pytest.fixture
+def run_main(capsys, monkeypatch):
+    """Run a stage script in this process, as `python NAME ARGS...` would (faster than a new
+    process): returns (exit status, stdout, stderr)."""
+    import runpy
+
+    def run(name: str, *args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", [name, *args])
+        try:
+            runpy.run_path(str(REPO / name), run_name="__main__")
+            status = 0
+        except SystemExit as exit:
+            status = exit.code if isinstance(exit.code, int) else 1
+        captured = capsys.readouterr()
+        return status, captured.out, captured.err
+
+    return run

@@ -1,8 +1,8 @@
-import io
 import json
 
 import pytest
 import torch
+from conftest import image_cell
 from datasets import Dataset
 from PIL import Image
 from torch.utils.data import DataLoader
@@ -21,26 +21,20 @@ from mmdp.metrics import EpochReport
 from mmdp.vqa_dataset import VQADataset
 
 
-def encoded(image: Image.Image) -> dict:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return {"bytes": buffer.getvalue(), "path": None}
-
-
 def turn(user="What is shown?", assistant="Shapes."):
     return {"user": user, "assistant": assistant, "source": "test"}
 
 
-RGB = encoded(Image.new("RGB", (40, 30), (200, 10, 10)))
+RGB = image_cell(Image.new("RGB", (40, 30), (200, 10, 10)))
 ROWS = [
     {"images": [RGB], "texts": [turn()]},  # 0 fine
     {"images": [{"bytes": b"this is not an image", "path": None}], "texts": [turn()]},  # 1
     {"images": [RGB], "texts": []},  # 2 no texts
     {"images": [RGB], "texts": [turn(assistant="")]},  # 3 empty reply
-    {"images": [encoded(Image.new("L", (20, 20), 128))], "texts": [turn()]},  # 4 grayscale
-    {"images": [encoded(Image.new("RGBA", (20, 20), (0, 0, 255, 0)))], "texts": [turn()]},  # 5
-    {"images": [encoded(Image.new("P", (20, 20), 3))], "texts": [turn()]},  # 6 palette
-    {"images": [encoded(Image.new("1", (8000, 6000)))], "texts": [turn()]},  # 7 huge: 48 Mpx
+    {"images": [image_cell(Image.new("L", (20, 20), 128))], "texts": [turn()]},  # 4 grayscale
+    {"images": [image_cell(Image.new("RGBA", (20, 20), (0, 0, 255, 0)))], "texts": [turn()]},  # 5
+    {"images": [image_cell(Image.new("P", (20, 20), 3))], "texts": [turn()]},  # 6 palette
+    {"images": [image_cell(Image.new("1", (8000, 6000)))], "texts": [turn()]},  # 7 huge: 48 Mpx
     {"images": [RGB, RGB], "texts": [turn(), turn("More?", "No.")]},  # 8 fine, two images
     {"images": [], "texts": [turn(assistant="word " * 600)]},  # 9 fine, but long
 ]

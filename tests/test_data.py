@@ -1,8 +1,8 @@
-import io
 import time
 
 import numpy as np
 import pytest
+from conftest import image_cell
 from datasets import Dataset
 from PIL import Image
 
@@ -100,18 +100,12 @@ def test_synthetic_dataset_is_cached_and_reloaded_fast():
     assert isinstance(second[5]["images"][0]["bytes"], bytes) or not second[5]["images"]
 
 
-def png_bytes(image):
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 def small_local_dataset():
     rows = [generate_row(i) for i in range(6)]
     return Dataset.from_list(
         [
             {
-                "images": [{"bytes": png_bytes(i), "path": None} for i in r["images"]],
+                "images": [image_cell(i) for i in r["images"]],
                 "texts": r["texts"],
             }
             for r in rows

@@ -1,8 +1,7 @@
-import io
-
 import numpy as np
 import pytest
 import torch
+from conftest import image_cell
 from datasets import Dataset
 from PIL import Image
 from torch.utils.data import DataLoader
@@ -131,14 +130,8 @@ def test_ranks_get_equal_batches_and_disjoint_rows(samples):
     assert packed(samples).plan(0).dropped.get(RANK_REMAINDER, 0) == 0  # one rank: nothing left
 
 
-def encoded(image):
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return {"bytes": buffer.getvalue(), "path": None}
-
-
 def test_filtered_and_broken_samples_are_counted(tokenizer):
-    good = encoded(Image.new("RGB", (8, 8)))
+    good = image_cell(Image.new("RGB", (8, 8)))
     turn = [{"user": "What?", "assistant": "This.", "source": "test"}]
     rows = Dataset.from_list(
         [{"images": [good], "texts": turn} for _ in range(10)]

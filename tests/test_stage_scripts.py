@@ -121,3 +121,35 @@ def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
     rows = report["sample_index"]
     assert len(rows) == len(set(rows)) == report["samples"]
     assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"] == 300
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "says"),
+    [
+        ("01_check_dataset.py", ["--num-samples", "0"], "--num-samples: must be a positive"),
+        (
+            "02_naive_pad_dataloader.py",
+            ["--num-samples", "-5"],
+            "--num-samples: must be a positive",
+        ),
+        ("02_naive_pad_dataloader.py", ["--batch-size", "0"], "--batch-size: must be a positive"),
+        ("02_naive_pad_dataloader.py", ["--dataset", "/nonexistent/x.parquet"], "no such file"),
+        ("03_constrained_pad_dataloader.py", ["--max-length", "10"], "nothing to do"),
+        ("04_knapsack_toy.py", ["--max-length", "0"], "--max-length: must be a positive"),
+        ("04_knapsack_toy.py", ["--max-length", "10"], "raise --max-length to at least 24"),
+        ("04_knapsack_toy.py", ["--start", "30"], "no items to pack"),
+        ("05_knapsack_multimodal.py", ["--max-length", "10"], "nothing to do"),
+        ("05_knapsack_multimodal.py", ["--num-workers", "-1"], "--num-workers: must be 0 or more"),
+        ("05_knapsack_multimodal.py", ["--seed", "x"], "--seed: must be a whole number"),
+        ("05_knapsack_multimodal.py", ["--tokenizer", "./no/such/dir"], "no such directory"),
+    ],
+)
+def test_impossible_settings_get_one_sentence_and_status_2(run_main, tmp_path, script, args, says):
+    status, _, stderr = run_main(script, "--out-dir", str(tmp_path), *args, *(
+        ["--num-samples", "40"] if "--num-samples" not in args and script != "04_knapsack_toy.py"
+        else []
+    ))  # fmt: skip
+    assert status == 2
+    last = stderr.strip().splitlines()[-1]
+    assert "error:" in last and says in last
+    assert "Traceback" not in stderr

@@ -4,6 +4,8 @@ import torch
 from mmdp import config
 from mmdp.conversation import BadConversation, count_tokens, tokenize_conversation
 from mmdp.drop_reasons import EMPTY_REPLY, IMAGE_TOKEN_IN_TEXT, NO_TEXTS
+from mmdp.errors import UserError
+from mmdp.tokenizer import get_tokenizer
 
 
 def test_shipped_tokenizer_is_smollm2_with_image_token(tokenizer):
@@ -78,3 +80,46 @@ def test_unusable_conversations_name_their_reason(tokenizer, texts, reason):
     with pytest.raises(BadConversation) as error:
         tokenize_conversation(texts, 1, tokenizer)
     assert error.value.reason == reason
+
+
+def save_tiny_tokenizer(path, chat_template: str) -> str:
+    """A tokenizer without ChatML's special tokens (like Llama 3, Gemma, Mistral), saved locally."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "Q", "A", "What?", "This."]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+MISTRAL_LIKE = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST] ' }}"
+    "{% else %}{GENERATION}{{ m['content'] + ' </s> ' }}{END}{% endif %}{% endfor %}"
+)
+
+
+def test_a_tokenizer_without_chatml_keeps_its_own_template_when_it_marks_replies(tmp_path):
+    template = MISTRAL_LIKE.replace("{GENERATION}", "{% generation %}").replace(
+        "{END}", "{% endgeneration %}"
+    )
+    tokenizer = get_tokenizer(save_tiny_tokenizer(tmp_path, template))
+    assert tokenizer.chat_template == template  # its own, not SmolLM2's ChatML
+    texts = [{"user": "What?", "assistant": "This."}]
+    input_ids, labels = tokenize_conversation(texts, 1, tokenizer, image_token_length=2)
+    assert tokenizer.convert_ids_to_tokens(input_ids.tolist()) == [
+        "[INST]", "<|image|>", "<|image|>", "What?", "[/INST]", "This.", "</s>",
+    ]  # fmt: skip
+    trained = labels != config.IGNORE_INDEX
+    assert tokenizer.convert_ids_to_tokens(labels[trained].tolist()) == ["This.", "</s>"]
+
+
+def test_a_tokenizer_without_chatml_or_reply_markers_is_refused_in_one_sentence(tmp_path):
+    template = MISTRAL_LIKE.replace("{GENERATION}", "").replace("{END}", "")
+    with pytest.raises(UserError, match=r"does not mark assistant replies with \{% generation %\}"):
+        get_tokenizer(save_tiny_tokenizer(tmp_path, template))

@@ -1,11 +1,51 @@
-"""Command-line pieces the stage scripts share: common flags and printing a batch."""
+"""Command-line pieces the stage scripts share: flags checked where they are parsed, the epoch
+loop, and printing a batch."""
 
 import argparse
 import os
+import time
 
 import torch
 
 from mmdp import config
+from mmdp.errors import UserError
+
+
+def description(doc: str) -> str:
+    """A script's --help description: the first paragraph of its docstring, on one line."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an impossible value ends in one sentence and exit status 2."""
+    value = int_value(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int_value(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def int_value(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
 
 
 def add_data_args(parser: argparse.ArgumentParser, num_samples: int = config.DEFAULT_NUM_ROWS):
@@ -19,9 +59,12 @@ def add_data_args(parser: argparse.ArgumentParser, num_samples: int = config.DEF
     parser.add_argument("--subset", default=None, help="Hub subset (config), e.g. ai2d")
     parser.add_argument("--split", default="train", help="dataset split (default: train)")
     parser.add_argument(
-        "--num-samples", type=int, default=num_samples, help=f"rows to use (default: {num_samples})"
+        "--num-samples",
+        type=positive_int,
+        default=num_samples,
+        help=f"rows to use (default: {num_samples})",
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
     parser.add_argument(
         "--out-dir", default=str(config.ASSETS_DIR), help="where figures go (default: assets/)"
     )
@@ -34,11 +77,14 @@ def add_loader_args(parser: argparse.ArgumentParser, batch_size: int = config.BA
         help="tokenizer name or path (default: the SmolLM2 tokenizer shipped in the repo)",
     )
     parser.add_argument(
-        "--batch-size", type=int, default=batch_size, help=f"batch size (default: {batch_size})"
+        "--batch-size",
+        type=positive_int,
+        default=batch_size,
+        help=f"batch size (default: {batch_size})",
     )
     parser.add_argument(
         "--num-workers",
-        type=int,
+        type=non_negative_int,
         default=min(2, os.cpu_count() or 1),
         help="DataLoader worker processes (default: 2)",
     )
@@ -50,6 +96,35 @@ def add_loader_args(parser: argparse.ArgumentParser, batch_size: int = config.BA
 def print_settings(args: argparse.Namespace) -> None:
     settings = ", ".join(f"{key}={value}" for key, value in vars(args).items())
     print(f"settings: {settings}")
+
+
+def run_epoch(loader, report, keep_batch=None, hint="raise --num-samples") -> tuple[dict, float]:
+    """Go through one epoch, adding every batch to `report` (an EpochReport).
+
+    Returns the batch to show (the first one, or the first for which keep_batch(batch) is true,
+    else the first) and the seconds the epoch took. Raises a UserError ending in `hint` when no
+    batch held a sample: the settings left nothing to do.
+    """
+    shown = None
+    start = time.perf_counter()
+    for batch in loader:
+        if shown is None or (keep_batch and not keep_batch(shown) and keep_batch(batch)):
+            shown = batch
+        report.add_batch(batch)
+    seconds = time.perf_counter() - start
+    if report.samples == 0:
+        raise nothing_to_do(report.rows_read, report.dropped, hint)
+    return shown, seconds
+
+
+def nothing_to_do(rows_read: int, dropped: dict, hint: str) -> UserError:
+    """The one sentence for settings that leave no sample to use."""
+    reasons = ", ".join(f"{n:,} {reason}" for reason, n in sorted(dropped.items()))
+    return UserError(
+        f"nothing to do: none of the {rows_read:,} rows read made it into a batch"
+        + (f" (dropped: {reasons})" if reasons else "")
+        + f"; {hint}"
+    )
 
 
 def print_batch(batch: dict) -> None:

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from mmdp import config
 from mmdp.errors import UserError
-from mmdp.hub import require_hub
+from mmdp.hub import looks_like_a_path, require_hub
 from mmdp.synthetic import encode_png, generate_row
 
 SYNTHETIC_VERSION = 3  # bump when generate_row changes, so old caches are not reused
@@ -60,6 +60,8 @@ def load_vqa_dataset(
         dataset = load_synthetic(max(num_rows or 0, config.DEFAULT_NUM_ROWS), seed=seed)
     elif Path(name_or_path).exists():
         dataset = load_local(Path(name_or_path), split)
+    elif looks_like_a_path(name_or_path):
+        raise UserError(f"dataset {name_or_path!r}: no such file or directory")
     else:
         dataset = load_hub(name_or_path, subset, split)
     check_schema(dataset, name_or_path)

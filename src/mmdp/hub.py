@@ -37,3 +37,12 @@ def require_hub(what: str, default_hint: str) -> None:
             f"{what} must be downloaded from the Hugging Face Hub, which is out of reach "
             f"({reason}); {default_hint}"
         )
+
+
+def looks_like_a_path(name: str) -> bool:
+    """A local path rather than a Hub name ("owner/name"): absolute, relative, home or a file."""
+    return (
+        name.startswith(("/", ".", "~"))
+        or name.count("/") > 1
+        or name.endswith((".parquet", ".arrow", ".json", ".jsonl"))
+    )

@@ -168,6 +168,11 @@ def waste(lengths, width: int) -> float:
     return 1 - sum(lengths) / total if total else 0.0
 
 
+def waste_title(what: str, lengths, width: int) -> str:
+    """A padding figure's title: what the stage does, then the padding share of the batch shown."""
+    return f"{what}, {waste(lengths, width):.1%} padding"
+
+
 def plot_packs(packs: list[list[int]], max_length: int, title: str) -> Figure:
     """Stage 4: one stacked bar per pack, each item a labelled segment, unused room in grey."""
     fig, ax = plt.subplots(figsize=(10, 0.7 * len(packs) + 1.8))

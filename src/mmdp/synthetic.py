@@ -274,7 +274,7 @@ def draw_bar_chart(labels: list[str], values: list[int], title: str) -> Image.Im
     width, height = 80 + 60 * len(labels), 320
     image = Image.new("RGB", (width, height), BACKGROUND)
     draw = ImageDraw.Draw(image)
-    top, bottom, scale = 40, height - 40, (height - 90) / 100
+    bottom, scale = height - 40, (height - 90) / 100
     draw.text((10, 8), title, fill=COLOURS["black"], font=font(16))
     draw.line([(40, bottom), (width - 10, bottom)], fill=COLOURS["black"], width=2)
     for i, (label, value) in enumerate(zip(labels, values)):
@@ -284,7 +284,6 @@ def draw_bar_chart(labels: list[str], values: list[int], title: str) -> Image.Im
             (x + 4, bottom - value * scale - 16), str(value), fill=COLOURS["black"], font=font(12)
         )
         draw.text((x, bottom + 8), label, fill=COLOURS["black"], font=font(12))
-    assert top < bottom
     return image
 
 
