@@ -41,23 +41,37 @@ class VQADataset(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> dict:
-        row = self.dataset[index]
-        images = row["images"] or []
-        try:
-            input_ids, labels = tokenize_conversation(
-                row["texts"], len(images), self.tokenizer, self.image_token_length
-            )
-            loaded = [load_image(image, self.image_size) for image in images]
-        except (BadConversation, BadImage) as error:
-            return {"row": index, "drop_reason": error.reason}
-        pixels = [tensor for tensor, _ in loaded]
-        converted = Counter(mode for _, mode in loaded if mode is not None)
-        size = self.image_size
-        return {
-            "row": index,
-            "input_ids": input_ids,
-            "labels": labels,
-            "images": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size),
-            "converted": converted,
-            "drop_reason": None,
-        }
+        return make_sample(
+            self.dataset[index], index, self.tokenizer, self.image_size, self.image_token_length
+        )
+
+
+def make_sample(
+    row: dict,
+    index: int,
+    tokenizer,
+    image_size: int = config.IMAGE_SIZE,
+    image_token_length: int = config.IMAGE_TOKEN_LENGTH,
+) -> dict:
+    """One row in the_cauldron's schema -> one sample, as VQADataset's docstring describes it.
+
+    `index` is the row's position in its dataset (or stream); the sample carries it as "row".
+    """
+    images = row["images"] or []
+    try:
+        input_ids, labels = tokenize_conversation(
+            row["texts"], len(images), tokenizer, image_token_length
+        )
+        loaded = [load_image(image, image_size) for image in images]
+    except (BadConversation, BadImage) as error:
+        return {"row": index, "drop_reason": error.reason}
+    pixels = [tensor for tensor, _ in loaded]
+    converted = Counter(mode for _, mode in loaded if mode is not None)
+    return {
+        "row": index,
+        "input_ids": input_ids,
+        "labels": labels,
+        "images": torch.stack(pixels) if pixels else torch.zeros(0, 3, image_size, image_size),
+        "converted": converted,
+        "drop_reason": None,
+    }
