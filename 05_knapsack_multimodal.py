@@ -68,6 +68,11 @@ def parse_args():
         "--epoch", type=non_negative_int, default=0, help="which epoch's shuffle (default: 0)"
     )
     parser.add_argument(
+        "--pretokenize", action="store_true",
+        help="keep every sample's tokens from the weighing pass (cached), so that building a pack "
+        "only slices them and decodes images",
+    )  # fmt: skip
+    parser.add_argument(
         "--save-batch", default=None, help="torch.save the first collated batch to this path"
     )
     return parser.parse_args()
@@ -88,8 +93,11 @@ def main():
     packed = PackedDataset(
         samples, max_length=args.max_length, max_images=args.max_images,
         packs_per_batch=args.batch_size, strategy=args.strategy, seed=args.seed,
+        pretokenize=args.pretokenize,
     )  # fmt: skip
     packed.set_epoch(args.epoch)
+    if rank == 0:
+        print_weighing(packed)
 
     # Go through one epoch on every rank; rank 0 reports for all of them
     epoch = run_packed_epoch(packed, args)
@@ -112,6 +120,13 @@ def start_ranks() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def print_weighing(packed: PackedDataset) -> None:
+    weighing = packed.weighing
+    how = "weighed" if weighing.weighed_here else "loaded the weights of"
+    print(f"{how.capitalize()} {len(weighing.weights):,} rows in {weighing.seconds:.2f} s "
+          f"(cached in {display_path(weighing.path)})")  # fmt: skip
+
+
 def run_packed_epoch(packed: PackedDataset, args) -> dict:
     """One epoch through the loader, on this rank; on rank 0, the report merged over ranks.
 
@@ -119,17 +134,22 @@ def run_packed_epoch(packed: PackedDataset, args) -> dict:
     """
     hint = "raise --max-length or --max-images, or use more --num-samples"
     if packed.num_batches() == 0:
-        raise nothing_to_do(len(packed.lengths), packed.plan(packed.epoch).dropped, hint)
+        raise nothing_to_do(len(packed.weights), packed.plan().dropped, hint)
     loader = PackedDataLoader(packed, num_workers=args.num_workers)
     report = PackReport()
     first_batch, seconds = run_epoch(loader, report, hint=hint)
-    reports = [report]
+    reports, weighed_here = [report], [packed.weighing.weighed_here]
     if dist.is_initialized():
         reports = [None] * dist.get_world_size()
         dist.all_gather_object(reports, report)
+        weighed_here = [None] * dist.get_world_size()
+        dist.all_gather_object(weighed_here, packed.weighing.weighed_here)
     merged = PackReport.merged(reports)
     merged.dropped.update(packed.plan(packed.epoch).dropped)
-    return {"report": merged, "reports": reports, "first_batch": first_batch, "seconds": seconds}
+    return {
+        "report": merged, "reports": reports, "first_batch": first_batch, "seconds": seconds,
+        "weighed_here_per_rank": weighed_here,
+    }  # fmt: skip
 
 
 def print_report(epoch: dict, packed: PackedDataset) -> None:
@@ -153,6 +173,10 @@ def write_outputs(epoch: dict, packed: PackedDataset, args) -> None:
             "batches_per_rank_yielded": [r.batches for r in epoch["reports"]],
             "rank_balance": packed.rank_balance(),
             "seconds": round(epoch["seconds"], 3),
+            "weighing": {
+                "seconds": round(packed.weighing.seconds, 3),
+                "weighed_here_per_rank": epoch["weighed_here_per_rank"],
+            },
         }
         print(f"Wrote the epoch report to {display_path(write_json(metrics, args.metrics_json))}")
     if args.save_batch:

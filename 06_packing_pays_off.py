@@ -20,6 +20,7 @@ import math
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from mmdp import config
@@ -30,10 +31,12 @@ from mmdp.errors import exit_on_user_error
 from mmdp.metrics import write_json
 from mmdp.model import TinyVLM, TinyVLMConfig, summed_loss, vlm_inputs
 from mmdp.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.planner import plan_epoch
 from mmdp.plots import plot_learning_curves, plot_strategies, save_figure
 from mmdp.strategies import compare_strategies
 from mmdp.tokenizer import get_tokenizer
 from mmdp.vqa_dataset import VQADataset
+from mmdp.weighing import weigh_rows
 
 STRATEGIES = ("naive", "constrained", "packed")
 
@@ -163,13 +166,9 @@ def main():
     vlm_config = TinyVLMConfig(vocab_size=len(tokenizer), image_token_id=tokenizer.image_token_id)
 
     # 1. Correctness: the samples every strategy keeps (usable, at most max_length tokens)
-    weights = PackedDataset(
-        samples, max_length=args.max_length, packs_per_batch=args.batch_size, seed=args.seed
-    )
-    kept = [
-        i for i, (n, problem) in enumerate(zip(weights.lengths, weights.text_problems))
-        if problem is None and n <= args.max_length
-    ][: args.check_samples]  # fmt: skip
+    weights = weigh_rows(rows, tokenizer).weights
+    kept = np.flatnonzero((weights.reasons == 0) & (weights.lengths <= args.max_length))
+    kept = kept[: args.check_samples].tolist()
     # a model with large initial weights, so that what it sees (masks, images) shows in the loss
     checker = TinyVLM(TinyVLMConfig(**{**vlm_config.__dict__, "initializer_range": 0.5})).eval()
     losses, packed_check_batches = check_losses(checker, samples, kept, tokenizer, args)
@@ -207,10 +206,15 @@ def main():
     train_batches["packed"], _ = packed_batches(
         rows.select(order[: args.train_samples]), tokenizer, args, packs_per_batch=packs_per_step
     )
+    whole_epoch = plan_epoch(
+        weights, max_length=args.max_length, max_images=config.MAX_IMAGES, packs_per_batch=1,
+        seed=args.seed,
+    )  # fmt: skip
+    num_packs = len(whole_epoch.pack_starts) - 1
     steps_per_epoch = {
         "naive": math.ceil(len(samples) / args.batch_size),
         "constrained": math.ceil(len(samples) / args.batch_size),
-        "packed": math.ceil(len(weights) / packs_per_step),
+        "packed": math.ceil(num_packs / packs_per_step),
     }
     initial = TinyVLM(vlm_config).state_dict()
     speed, curves = {}, {}
@@ -251,7 +255,10 @@ def main():
     )
 
     # 4. Every strategy on one epoch of the dataset, from lengths
-    results = compare_strategies(weights)  # the rows were weighed once, in part 1
+    results = compare_strategies(
+        weights, max_length=args.max_length, max_images=config.MAX_IMAGES,
+        batch_size=args.batch_size, seed=args.seed,
+    )  # fmt: skip
     print(f"\n4. One epoch of {len(samples):,} samples, max_length {args.max_length}, "
           f"batch size {args.batch_size}:")  # fmt: skip
     print(f"   {'strategy':<12} {'utilization':>11} {'batches':>8} {'dropped':>8} "

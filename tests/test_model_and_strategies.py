@@ -13,6 +13,7 @@ from mmdp.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing import STRATEGIES
 from mmdp.strategies import compare_strategies
 from mmdp.vqa_dataset import VQADataset
+from mmdp.weighing import weigh_rows
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,8 @@ def loader_report(samples, collate):
 
 
 def test_strategy_comparison_matches_the_stages_own_loaders(samples, tokenizer):
-    results = compare_strategies(PackedDataset(samples, max_length=512, packs_per_batch=8, seed=0))
+    weights = weigh_rows(samples.dataset, tokenizer).weights
+    results = compare_strategies(weights, max_length=512, max_images=18, batch_size=8, seed=0)
     assert list(results) == ["naive", "constrained", *STRATEGIES]
     naive = loader_report(samples, NaivePadCollator(tokenizer.pad_token_id))
     constrained = loader_report(samples, ConstrainedPadCollator(tokenizer.pad_token_id, 512))

@@ -1,4 +1,3 @@
-import numpy as np
 import pytest
 import torch
 from conftest import image_cell
@@ -161,14 +160,7 @@ def test_a_plain_dataloader_with_collate_packs_gives_the_same_batches(samples):
 
 def test_default_packs_fill_the_default_dataset(samples):
     dataset = packed(samples)
-    plan = dataset.plan(0)
-    used = sum(int(dataset.lengths[p].sum()) for b in plan.rank_batches[0] for p in b)
-    packs = sum(len(b) for b in plan.rank_batches[0])
-    assert used / (packs * 512) > 0.9
-    assert np.all(
-        [
-            dataset.image_counts[p].sum() <= dataset.max_images
-            for b in plan.rank_batches[0]
-            for p in b
-        ]
-    )
+    packs = dataset.plan(0).packs()
+    used = sum(int(dataset.weights.lengths[p].sum()) for p in packs)
+    assert used / (len(packs) * 512) > 0.9
+    assert all(dataset.weights.image_counts[p].sum() <= dataset.max_images for p in packs)

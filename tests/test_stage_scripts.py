@@ -108,8 +108,8 @@ def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
     result = run_script(
         "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         "05_knapsack_multimodal.py", "--num-samples", "300", "--num-workers", "2",
-        "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
-        python_args=True,
+        "--pretokenize", "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
+        python_args=True, env={"MMDP_CACHE": str(tmp_path / "fresh-cache")},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(metrics.read_text())
@@ -121,6 +121,8 @@ def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
     rows = report["sample_index"]
     assert len(rows) == len(set(rows)) == report["samples"]
     assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"] == 300
+    # the rows were weighed (and tokenized) once on this machine: by local rank 0
+    assert report["weighing"]["weighed_here_per_rank"] == [True, False]
 
 
 @pytest.mark.parametrize(

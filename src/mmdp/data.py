@@ -86,11 +86,15 @@ def load_synthetic(num_rows: int, seed: int = 0) -> Dataset:
         )
         rows = tqdm(rows, total=num_rows, desc="generating", unit="row")
         dataset = Dataset.from_list(list(rows), features=FEATURES)
-        # Write next to the final path, then rename: an interrupted run leaves no half cache.
-        partial = path.with_name(path.name + ".partial")
+        # Write next to the final path, then rename: an interrupted run leaves no half cache, and
+        # ranks generating at the same time (torchrun, first run) never write into each other.
+        partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
         dataset.save_to_disk(str(partial))
-        partial.rename(path)
+        try:
+            partial.rename(path)
+        except OSError:  # another process got there first, with the same rows
+            shutil.rmtree(partial, ignore_errors=True)
     return load_from_disk(str(path))
 
 

@@ -3,52 +3,36 @@
 How an epoch is made, in the blog's terms:
 
 1. Weigh every item without decoding it: a sample weighs its tokens (text + 64 per image) and
-   carries its image count (mmdp.conversation.count_tokens_batch; images stay encoded).
-2. Filter: samples longer than `max_length` or with more images than `max_images` are
-   skipped and counted by reason, like rows whose conversation is unusable.
-3. Shuffle the rest with (seed, epoch), and pack them buffer by buffer with
-   `mmdp.packing.pack(..., strategy="images_first_bfd")`: a token budget and an image budget per pack.
-4. Shuffle the packs, and cut them into steps of `world_size * packs_per_batch` packs. Within a
-   step, deal the packs to the ranks so that each rank gets about the same number of images.
-   Every rank gets the same number of batches (DDP would hang otherwise); the at most
-   `world_size - 1` packs that cannot be shared evenly are left out and counted.
+   carries its image count. Done once per dataset and machine, in parallel, and cached
+   (mmdp.weighing).
+2-4. Plan the epoch from the weights alone (mmdp.planner): filter and count what cannot be packed,
+   shuffle with (seed, epoch), pack buffer by buffer under a token budget and an image budget,
+   shuffle the packs and deal them to ranks so that every rank gets the same number of batches
+   and about the same number of images per step.
 5. Each rank's batches are split over its DataLoader workers (batch k goes to worker
    k % num_workers, which is the order the DataLoader yields them in). In each worker a producer
    thread builds the packs of its batches (tokenize, decode and resize images, concatenate, pad
    to `max_length`) and fills a bounded queue; the DataLoader collates them with `collate_packs`.
 
-Steps 1-4 use only lengths, so every rank and worker computes the same plan and no sample is
+Steps 1-4 use only weights, so every rank and worker computes the same plan and no sample is
 yielded twice or lost. Images are decoded only for packs about to be yielded.
 
 The packs and batches it yields are described in mmdp.packed_batch.
 """
 
-import copy
 from collections import Counter
-from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow.compute as pc
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mmdp import config
 from mmdp.background import iterate_in_background
-from mmdp.conversation import count_tokens_batch
-from mmdp.drop_reasons import RANK_REMAINDER, TOO_LONG, TOO_MANY_IMAGES
-from mmdp.metrics import spread
 from mmdp.packed_batch import collate_packs, layout_pack, model_inputs  # noqa: F401
-from mmdp.packing import pack
-from mmdp.vqa_dataset import VQADataset
-
-
-@dataclass
-class EpochPlan:
-    """Which rows go into which pack, batch and rank for one epoch; computed from lengths only."""
-
-    rank_batches: list[list[list[list[int]]]]  # [rank][batch][pack] -> dataset rows
-    dropped: Counter = field(default_factory=Counter)  # rows left out while planning, by reason
-    rows_read: int = 0
+from mmdp.planner import EpochPlan, plan_epoch, rank_balance
+from mmdp.vqa_dataset import VQADataset, make_sample
+from mmdp.weighing import weigh_rows
 
 
 class PackedDataset(IterableDataset):
@@ -57,6 +41,9 @@ class PackedDataset(IterableDataset):
     Use it with `PackedDataLoader` (or a DataLoader with batch_size=packs_per_batch and
     collate_fn=collate_packs). Works unchanged under torchrun: rank and world size come from
     torch.distributed when it is initialised.
+
+    pretokenize=True keeps every sample's input_ids and labels from the weighing pass (cached
+    with the weights), so that building a pack only slices them and decodes images.
     """
 
     def __init__(
@@ -72,6 +59,8 @@ class PackedDataset(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         max_queued_packs: int = 16,
+        pretokenize: bool = False,
+        num_proc: int | None = None,
     ):
         self.dataset = dataset
         self.max_length = max_length
@@ -90,137 +79,60 @@ class PackedDataset(IterableDataset):
             raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
         self.epoch = 0
         self.batches_done = 0  # where the next iteration starts in this epoch (see state_dict)
-        self._plans = {}
-        self.lengths, self.image_counts, self.text_problems = self.weigh_rows()
 
-    # 1. Weigh every item --------------------------------------------------------------------
-
-    def weigh_rows(self, chunk_rows: int = 1024):
-        """Tokens and images of every row, from the text and the image count only.
-
-        Reads the rows a chunk at a time, so memory does not grow with the dataset.
-        """
-        rows = self.dataset.dataset
-        texts = rows.select_columns(["texts"])
-        images = rows.select_columns(["images"]).with_format("arrow")
-        lengths, image_counts, problems = [], [], []
-        for start in range(0, len(rows), chunk_rows):
-            stop = min(start + chunk_rows, len(rows))
-            counts = pc.fill_null(pc.list_value_length(images[start:stop]["images"]), 0)
-            counts = counts.to_numpy().astype(np.int64)
-            chunk_lengths, chunk_problems = count_tokens_batch(
-                texts[start:stop]["texts"],
-                counts,
-                self.dataset.tokenizer,
-                self.dataset.image_token_length,
-            )
-            lengths += chunk_lengths
-            problems += chunk_problems
-            image_counts.append(counts)
-        image_counts = np.concatenate(image_counts) if image_counts else np.zeros(0, np.int64)
-        return np.asarray(lengths, dtype=np.int64), image_counts, problems
+        # 1. Weigh every item (once: later runs and the other ranks load the cached weights)
+        self.weighing = weigh_rows(
+            dataset.dataset, dataset.tokenizer, dataset.image_token_length,
+            pretokenize=pretokenize, num_proc=num_proc,
+        )  # fmt: skip
+        self.weights = self.weighing.weights
+        self.tokens = (
+            None if self.weighing.tokens is None else self.weighing.tokens.with_format("numpy")
+        )
+        # with the tokens at hand, building a pack reads only the images of its rows
+        self.image_rows = dataset.dataset.select_columns(["images"]) if pretokenize else None
+        self._plan = None  # (epoch, plan of every rank), in the process that plans
+        self._rank_plan = None  # (epoch, this rank's part, its rows' lengths): what workers get
 
     # 2-4. Plan the epoch ------------------------------------------------------------------------
 
-    def plan(self, epoch: int) -> EpochPlan:
-        if epoch not in self._plans:
-            self._plans = {epoch: self.make_plan(epoch)}  # keep only the current epoch's plan
-        return self._plans[epoch]
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """The epoch's plan for every rank (computed once per epoch, from the weights)."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._plan is None or self._plan[0] != epoch:
+            if self.weights is None:
+                raise RuntimeError("a DataLoader worker cannot plan: plan in the main process")
+            plan = plan_epoch(
+                self.weights, max_length=self.max_length, max_images=self.max_images,
+                packs_per_batch=self.packs_per_batch, world_size=self.world_size,
+                strategy=self.strategy, buffer_size=self.buffer_size, seed=self.seed, epoch=epoch,
+            )  # fmt: skip
+            mine = plan.for_rank(self.rank)
+            self._plan = (epoch, plan)
+            self._rank_plan = (epoch, mine, self.weights.lengths[mine.rows])
+        return self._plan[1]
 
-    def make_plan(self, epoch: int) -> EpochPlan:
-        rows = np.arange(len(self.lengths))
-        dropped = Counter(reason for reason in self.text_problems if reason is not None)
-        usable = np.array([reason is None for reason in self.text_problems], dtype=bool)
-        too_long = usable & (self.lengths > self.max_length)
-        too_many_images = usable & ~too_long & (self.image_counts > self.max_images)
-        dropped[TOO_LONG] += int(too_long.sum())
-        dropped[TOO_MANY_IMAGES] += int(too_many_images.sum())
-        usable &= ~too_long & ~too_many_images
-        dropped = +dropped  # drop zero counts
-
-        rng = np.random.default_rng([self.seed, epoch])
-        shuffled = rng.permutation(rows[usable])
-        packs = []
-        for start in range(0, len(shuffled), self.buffer_size):
-            buffer = shuffled[start : start + self.buffer_size]
-            for indices in pack(
-                self.lengths[buffer],
-                self.max_length,
-                self.strategy,
-                self.image_counts[buffer],
-                self.max_images,
-            ):
-                packs.append(buffer[indices].tolist())
-        packs = [packs[i] for i in rng.permutation(len(packs))]
-
-        # Deal whole steps of world_size * packs_per_batch packs, then share the last packs evenly.
-        per_step = self.world_size * self.packs_per_batch
-        steps = [packs[i : i + per_step] for i in range(0, len(packs), per_step)]
-        last = steps[-1] if steps else []
-        shared = len(last) - len(last) % self.world_size
-        if shared < len(last):
-            dropped[RANK_REMAINDER] += sum(len(p) for p in last[shared:])
-            steps[-1] = last[:shared]
-        if steps and not steps[-1]:
-            steps.pop()
-        rank_batches = [[] for _ in range(self.world_size)]
-        for step in steps:
-            for rank, batch in enumerate(self.deal(step)):
-                rank_batches[rank].append(batch)
-        return EpochPlan(rank_batches, dropped, rows_read=len(rows))
-
-    def deal(self, step: list[list[int]]) -> list[list[list[int]]]:
-        """Share one step's packs between the ranks, evening out images (and then tokens).
-
-        Packs go heaviest first, each to the rank with the fewest images so far among those that
-        still need packs; every rank gets len(step) / world_size packs.
-        """
-        per_rank = len(step) // self.world_size
-        weight = [(int(self.image_counts[p].sum()), int(self.lengths[p].sum())) for p in step]
-        batches = [[] for _ in range(self.world_size)]
-        images = [0] * self.world_size
-        tokens = [0] * self.world_size
-        for i in sorted(range(len(step)), key=lambda i: (-weight[i][0], -weight[i][1], i)):
-            open_ranks = [r for r in range(self.world_size) if len(batches[r]) < per_rank]
-            rank = min(open_ranks, key=lambda r: (images[r], tokens[r], r))
-            batches[rank].append(step[i])
-            images[rank] += weight[i][0]
-            tokens[rank] += weight[i][1]
-        return batches
-
-    def with_strategy(self, strategy: str) -> "PackedDataset":
-        """The same dataset, already weighed, packed with another strategy."""
-        other = copy.copy(self)
-        other.strategy = strategy
-        other._plans = {}
-        return other
+    def rank_plan(self) -> tuple[EpochPlan, np.ndarray]:
+        """This rank's batches of the current epoch, and the planned tokens of their rows."""
+        if self._rank_plan is None or self._rank_plan[0] != self.epoch:
+            self.plan(self.epoch)
+        return self._rank_plan[1], self._rank_plan[2]
 
     def rank_balance(self) -> dict:
-        """How evenly each step's tokens and images are shared between ranks, from the plan.
-
-        For every step, the spread (max - min over ranks) of tokens and images; reports the worst
-        step and the mean, and the batches per rank (always equal).
-        """
-        plan = self.plan(self.epoch)
-        token_spreads, image_spreads = [], []
-        for step in zip(*plan.rank_batches):
-            tokens = [sum(int(self.lengths[p].sum()) for p in batch) for batch in step]
-            images = [sum(int(self.image_counts[p].sum()) for p in batch) for batch in step]
-            token_spreads.append(max(tokens) - min(tokens))
-            image_spreads.append(max(images) - min(images))
-        return {
-            "world_size": self.world_size,
-            "batches_per_rank": [len(batches) for batches in plan.rank_batches],
-            "token_spread_per_step": spread(token_spreads),
-            "image_spread_per_step": spread(image_spreads),
-        }
+        """How evenly each step's tokens and images are shared between ranks (see the planner)."""
+        return rank_balance(self.plan(), self.weights)
 
     def __len__(self) -> int:
         """Packs this rank yields in the current epoch (so len(DataLoader) is its batch count)."""
-        return sum(len(batch) for batch in self.plan(self.epoch).rank_batches[self.rank])
+        return len(self.rank_plan()[0].pack_starts) - 1
 
     def num_batches(self) -> int:
-        return len(self.plan(self.epoch).rank_batches[self.rank])
+        return self.rank_plan()[0].num_steps()
+
+    def __getstate__(self) -> dict:
+        """What a DataLoader worker receives: this rank's plan, not the weights of every row."""
+        self.rank_plan()
+        return {**self.__dict__, "weights": None, "_plan": None}
 
     # Epochs, and resuming mid-epoch ---------------------------------------------------------
 
@@ -244,33 +156,50 @@ class PackedDataset(IterableDataset):
     # 5. Build the packs -----------------------------------------------------------------------
 
     def __iter__(self):
-        batches = self.plan(self.epoch).rank_batches[self.rank]
+        plan, lengths = self.rank_plan()
         worker = get_worker_info()
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
-        mine = range(self.batches_done + worker_id, len(batches), num_workers)
+        mine = range(self.batches_done + worker_id, plan.num_steps(), num_workers)
 
         def produce():
-            for batch_index in mine:
-                for rows in batches[batch_index]:
-                    yield self.build_pack(rows, batch_index)
+            for step in mine:
+                first, end = plan.batch_starts[step], plan.batch_starts[step + 1]
+                for p in range(first, end):
+                    a, z = plan.pack_starts[p], plan.pack_starts[p + 1]
+                    yield self.build_pack(plan.rows[a:z].tolist(), lengths[a:z].tolist(), step)
 
         return iterate_in_background(produce, max_queued=self.max_queued_packs)
 
-    def build_pack(self, rows: list[int], batch_index: int) -> dict:
-        """Tokenize the rows, decode their images, and lay them out in one padded row."""
-        samples = [self.dataset[row] for row in rows]
+    def build_pack(self, rows: list[int], planned: list[int], batch_index: int) -> dict:
+        """Tokenize the rows (or slice their tokens), decode their images, and lay them out in
+        one padded row. `planned` are the rows' tokens in the plan, checked here."""
+        samples = [self.sample(row) for row in rows]
         dropped = Counter(s["drop_reason"] for s in samples if s["drop_reason"] is not None)
-        samples = [s for s in samples if s["drop_reason"] is None]
-        for s in samples:
-            if len(s["input_ids"]) != self.lengths[s["row"]]:
+        for s, tokens in zip(samples, planned):
+            if s["drop_reason"] is None and len(s["input_ids"]) != tokens:
                 raise RuntimeError(
-                    f"row {s['row']}: planned {self.lengths[s['row']]} tokens, tokenized "
-                    f"{len(s['input_ids'])}; the tokenizer is not deterministic"
+                    f"row {s['row']}: planned {tokens} tokens, tokenized {len(s['input_ids'])}; "
+                    "the tokenizer is not deterministic"
                 )
+        samples = [s for s in samples if s["drop_reason"] is None]
         pack = layout_pack(
             samples, self.max_length, self.dataset.tokenizer.pad_token_id, self.dataset.image_size
         )
         return {**pack, "batch_index": batch_index, "dropped": dropped}
+
+    def sample(self, row: int) -> dict:
+        """One sample of the dataset, from its pre-computed tokens when there are some."""
+        if self.tokens is None:
+            return self.dataset[row]
+        tokens = self.tokens[row]
+        tokenized = (
+            torch.tensor(tokens["input_ids"], dtype=torch.long),
+            torch.tensor(tokens["labels"], dtype=torch.long),
+        )
+        return make_sample(
+            self.image_rows[row], row, self.dataset.tokenizer, self.dataset.image_size,
+            self.dataset.image_token_length, tokenized=tokenized,
+        )  # fmt: skip
 
 
 class PackedDataLoader(DataLoader):
@@ -295,7 +224,7 @@ class PackedDataLoader(DataLoader):
         )
 
     def __iter__(self):
-        self.dataset.plan(self.dataset.epoch)  # plan once here; workers get it with the dataset
+        self.dataset.rank_plan()  # plan once here; workers receive this rank's part
         for batch in super().__iter__():
             self.dataset.batches_done = batch["batch_index"] + 1
             yield batch

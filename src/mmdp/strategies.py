@@ -1,64 +1,72 @@
-"""Every batching strategy of the tutorial on one epoch, from lengths alone: the numbers behind
+"""Every batching strategy of the tutorial on one epoch, from weights alone: the numbers behind
 assets/strategies.png.
 
 Naive and constrained padding batch `batch_size` samples in the order of a seeded shuffle (as
-stages 2 and 3 do, so the figures match); the packers plan the epoch as stage 5 does, with
-`PackedDataset`, and differ only in the strategy.
+stages 2 and 3 do, so the figures match); the packers plan the epoch as stage 5 does
+(mmdp.planner), and differ only in the strategy.
 """
-
-from collections import Counter
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from mmdp.drop_reasons import TOO_LONG
+from mmdp.drop_reasons import REASONS, TOO_LONG
 from mmdp.metrics import spread
-from mmdp.packed_dataset import PackedDataset
 from mmdp.packing import STRATEGIES as PACKING_STRATEGIES
+from mmdp.planner import Weights, plan_epoch
 
 PADDING_STRATEGIES = ("naive", "constrained")
 
 
-def padding_epoch(dataset: PackedDataset, strategy: str, batch_size: int, seed: int) -> dict:
-    """Stage 2 (naive) or stage 3 (constrained) on lengths: one row per sample."""
+def padding_epoch(
+    weights: Weights, strategy: str, *, max_length: int, batch_size: int, seed: int
+) -> dict:
+    """Stage 2 (naive) or stage 3 (constrained) on weights: one row per sample."""
     # The very batches of stages 2 and 3: a DataLoader shuffled with the same seeded generator.
     order = DataLoader(
-        range(len(dataset.lengths)), batch_size=batch_size, shuffle=True,
+        range(len(weights)), batch_size=batch_size, shuffle=True,
         generator=torch.Generator().manual_seed(seed),
     )  # fmt: skip
-    usable = np.array([reason is None for reason in dataset.text_problems])
-    dropped = Counter(reason for reason in dataset.text_problems if reason is not None)
+    usable = weights.reasons == 0
+    codes = np.bincount(weights.reasons, minlength=len(REASONS))
+    dropped = {REASONS[code]: int(n) for code, n in enumerate(codes) if code and n}
+    lengths = weights.lengths.astype(np.int64)
     rows, useful, computed, batches = [], 0, 0, 0
     for indices in order:
-        batch = [int(i) for i in indices if usable[int(i)]]
+        batch = indices.numpy()[usable[indices.numpy()]]
         if strategy == "constrained":
-            too_long = [i for i in batch if dataset.lengths[i] > dataset.max_length]
-            dropped[TOO_LONG] += len(too_long)
-            batch = [i for i in batch if dataset.lengths[i] <= dataset.max_length]
-            width = dataset.max_length
+            too_long = lengths[batch] > max_length
+            if too_long.any():
+                dropped[TOO_LONG] = dropped.get(TOO_LONG, 0) + int(too_long.sum())
+            batch = batch[~too_long]
+            width = max_length
         else:
-            width = max((int(dataset.lengths[i]) for i in batch), default=0)
+            width = int(lengths[batch].max(initial=0))
         batches += 1
-        rows += batch
-        useful += int(dataset.lengths[batch].sum())
+        rows.append(batch)
+        useful += int(lengths[batch].sum())
         computed += width * len(batch)
+    rows = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
     return summarize(
-        useful, computed, batches, dict(dropped),
-        tokens=dataset.lengths[rows], images=dataset.image_counts[rows], samples=np.ones(len(rows)),
+        useful, computed, batches, dropped,
+        tokens=lengths[rows], images=weights.image_counts[rows], samples=np.ones(len(rows)),
     )  # fmt: skip
 
 
-def packing_epoch(dataset: PackedDataset) -> dict:
-    """Stage 5's plan with the dataset's strategy: one row per pack."""
-    plan = dataset.plan(dataset.epoch)
-    packs = [p for batches in plan.rank_batches for batch in batches for p in batch]
-    batches = sum(len(b) for b in plan.rank_batches)
-    tokens = np.array([dataset.lengths[p].sum() for p in packs])
+def packing_epoch(
+    weights: Weights, strategy: str, *, max_length: int, max_images: int, batch_size: int, seed: int
+) -> dict:
+    """Stage 5's plan with one strategy: one row per pack."""
+    plan = plan_epoch(
+        weights, max_length=max_length, max_images=max_images, packs_per_batch=batch_size,
+        strategy=strategy, seed=seed,
+    )  # fmt: skip
+    pack_of_row = np.repeat(np.arange(len(plan.pack_starts) - 1), np.diff(plan.pack_starts))
+    tokens = np.bincount(pack_of_row, weights.lengths[plan.rows]).astype(np.int64)
+    images = np.bincount(pack_of_row, weights.image_counts[plan.rows]).astype(np.int64)
     return summarize(
-        int(tokens.sum()), len(packs) * dataset.max_length, batches, dict(plan.dropped),
-        tokens=tokens, images=np.array([dataset.image_counts[p].sum() for p in packs]),
-        samples=np.array([len(p) for p in packs]),
+        int(tokens.sum()), len(tokens) * max_length, len(plan.batch_starts) - 1, plan.dropped,
+        tokens=tokens, images=images, samples=np.diff(plan.pack_starts),
     )  # fmt: skip
 
 
@@ -68,7 +76,7 @@ def summarize(useful, computed, batches, dropped, *, tokens, images, samples) ->
         "batches": batches,
         "useful_tokens": useful,
         "computed_tokens": computed,
-        "dropped": dropped,
+        "dropped": dict(sorted(dropped.items())),
         "tokens_per_row": spread(tokens),
         "images_per_row": spread(images),
         "samples_per_row": spread(samples),
@@ -76,15 +84,13 @@ def summarize(useful, computed, batches, dropped, *, tokens, images, samples) ->
     }
 
 
-def compare_strategies(dataset: PackedDataset) -> dict:
-    """{strategy: epoch summary} for naive, constrained and every packing strategy.
-
-    `dataset` gives the weighed rows and the settings (max_length, packs_per_batch as the batch
-    size, max_images, seed); the rows are weighed once for every strategy.
-    """
-    results = {}
-    for strategy in PACKING_STRATEGIES:
-        results[strategy] = packing_epoch(dataset.with_strategy(strategy))
-    for strategy in PADDING_STRATEGIES:
-        results[strategy] = padding_epoch(dataset, strategy, dataset.packs_per_batch, dataset.seed)
-    return {name: results[name] for name in PADDING_STRATEGIES + PACKING_STRATEGIES}
+def compare_strategies(
+    weights: Weights, *, max_length: int, max_images: int, batch_size: int, seed: int = 0
+) -> dict:
+    """{strategy: epoch summary} for naive, constrained and every packing strategy, from the
+    same weights (mmdp.weighing); batch_size is samples per padded batch, packs per packed one."""
+    budgets = {"max_length": max_length, "batch_size": batch_size, "seed": seed}
+    results = {name: padding_epoch(weights, name, **budgets) for name in PADDING_STRATEGIES}
+    for name in PACKING_STRATEGIES:
+        results[name] = packing_epoch(weights, name, max_images=max_images, **budgets)
+    return results

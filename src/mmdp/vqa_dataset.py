@@ -52,16 +52,21 @@ def make_sample(
     tokenizer,
     image_size: int = config.IMAGE_SIZE,
     image_token_length: int = config.IMAGE_TOKEN_LENGTH,
+    tokenized: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict:
     """One row in the_cauldron's schema -> one sample, as VQADataset's docstring describes it.
 
     `index` is the row's position in its dataset (or stream); the sample carries it as "row".
+    `tokenized`: the row's (input_ids, labels) when they were computed ahead (mmdp.weighing with
+    pretokenize=True); then the row needs no "texts", and only its images are decoded here.
     """
     images = row["images"] or []
     try:
-        input_ids, labels = tokenize_conversation(
-            row["texts"], len(images), tokenizer, image_token_length
-        )
+        if tokenized is None:
+            tokenized = tokenize_conversation(
+                row["texts"], len(images), tokenizer, image_token_length
+            )
+        input_ids, labels = tokenized
         loaded = [load_image(image, image_size) for image in images]
     except (BadConversation, BadImage) as error:
         return {"row": index, "drop_reason": error.reason}

@@ -1,0 +1,138 @@
+"""The epoch planner, traced by hand on tiny integer inputs (as tests/test_packing.py does)."""
+
+import numpy as np
+import pytest
+
+from mmdp.drop_reasons import NO_TEXTS, RANK_REMAINDER, TOO_LONG, TOO_MANY_IMAGES
+from mmdp.planner import (
+    Weights,
+    deal_steps,
+    filter_rows,
+    pack_buffers,
+    plan_epoch,
+    ranges,
+    rank_balance,
+)
+
+
+def test_filter_counts_every_row_it_leaves_out():
+    # lengths [3, 9, 0, 5]: row 2 has no texts; max_length 8, max_images 3
+    # row 0 fits; row 1 is too long; row 2 no_texts; row 3 has 4 images
+    weights = Weights.from_lists([3, 9, 0, 5], [1, 0, 0, 4], [None, None, NO_TEXTS, None])
+    rows, dropped = filter_rows(weights, max_length=8, max_images=3)
+    assert rows.tolist() == [0]
+    assert dropped == {TOO_LONG: 1, NO_TEXTS: 1, TOO_MANY_IMAGES: 1}
+
+
+def test_packing_buffer_by_buffer():
+    weights = Weights.from_lists([3, 6, 2, 5], [0, 0, 0, 0])
+    budgets = {"max_length": 8, "max_images": 0, "strategy": "binpack"}
+    # one buffer of 4: binpack -> [6, 2] and [5, 3], i.e. rows [1, 2] and [3, 0]
+    rows, starts = pack_buffers(np.arange(4), weights, buffer_size=4, **budgets)
+    assert (rows.tolist(), starts.tolist()) == ([1, 2, 3, 0], [0, 2, 4])
+    # buffers of 2: rows 0, 1 (3 and 6 do not fit together) -> [1], [0];
+    # rows 2, 3 -> [5, 2], i.e. rows [3, 2]. Packs never cross a buffer.
+    rows, starts = pack_buffers(np.arange(4), weights, buffer_size=2, **budgets)
+    assert (rows.tolist(), starts.tolist()) == ([1, 0, 3, 2], [0, 1, 2, 4])
+    # rows are packed in the order given (after the epoch's shuffle)
+    rows, starts = pack_buffers(np.array([3, 2, 1, 0]), weights, buffer_size=2, **budgets)
+    assert (rows.tolist(), starts.tolist()) == ([3, 2, 1, 0], [0, 2, 3, 4])
+
+
+def test_dealing_evens_out_images_between_ranks():
+    # 4 packs of 8 tokens with 3, 0, 2, 1 images; 2 ranks, 2 packs per batch: one step.
+    # Heaviest first: pack 0 (3 images) -> rank 0 (both empty: lowest rank);
+    # pack 2 (2) -> rank 1 (0 < 3 images); pack 3 (1) -> rank 1 (2 < 3); rank 1 is full,
+    # pack 1 (0) -> rank 0. Each rank ends with 3 images.
+    order, batch_starts, left_out = deal_steps(np.array([3, 0, 2, 1]), np.full(4, 8), 2, 2)
+    assert order.tolist() == [0, 1, 2, 3]  # batch (step 0, rank 0): packs 0, 1; rank 1: 2, 3
+    assert batch_starts.tolist() == [0, 2, 4]
+    assert left_out == 0
+
+
+def test_dealing_breaks_image_ties_by_tokens_then_rank():
+    # no images; tokens 5, 8, 8, 2 (2 ranks, 2 packs each): heaviest first by tokens, ties by
+    # position in the step: pack 1 -> rank 0; pack 2 -> rank 1 (0 < 8 tokens); pack 0 -> both
+    # ranks hold 8 tokens: the lower, rank 0 (now full); pack 3 -> rank 1. Within a batch, packs
+    # stay in the order they were dealt: rank 0 holds packs 1, 0.
+    order, _, _ = deal_steps(np.zeros(4, int), np.array([5, 8, 8, 2]), 2, 2)
+    assert order.tolist() == [1, 0, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("packs", "world_size", "per_batch", "batch_sizes", "left_out"),
+    [
+        # 5 packs, 2 ranks x 2: one full step (4), then 1 pack that 2 ranks cannot share
+        (5, 2, 2, [2, 2], 1),
+        # 7 packs, 2 ranks x 2: one full step, then 3 packs: 2 shared (1 each), 1 left out
+        (7, 2, 2, [2, 2, 1, 1], 1),
+        # 8 packs, 3 ranks x 2: one full step of 6, then 2 packs for 3 ranks: both left out
+        (8, 3, 2, [2, 2, 2], 2),
+        # one rank never leaves a pack out: the last batch is just shorter
+        (5, 1, 2, [2, 2, 1], 0),
+    ],
+)
+def test_every_rank_gets_the_same_number_of_batches(
+    packs, world_size, per_batch, batch_sizes, left_out
+):
+    order, batch_starts, left = deal_steps(
+        np.zeros(packs, int), np.ones(packs), world_size, per_batch
+    )
+    assert np.diff(batch_starts).tolist() == batch_sizes
+    assert left == left_out
+    assert sorted(order.tolist()) == list(range(packs - left_out))  # the last ones are left out
+
+
+def test_plan_accounts_for_every_row_and_ranks_get_equal_batches():
+    # 11 rows: 9 of 4 tokens (packs of 2), one too long, one with no texts; max_length 8,
+    # 2 ranks, 1 pack per batch: 5 packs (4 of 2 rows, 1 of 1 row) -> 2 steps of 2 packs, and
+    # the 5th pack left out (1 or 2 rows, depending on the shuffle)
+    lengths = [4] * 9 + [9, 0]
+    weights = Weights.from_lists(lengths, [0] * 11, [None] * 10 + [NO_TEXTS])
+    plan = plan_epoch(weights, max_length=8, max_images=1, packs_per_batch=1, world_size=2)
+    assert plan.num_steps() == 2
+    used = [
+        row for step in range(2) for rank in range(2) for p in plan.batch(step, rank) for row in p
+    ]
+    assert len(used) == len(set(used))
+    assert plan.dropped[TOO_LONG] == plan.dropped[NO_TEXTS] == 1
+    assert len(used) + sum(plan.dropped.values()) == 11
+    assert plan.dropped[RANK_REMAINDER] in (1, 2)
+
+
+def test_same_seed_same_plan_another_epoch_another_order():
+    weights = Weights.from_lists(np.arange(1, 60) % 7 + 1, np.arange(59) % 3)
+    settings = {"max_length": 12, "max_images": 4, "packs_per_batch": 2, "world_size": 2}
+    a = plan_epoch(weights, **settings, seed=1, epoch=0)
+    b = plan_epoch(weights, **settings, seed=1, epoch=0)
+    c = plan_epoch(weights, **settings, seed=1, epoch=1)
+    assert a.rows.tolist() == b.rows.tolist() and a.pack_starts.tolist() == b.pack_starts.tolist()
+    assert a.rows.tolist() != c.rows.tolist()
+    assert sorted(a.rows.tolist()) == sorted(c.rows.tolist())
+
+
+def test_a_rank_plan_holds_exactly_that_ranks_batches():
+    weights = Weights.from_lists(np.arange(1, 80) % 9 + 1, np.arange(79) % 4)
+    plan = plan_epoch(weights, max_length=16, max_images=5, packs_per_batch=3, world_size=3)
+    for rank in range(3):
+        mine = plan.for_rank(rank)
+        assert mine.world_size == 1 and mine.num_steps() == plan.num_steps()
+        for step in range(plan.num_steps()):
+            expected = [p.tolist() for p in plan.batch(step, rank)]
+            assert [p.tolist() for p in mine.batch(step)] == expected
+
+
+def test_rank_balance_reports_the_spread_per_step():
+    # the plan of test_dealing_evens_out_images_between_ranks, through plan_epoch: 4 rows of 8
+    # tokens with 3, 0, 2, 1 images, one row a pack, 2 ranks x 2 packs
+    weights = Weights.from_lists([8, 8, 8, 8], [3, 0, 2, 1])
+    plan = plan_epoch(weights, max_length=8, max_images=3, packs_per_batch=2, world_size=2)
+    balance = rank_balance(plan, weights)
+    assert balance["batches_per_rank"] == [1, 1]
+    assert balance["image_spread_per_step"]["max"] == 0  # 3 images each
+    assert balance["token_spread_per_step"]["max"] == 0
+
+
+def test_ranges():
+    assert ranges(np.array([3, 0]), np.array([5, 2])).tolist() == [3, 4, 0, 1]
+    assert ranges(np.array([], int), np.array([], int)).tolist() == []
