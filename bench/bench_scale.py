@@ -1,0 +1,231 @@
+"""Stage 5 at real dataset sizes: weigh once (in parallel, cached), plan with flat arrays, start fast.
+
+    uv run bench/bench_scale.py                                   # 20k, 200k, 1M rows (~15 min)
+    uv run bench/bench_scale.py --sizes 20000 --plan-rows 2000000 # quicker
+
+The embedded dataset (2,000 rows) is replicated with `datasets.concatenate_datasets` to each size.
+Every measurement runs in a fresh process (peak memory is per process), on this machine:
+
+1. Weighing, cold (an empty cache) with 1 process and with every core, then warm (cached).
+2. A warm start, as a restart or another rank sees it: load the dataset and the cached weights,
+   plan the epoch, start the DataLoader (2 workers) and get the first batch; peak memory of the
+   main process and of the largest worker over the first batches; what each worker receives
+   (the pickled PackedDataset) per row; planning alone.
+3. Loader speed over the first --batches batches against a floor that only decodes and resizes
+   the images of the same rows, with and without pre-tokenized rows.
+4. Planning alone for --plan-rows rows (the embedded weights tiled), and its peak memory.
+"""
+
+import argparse
+import json
+import os
+import pickle
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+from datasets import concatenate_datasets
+from torch.utils.data import DataLoader
+
+from mmdp.data import load_vqa_dataset
+from mmdp.images import load_image
+from mmdp.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.planner import Weights, plan_epoch
+from mmdp.tokenizer import get_tokenizer
+from mmdp.vqa_dataset import VQADataset
+from mmdp.weighing import weigh_rows
+
+BASE_ROWS = 2_000
+SETTINGS = {"max_length": 512, "max_images": 18, "packs_per_batch": 8}
+
+
+def replicated(size: int):
+    base = load_vqa_dataset(num_rows=BASE_ROWS)
+    copies = -(-size // BASE_ROWS)
+    return concatenate_datasets([base] * copies).select(range(size))
+
+
+def peak_mib() -> dict:
+    kib = 1024  # ru_maxrss is in KiB on Linux
+    return {
+        "main_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / kib,
+        "largest_child_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / kib,
+    }
+
+
+def child_weigh(size: int, num_proc: int) -> dict:
+    """Weigh `size` rows into the (empty) cache given by MMDP_CACHE, then again (warm)."""
+    rows, tokenizer = replicated(size), get_tokenizer()
+    cold = weigh_rows(rows, tokenizer, num_proc=num_proc)
+    warm = weigh_rows(rows, tokenizer, num_proc=num_proc)
+    assert cold.weighed_here and not warm.weighed_here
+    return {"cold_s": cold.seconds, "warm_s": warm.seconds, **peak_mib()}
+
+
+def child_start(size: int, batches: int, pretokenize: bool) -> dict:
+    """A warm start to the first batch, then --batches batches; the cache holds the weights."""
+    start = time.perf_counter()
+    rows = replicated(size)
+    dataset = PackedDataset(VQADataset(rows, get_tokenizer()), pretokenize=pretokenize, **SETTINGS)
+    assert batches == 1 or not dataset.weighing.weighed_here, "the weights should be cached"
+    plan_start = time.perf_counter()
+    dataset.plan()
+    planned = time.perf_counter()
+    worker_bytes = len(pickle.dumps(dataset))
+    loader = iter(PackedDataLoader(dataset, num_workers=2))
+    first = next(loader)
+    first_batch_s = time.perf_counter() - start
+    samples, timed_start = 0, time.perf_counter()
+    rows_seen = first["sample_index"].tolist()
+    for _, batch in zip(range(batches), loader):
+        samples += len(batch["sample_index"])
+        rows_seen += batch["sample_index"].tolist()
+    seconds = time.perf_counter() - timed_start
+    return {
+        "first_batch_s": first_batch_s,
+        "plan_s": planned - plan_start,
+        "worker_bytes_per_row": worker_bytes / size,
+        "samples_per_s": samples / seconds,
+        "rows": rows_seen,
+        **peak_mib(),
+    }
+
+
+class ImagesOnly(torch.utils.data.Dataset):
+    """The floor: decode and resize a row's images, nothing else."""
+
+    def __init__(self, rows, indices):
+        self.rows, self.indices = rows.select_columns(["images"]), indices
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        images = [load_image(image)[0] for image in self.rows[self.indices[i]]["images"] or []]
+        return torch.stack(images) if images else torch.zeros(0, 3, 256, 256)
+
+
+def child_floor(size: int, rows_seen: list[int]) -> dict:
+    rows = replicated(size)
+    loader = DataLoader(
+        ImagesOnly(rows, rows_seen), batch_size=32, num_workers=2, collate_fn=torch.cat
+    )
+    start = time.perf_counter()
+    for _ in loader:
+        pass
+    return {"samples_per_s": len(rows_seen) / (time.perf_counter() - start)}
+
+
+def child_plan(rows: int) -> dict:
+    """Plan `rows` rows: the embedded dataset's weights, tiled."""
+    base = weigh_rows(load_vqa_dataset(num_rows=BASE_ROWS), get_tokenizer()).weights
+    copies = -(-rows // BASE_ROWS)
+    weights = Weights(
+        *(np.tile(a, copies)[:rows] for a in (base.lengths, base.image_counts, base.reasons))
+    )
+    start = time.perf_counter()
+    plan = plan_epoch(weights, **SETTINGS)
+    seconds = time.perf_counter() - start
+    mine = plan.for_rank(0)
+    return {
+        "plan_s": seconds,
+        "packs": len(plan.pack_starts) - 1,
+        "rank_plan_bytes_per_row": (mine.rows.nbytes + mine.pack_starts.nbytes) / rows,
+        **peak_mib(),
+    }
+
+
+def run_child(kind: str, *values) -> dict:
+    """Run child_<kind>(*values) in a fresh process; returns what it measured."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", kind, *map(json.dumps, values)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 200_000, 1_000_000])
+    parser.add_argument("--plan-rows", type=int, default=24_000_000)
+    parser.add_argument("--batches", type=int, default=150, help="batches timed per loader run")
+    parser.add_argument("--repeats", type=int, default=3, help="loader and floor runs (median)")
+    parser.add_argument("--child", nargs="+", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, *rest = args.child
+        functions = {
+            "weigh": child_weigh,
+            "start": child_start,
+            "floor": child_floor,
+            "plan": child_plan,
+        }
+        values = [json.loads(value) for value in rest]
+        print(json.dumps(functions[kind](*values)))
+        return
+
+    cores = os.cpu_count()
+    print(f"{cores} cores; every figure from a fresh process\n")
+    with tempfile.TemporaryDirectory(prefix="mmdp-bench-") as cache:
+        os.environ["MMDP_CACHE"] = cache  # the children inherit it
+        weights_dir = os.path.join(cache, "weights")
+        load_vqa_dataset(num_rows=BASE_ROWS)  # generate the embedded dataset, outside timings
+        for size in args.sizes:
+            shutil.rmtree(weights_dir, ignore_errors=True)
+            one = run_child("weigh", size, 1)
+            shutil.rmtree(weights_dir, ignore_errors=True)
+            every = run_child("weigh", size, cores)
+            run_child("start", size, 1, True)  # tokenize once for the pre-tokenized runs, untimed
+            runs, floors = {False: [], True: []}, []
+            for _ in range(args.repeats):
+                for pretokenize in (False, True):
+                    runs[pretokenize].append(run_child("start", size, args.batches, pretokenize))
+                floors.append(run_child("floor", size, runs[False][-1]["rows"]))
+            floor = statistics.median(f["samples_per_s"] for f in floors)
+            print_size(size, cores, one, every, runs, floor)
+        plan = run_child("plan", args.plan_rows)
+    print(
+        f"\nPlanning alone, {args.plan_rows:,} rows (the embedded weights tiled): "
+        f"{plan['plan_s']:.1f} s, {plan['packs']:,} packs, peak memory "
+        f"{plan['main_peak_mib']:,.0f} MiB; a rank's plan holds "
+        f"{plan['rank_plan_bytes_per_row']:.1f} bytes per row"
+    )
+
+
+def print_size(size: int, cores: int, one: dict, every: dict, runs: dict, floor: float) -> None:
+    def median(key, pretokenize=False):
+        return statistics.median(r[key] for r in runs[pretokenize])
+
+    print(f"{size:,} rows:")
+    print(
+        f"  weighing cold, 1 process: {one['cold_s']:.1f} s ({1e6 * one['cold_s'] / size:.0f} µs a row)"
+    )
+    print(
+        f"  weighing cold, {cores} processes: {every['cold_s']:.1f} s ({one['cold_s'] / every['cold_s']:.2f}x)"
+    )
+    print(f"  weighing warm (cached): {every['warm_s']:.2f} s")
+    print(f"  planning: {median('plan_s'):.2f} s")
+    print(f"  warm start to the first batch: {median('first_batch_s'):.2f} s")
+    print(f"  a worker receives {median('worker_bytes_per_row'):.1f} bytes per row")
+    print(
+        f"  peak memory: main {median('main_peak_mib'):.0f} MiB, largest worker {median('largest_child_peak_mib'):.0f} MiB"
+    )
+    for pretokenize in (False, True):
+        rate = median("samples_per_s", pretokenize)
+        name = "pre-tokenized" if pretokenize else "tokenizing each pack"
+        print(
+            f"  loader, {name}: {rate:,.0f} samples/s ({floor / rate - 1:+.1%} over the decode floor, {floor:,.0f} samples/s)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
