@@ -84,6 +84,21 @@ def test_fast_binpack_and_bfd_match_the_readable_loop_with_images():
     assert differ > 0  # the two strategies are really different
 
 
+def test_images_first_bfd_is_not_binpack():
+    # max_length 10, 2 images a pack; lengths 6, 4, 4 with 0, 2, 2 images.
+    # binpack, longest first: 6 -> A (4 tokens, 2 images left); 4 -> A (0, 0); 4 -> B
+    assert pack([6, 4, 4], 10, "binpack", [0, 2, 2], 2) == [[0, 1], [2]]
+    # images_first_bfd, image samples first: 4 -> A (6 tokens, 0 images left); 4 -> A? no images
+    # left -> B (6, 0); then the text sample 6: A and B both have 0 image slots and 6 tokens
+    # left, tie -> the lowest number, A
+    assert pack([6, 4, 4], 10, "images_first_bfd", [0, 2, 2], 2) == [[1, 0], [2]]
+    assert reference_fit_decreasing([6, 4, 4], 10, [0, 2, 2], 2, fit="images_first") == [
+        [1, 0], [2],
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="unknown fit rule"):
+        reference_fit_decreasing([6, 4, 4], 10, fit="images_first_bfd")
+
+
 def test_items_that_cannot_fit_alone_are_named_not_dropped():
     with pytest.raises(ValueError, match="item 1 .*longer than the token budget"):
         pack([3, 12, 4], 10)

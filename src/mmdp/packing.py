@@ -140,6 +140,15 @@ def check_items(lengths, max_length, image_counts, max_images):
     return lengths, images, int(max_images)
 
 
+FITS = ("first", "best", "images_first")  # the rules of binpack, bfd and images_first_bfd
+
+
+def check_fit(fit: str) -> None:
+    """An unknown rule must fail loudly, not fall back to first fit."""
+    if fit not in FITS:
+        raise ValueError(f"unknown fit rule {fit!r}; choose one of {', '.join(FITS)}")
+
+
 def pack_greedy(lengths, max_length, images, max_images) -> list[list[int]]:
     """Next fit, the blog's greedy: walk in order, start a new pack when an item does not fit."""
     packs, current, load, load_images = [], [], 0, 0
@@ -214,10 +223,11 @@ def pack_fit_decreasing(lengths, max_length, images, max_images, fit: str):
     picks for the next one until it is full (its room only shrinks), which is what lets a whole
     run be placed at once.
     """
+    check_fit(fit)
     n = len(lengths)
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    by = "size" if fit == "images_first_bfd" else "length"
+    by = "size" if fit == "images_first" else "length"
     order = decreasing_order(lengths, images, max_length, max_images, by)
     sorted_lengths, sorted_images = lengths[order], images[order]
     # the shortest item still to come, after each position (to close packs that can take none)
@@ -245,7 +255,7 @@ def pack_fit_decreasing(lengths, max_length, images, max_images, fit: str):
         candidates = np.flatnonzero(fits)  # lowest pack number first: first fit
         if fit == "best":
             candidates = candidates[np.argsort(open_room[candidates], kind="stable")]
-        elif fit == "images_first_bfd":  # np.lexsort sorts by its LAST key first
+        elif fit == "images_first":  # np.lexsort sorts by its LAST key first
             if count:
                 keys = (candidates, -open_image_room[candidates], open_room[candidates])
             else:
@@ -300,17 +310,18 @@ def reference_fit_decreasing(lengths, max_length, image_counts=None, max_images=
 
     O(n * packs): fine for a toy, far too slow for an epoch (see bench/bench_packing.py).
     """
+    check_fit(fit)
     lengths, images, max_images = check_items(lengths, max_length, image_counts, max_images)
-    by = "size" if fit == "images_first_bfd" else "length"
+    by = "size" if fit == "images_first" else "length"
     packs, room, image_room = [], [], []
     for i in decreasing_order(lengths, images, max_length, max_images, by).tolist():
         length, count = int(lengths[i]), int(images[i])
         fitting = [p for p in range(len(packs)) if room[p] >= length and image_room[p] >= count]
         if fit == "best":
             fitting.sort(key=lambda p: room[p])
-        elif fit == "images_first_bfd" and count:
+        elif fit == "images_first" and count:
             fitting.sort(key=lambda p: (room[p], -image_room[p]))
-        elif fit == "images_first_bfd":
+        elif fit == "images_first":
             fitting.sort(key=lambda p: (image_room[p], room[p]))
         if fitting:
             chosen = fitting[0]
