@@ -39,13 +39,24 @@ Every pack respects `max_length` (sum of lengths) and, when `image_counts` and `
 given, `max_images` (sum of image counts); every strategy honours both. An item that cannot fit
 even alone raises ValueError naming it: callers filter (and count) such items first.
 
-binpack, bfd and images_first_bfd run in O(n log n + G * P) with numpy, where G is the number of
-distinct (length, image count) pairs and P the number of packs still open: instead of placing
-items one by one, a run of identical items is placed at once, since first fit (and best fit)
-keeps filling the same pack with identical items until it is full. `reference_fit_decreasing` is
-the readable, item-by-item version (the blog's loop); tests check that both give identical packs.
+How binpack, bfd and images_first_bfd run fast (`pack_fit_decreasing`), with packs identical to
+those of `reference_fit_decreasing`, the readable item-by-item loop (the blog's), which the tests
+compare them to:
+1. Sort the items (`decreasing_order`) and cut them into runs of identical (length, image count)
+   items.
+2. Place a run at once: the pack the rule picks for one item stays its pick for the next one
+   until it is full (its room only shrinks), so it takes as many as fit, then the next pick does.
+3. Find the pick without scanning all open packs. First fit: the packs with room for the current
+   length wait in heaps of pack numbers, the others by room until the length comes down to it
+   (`first_fit_runs`). Best fit: packs wait grouped by state (room, image slots left), and a
+   boolean array over rooms finds the tightest room that fits in one argmax (`best_fit_runs`).
+4. Forget the packs with less room than the shortest item still to come.
+About O(n log n) in all: a million items of 1 to 32,768 tokens pack in about a second at
+max_length 32,768, a buffer of 4,096 cauldron-like items in a few ms (bench/bench_packing.py).
 """
 
+from bisect import bisect_left, insort
+from heapq import heappop, heappush
 from typing import Literal
 
 import numpy as np
@@ -212,16 +223,13 @@ def decreasing_order(lengths, images, max_length=1, max_images=0, by="length") -
 
 
 def pack_fit_decreasing(lengths, max_length, images, max_images, fit: str):
-    """First fit / best fit decreasing, placing each run of identical items at once.
+    """First fit / best fit / images_first decreasing, a run of identical items at a time.
 
     fit="first": the lowest-numbered pack with room; fit="best": the pack with the least token
     room left that still fits (ties: lowest number); fit="images_first": for a sample with
     images as best, ties to the most image room left; for a text-only sample the least image
     room left, ties to the least token room (see the module docstring). Returns (items, starts)
-    as pack_flat does.
-    Whatever the rule, a pack that takes one of a run of identical items stays the pack the rule
-    picks for the next one until it is full (its room only shrinks), which is what lets a whole
-    run be placed at once.
+    as pack_flat does, identical to `reference_fit_decreasing`.
     """
     check_fit(fit)
     n = len(lengths)
@@ -230,79 +238,284 @@ def pack_fit_decreasing(lengths, max_length, images, max_images, fit: str):
     by = "size" if fit == "images_first" else "length"
     order = decreasing_order(lengths, images, max_length, max_images, by)
     sorted_lengths, sorted_images = lengths[order], images[order]
-    # the shortest item still to come, after each position (to close packs that can take none)
-    shortest_after = np.minimum.accumulate(sorted_lengths[::-1])[::-1]
-    pack_of = np.empty(n, dtype=np.int64)  # pack number of each item, in sorted order
 
-    # The packs that may still take an item: their number and room left (tokens, images).
-    open_ids = np.empty(0, dtype=np.int64)
-    open_room = np.empty(0, dtype=np.int64)
-    open_image_room = np.empty(0, dtype=np.int64)
-    num_packs = 0
-
-    # Runs of identical (length, image count) items.
-    run_starts = np.flatnonzero(
+    # Runs of identical (length, image count) items, each with the shortest length still to come
+    # after it: a pack with less room than that is full for good and can be forgotten.
+    starts = np.flatnonzero(
         np.r_[True, (np.diff(sorted_lengths) != 0) | (np.diff(sorted_images) != 0)]
     )
-    run_ends = np.r_[run_starts[1:], n]
-    for start, end in zip(run_starts.tolist(), run_ends.tolist()):
-        length, count, todo = int(sorted_lengths[start]), int(sorted_images[start]), end - start
+    run_lengths = sorted_lengths[starts]
+    shortest_after = np.r_[np.minimum.accumulate(run_lengths[::-1])[::-1][1:], max_length + 1]
+    runs = list(
+        zip(
+            run_lengths.tolist(),
+            sorted_images[starts].tolist(),
+            np.diff(np.r_[starts, n]).tolist(),
+            shortest_after.tolist(),
+        )
+    )
+    if fit == "first":
+        packs, takes = first_fit_runs(runs, max_length, max_images)
+    else:
+        packs, takes = best_fit_runs(runs, max_length, max_images, fit)
+    # packs[k] took takes[k] items, in sorted order: repeat to get the pack of every item
+    pack_of = np.repeat(np.array(packs, dtype=np.int64), takes)
+    return group_by_pack(order, pack_of)
 
-        # 1. Which open packs fit one more item, in the order the strategy tries them.
-        fits = open_room >= length
-        if count:
-            fits &= open_image_room >= count
-        candidates = np.flatnonzero(fits)  # lowest pack number first: first fit
-        if fit == "best":
-            candidates = candidates[np.argsort(open_room[candidates], kind="stable")]
-        elif fit == "images_first":  # np.lexsort sorts by its LAST key first
-            if count:
-                keys = (candidates, -open_image_room[candidates], open_room[candidates])
-            else:
-                keys = (candidates, open_room[candidates], open_image_room[candidates])
-            candidates = candidates[np.lexsort(keys)]
 
-        # 2. Each of them takes as many of the identical items as fit, in that order: after one
-        #    item it is still the first (or the tightest) pack that fits, until it is full.
-        takes = open_room[candidates] // length
-        if count:
-            takes = np.minimum(takes, open_image_room[candidates] // count)
-        taken_before = np.cumsum(takes) - takes
-        takes = np.clip(todo - taken_before, 0, takes)
-        used = takes > 0
-        candidates, takes = candidates[used], takes[used]
-        placed = int(takes.sum())
-        pack_of[start : start + placed] = np.repeat(open_ids[candidates], takes)
-        open_room[candidates] -= takes * length
-        open_image_room[candidates] -= takes * count
+def group_by_pack(order, pack_of) -> tuple[np.ndarray, np.ndarray]:
+    """Item order[k] went into pack pack_of[k], k in placement order -> (items, starts).
 
-        # 3. The rest open new packs, each filled with as many identical items as fit.
-        left = todo - placed
-        if left:
+    Packs come by number, items within a pack in the order they were placed; numbers that got
+    no item (balanced_greedy's unused packs) are dropped.
+    """
+    by_pack = np.argsort(pack_of, kind="stable")
+    sizes = np.bincount(pack_of)
+    return order[by_pack], np.r_[0, np.cumsum(sizes[sizes > 0])]
+
+
+def first_fit_runs(runs, max_length, max_images):
+    """First fit, a run of identical items at a time: (packs, takes), pack packs[k] took takes[k].
+
+    The lowest-numbered pack that fits takes as many of the run as fit, then the next one, and so
+    on; the rest open new packs. To find that pack without scanning all open packs:
+    1. The packs with room for the current length wait in heaps of pack numbers (lowest on top),
+       one heap per number of image slots left: the first fit is the lowest top among the heaps
+       with enough slots.
+    2. The others wait by room until the length, which only decreases (binpack's order), comes
+       down to their room; then they join the heaps.
+    A pack joins the heaps at most once per item it takes: O(n log n) in all.
+    """
+    room, image_room = [], []  # left in each pack
+    heaps = {}  # image slots left -> heap of the numbers of the packs with room >= length
+    waiting = {}  # room -> numbers of the packs with that room, less than the current length
+    waiting_rooms = []  # the rooms in `waiting`, negated: a max-heap
+    packs, takes = [], []
+
+    def wait(pack, left):
+        numbers = waiting.get(left)
+        if numbers is None:
+            waiting[left] = [pack]
+            heappush(waiting_rooms, -left)
+        else:
+            numbers.append(pack)
+
+    for length, count, todo, shortest in runs:
+        # 2. the packs with room for this length join the heaps
+        while waiting_rooms and -waiting_rooms[0] >= length:
+            for pack in waiting.pop(-heappop(waiting_rooms)):
+                heappush(heaps.setdefault(image_room[pack], []), pack)
+
+        while todo:
+            # 1. the lowest-numbered pack among the heaps with enough image slots
+            best = None
+            for slots, heap in heaps.items():
+                if heap and slots >= count and (best is None or heap[0] < best[0]):
+                    best = heap
+            if best is None:
+                break
+            pack = heappop(best)
+            take = room[pack] // length
+            if count and image_room[pack] // count < take:
+                take = image_room[pack] // count
+            if take > todo:
+                take = todo
+            left = room[pack] = room[pack] - take * length
+            image_room[pack] -= take * count
+            packs.append(pack)
+            takes.append(take)
+            todo -= take
+            if left >= length:  # out of image slots, or the run is placed: still a candidate
+                heappush(heaps.setdefault(image_room[pack], []), pack)
+            elif left >= shortest:
+                wait(pack, left)
+
+        if todo:  # new packs, each with as many of the run as fit
             per_pack = max_length // length
             if count:
                 per_pack = min(per_pack, max_images // count)
-            new = -(-left // per_pack)
-            new_takes = np.full(new, per_pack, dtype=np.int64)
-            new_takes[-1] = left - per_pack * (new - 1)
-            new_ids = np.arange(num_packs, num_packs + new)
-            pack_of[start + placed : end] = np.repeat(new_ids, new_takes)
-            open_ids = np.r_[open_ids, new_ids]
-            open_room = np.r_[open_room, max_length - new_takes * length]
-            open_image_room = np.r_[open_image_room, max_images - new_takes * count]
-            num_packs += new
+            full, rest = divmod(todo, per_pack)
+            new = range(len(room), len(room) + full)
+            packs.extend(new)
+            takes.extend([per_pack] * full)
+            left, left_images = max_length - per_pack * length, max_images - per_pack * count
+            room.extend([left] * full)
+            image_room.extend([left_images] * full)
+            if left >= length:
+                # numbers above all others, appended in increasing order: still a heap
+                heaps.setdefault(left_images, []).extend(new)
+            elif left >= shortest:
+                for pack in new:
+                    wait(pack, left)
+            if rest:
+                pack = len(room)
+                packs.append(pack)
+                takes.append(rest)
+                room.append(max_length - rest * length)
+                image_room.append(max_images - rest * count)
+                heappush(heaps.setdefault(image_room[pack], []), pack)
+    return packs, takes
 
-        # Forget packs that no remaining item can fit into.
-        if end < n:
-            still_open = open_room >= shortest_after[end]
-            if not still_open.all():
-                open_ids = open_ids[still_open]
-                open_room = open_room[still_open]
-                open_image_room = open_image_room[still_open]
 
-    # Group the items by pack, keeping the order they were placed in: (items, starts).
-    by_pack = np.argsort(pack_of, kind="stable")
-    return order[by_pack], np.r_[0, np.cumsum(np.bincount(pack_of, minlength=num_packs))]
+def best_fit_runs(runs, max_length, max_images, fit):
+    """Best fit (fit="best") and images_first, a run at a time: (packs, takes) as first fit's.
+
+    Packs in the same state (room, image slots left) differ only by their number, so they wait
+    together: `group[room, slots]` lists their numbers, lowest first. The rule picks a state;
+    its lowest-numbered packs take as many of the run as fit (each as many: same state) and leave
+    it with less room than the run's length, or too few image slots, so the search for the next
+    state goes on from the same room. To find the state without scanning all open packs:
+    1. bfd, and images_first for samples with images, want the tightest room >= length among the
+       packs with enough image slots. `rows[c]` is a boolean array over rooms, True where a pack
+       has that room and >= c image slots (c: an image count some item has), so the tightest room
+       is one argmax away. In that room images_first takes the state with the most image slots;
+       bfd the lowest-numbered pack over the states with enough slots.
+    2. images_first, for the text-only samples (they come last): the fewest image slots first,
+       then the tightest room. `levels[slots]` is a boolean array over the rooms of the packs
+       with that many image slots left; `slot_counts` lists those numbers in increasing order.
+    Memory: one boolean array of max_length + 2 per image count (1.) or per level (2.).
+    """
+    group = {}  # (room, image slots left) -> numbers of the packs in that state, lowest first
+    packs, takes = [], []
+    opened = 0  # packs opened so far
+
+    def join(state, numbers):  # keep the state's numbers in increasing order
+        in_order = numbers[0] > state[-1]
+        state.extend(numbers)
+        if not in_order:
+            state.sort()
+
+    # 1. rows[c][room]; the extra last entry (a room larger than max_length) is always True, so
+    #    that argmax stops there when no room fits
+    rows = {c: np.zeros(max_length + 2, dtype=bool) for c in {0, *(run[1] for run in runs)}}
+    for line in rows.values():
+        line[-1] = True
+    slots_in_row = {}  # room -> image slots of the states with that room, in increasing order
+
+    def show_row(room):  # the most image slots in this room changed
+        slots = slots_in_row.get(room)
+        most = slots[-1] if slots else -1
+        for c, line in rows.items():
+            line[room] = most >= c
+
+    def add_to_rows(room, slots, numbers):
+        state = group.get((room, slots))
+        if state is not None:
+            return join(state, numbers)
+        group[room, slots] = numbers
+        row = slots_in_row.setdefault(room, [])
+        insort(row, slots)
+        if row[-1] == slots:
+            show_row(room)
+
+    # 2. levels[slots][room]; most_room[slots] is at least the largest room there (an upper
+    #    bound: lowered when a search finds nothing, raised when a pack arrives)
+    levels, most_room, slot_counts = {}, {}, []
+
+    def add_to_levels(room, slots, numbers):
+        state = group.get((room, slots))
+        if state is not None:
+            return join(state, numbers)
+        group[room, slots] = numbers
+        show_level(room, slots)
+
+    def show_level(room, slots):
+        if slots not in levels:
+            levels[slots] = np.zeros(max_length + 2, dtype=bool)
+            levels[slots][-1] = True
+            most_room[slots] = room
+            insort(slot_counts, slots)
+        levels[slots][room] = True
+        most_room[slots] = max(most_room[slots], room)
+
+    by_rows, add = True, add_to_rows
+    for length, count, todo, shortest in runs:
+        if by_rows and fit == "images_first" and count == 0:
+            # 2. the text-only samples: from now on, search by image slots first
+            by_rows, add = False, add_to_levels
+            for room, slots in group:
+                show_level(room, slots)
+
+        room = length
+        while todo:
+            # Find the state to take packs from, and how many of its packs come first.
+            if by_rows:
+                room += rows[count][room:].argmax()
+                if room > max_length:
+                    break
+                row = slots_in_row[room]
+                if fit == "images_first":
+                    slots = row[-1]
+                    state = group[room, slots]
+                    first = len(state)
+                else:  # bfd: the lowest number among the states with enough image slots
+                    i = bisect_left(row, count)
+                    slots = row[i]
+                    state = group[room, slots]
+                    first = len(state)
+                    if i < len(row) - 1:  # several states: merge them by number
+                        heads = sorted((group[room, s][0], s) for s in row[i:])
+                        slots = heads[0][1]
+                        state = group[room, slots]
+                        first = bisect_left(state, heads[1][0])
+            else:
+                for slots in slot_counts:
+                    if most_room[slots] >= length:
+                        room = length + levels[slots][length:].argmax()
+                        if room <= max_length:
+                            break
+                        most_room[slots] = length - 1
+                else:
+                    break
+                state = group[room, slots]
+                first = len(state)
+
+            # Its first packs each take as many items as fit: full ones move to their new state.
+            per_pack = room // length
+            if count and slots // count < per_pack:
+                per_pack = slots // count
+            use = min(first, -(-todo // per_pack))
+            numbers = state[:use]
+            del state[:use]
+            if not state:
+                del group[room, slots]
+                if by_rows:
+                    row.remove(slots)
+                    if not row:
+                        del slots_in_row[room]
+                    if not row or row[-1] < slots:
+                        show_row(room)
+                else:
+                    levels[slots][room] = False
+            full = min(use, todo // per_pack)
+            packs.extend(numbers)
+            takes.extend([per_pack] * full)
+            todo -= full * per_pack
+            left = room - per_pack * length
+            if full and left >= shortest:
+                add(left, slots - per_pack * count, numbers[:full])
+            if full < use:  # the last pack takes the rest of the run
+                takes.append(todo)
+                add(room - todo * length, slots - todo * count, numbers[-1:])
+                todo = 0
+
+        if todo:  # new packs, each with as many of the run as fit
+            per_pack = max_length // length
+            if count:
+                per_pack = min(per_pack, max_images // count)
+            full, rest = divmod(todo, per_pack)
+            packs.extend(range(opened, opened + full))
+            takes.extend([per_pack] * full)
+            left = max_length - per_pack * length
+            if full and left >= shortest:
+                add(left, max_images - per_pack * count, list(range(opened, opened + full)))
+            opened += full
+            if rest:
+                packs.append(opened)
+                takes.append(rest)
+                add(max_length - rest * length, max_images - rest * count, [opened])
+                opened += 1
+    return packs, takes
 
 
 def reference_fit_decreasing(lengths, max_length, image_counts=None, max_images=None, fit="first"):
