@@ -10,6 +10,7 @@ from mmdp.packing import (
     pack,
     pack_flat,
     pack_loads,
+    reference_balanced_greedy,
     reference_fit_decreasing,
 )
 
@@ -164,6 +165,9 @@ def assert_fast_packers_match_the_readable_ones(lengths, max_length, images, max
         assert pack(lengths, max_length, strategy, images, max_images) == reference_fit_decreasing(
             lengths, max_length, images, max_images, fit=fit
         )
+    assert pack(
+        lengths, max_length, "balanced_greedy", images, max_images
+    ) == reference_balanced_greedy(lengths, max_length, images, max_images)
 
 
 @settings(max_examples=100, deadline=None)

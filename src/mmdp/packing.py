@@ -53,6 +53,8 @@ compare them to:
 4. Forget the packs with less room than the shortest item still to come.
 About O(n log n) in all: a million items of 1 to 32,768 tokens pack in about a second at
 max_length 32,768, a buffer of 4,096 cauldron-like items in a few ms (bench/bench_packing.py).
+balanced_greedy likewise: `pack_balanced_greedy` keeps the packs in heaps by load,
+`reference_balanced_greedy` is the blog's loop.
 """
 
 from bisect import bisect_left, insort
@@ -108,7 +110,7 @@ def pack_flat(
     if strategy == "images_first_bfd":
         return pack_fit_decreasing(lengths, max_length, images, max_images, fit="images_first")
     if strategy == "balanced_greedy":
-        return flatten(pack_balanced_greedy(lengths, max_length, images, max_images))
+        return pack_balanced_greedy(lengths, max_length, images, max_images)
     raise ValueError(
         f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
     )
@@ -175,26 +177,62 @@ def pack_greedy(lengths, max_length, images, max_images) -> list[list[int]]:
     return packs
 
 
-def pack_balanced_greedy(lengths, max_length, images, max_images) -> list[list[int]]:
-    """The blog's balanced greedy knapsack (after Eagle 2), item by item as the blog's code does it.
+def pack_balanced_greedy(lengths, max_length, images, max_images):
+    """The blog's balanced greedy knapsack (after Eagle 2), fast; returns (items, starts).
 
     1. Open ceil(total length / max_length) + BALANCED_GREEDY_EXTRA_PACKS empty packs.
     2. Take the items longest first (ties: lowest index); put each into the LEAST loaded pack
        (fewest tokens, ties: lowest number) that fits it under both budgets.
     3. Open a new pack when none fits. At the end, drop the packs left empty.
     Spreading the items keeps the packs' loads even (the "balanced"), at the price of more packs
-    than binpack or bfd (bench/bench_packing.py). O(n * P log P): fine for a buffer of a few
-    thousand items.
+    than binpack or bfd (bench/bench_packing.py).
+    Step 2 without sorting the packs for every item (the blog's loop, `reference_balanced_greedy`):
+    a less loaded pack has more room, so if the least loaded pack with enough image slots cannot
+    take the item, no pack can. The packs wait in heaps of (load, number), one heap per image
+    count they hold: the least loaded candidate is the lowest top among the heaps whose image
+    count leaves room for the item's images. O(n log P) when images do not vary much.
     """
+    n = len(lengths)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    opened = lower_bound(lengths, max_length) + BALANCED_GREEDY_EXTRA_PACKS
+    heaps = {0: [(0, pack) for pack in range(opened)]}  # images held -> heap of (load, number)
+    order = np.lexsort((np.arange(n), -lengths))
+    pack_of = []
+    for length, count in zip(lengths[order].tolist(), images[order].tolist()):
+        best, held = None, 0
+        for used, heap in heaps.items():
+            if heap and used + count <= max_images and (best is None or heap[0] < best[0]):
+                best, held = heap, used
+        if best is not None and best[0][0] + length <= max_length:
+            load, pack = heappop(best)
+        else:  # no pack fits: a new, empty one
+            load, pack, held = 0, opened, 0
+            opened += 1
+        heappush(heaps.setdefault(held + count, []), (load + length, pack))
+        pack_of.append(pack)
+    return group_by_pack(order, np.array(pack_of, dtype=np.int64))
+
+
+def reference_balanced_greedy(lengths, max_length, image_counts=None, max_images=None):
+    """`pack_balanced_greedy` as the blog's code does it, item by item, for reading and tests.
+
+    For every item, sort the packs by load (fewest tokens first, ties: lowest number) and take
+    the first that fits: O(n * P log P).
+    """
+    lengths, images, max_images = check_items(lengths, max_length, image_counts, max_images)
     if len(lengths) == 0:
         return []
     count = lower_bound(lengths, max_length) + BALANCED_GREEDY_EXTRA_PACKS
     packs = [[] for _ in range(count)]
     load, load_images = [0] * count, [0] * count
     for i in np.lexsort((np.arange(len(lengths)), -lengths)).tolist():
-        length, count = int(lengths[i]), int(images[i])
+        length, image_count = int(lengths[i]), int(images[i])
         for chosen in sorted(range(len(packs)), key=load.__getitem__):
-            if load[chosen] + length <= max_length and load_images[chosen] + count <= max_images:
+            if (
+                load[chosen] + length <= max_length
+                and load_images[chosen] + image_count <= max_images
+            ):
                 break
         else:
             packs.append([])
@@ -203,7 +241,7 @@ def pack_balanced_greedy(lengths, max_length, images, max_images) -> list[list[i
             chosen = len(packs) - 1
         packs[chosen].append(i)
         load[chosen] += length
-        load_images[chosen] += count
+        load_images[chosen] += image_count
     return [items for items in packs if items]
 
 
