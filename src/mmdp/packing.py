@@ -49,7 +49,7 @@ compare them to:
 3. Find the pick without scanning all open packs. First fit: the packs with room for the current
    length wait in heaps of pack numbers, the others by room until the length comes down to it
    (`first_fit_runs`). Best fit: packs wait grouped by state (room, image slots left), and a
-   boolean array over rooms finds the tightest room that fits in one argmax (`best_fit_runs`).
+   bytearray over rooms finds the tightest room that fits in one C scan (`best_fit_runs`).
 4. Forget the packs with less room than the shortest item still to come.
 About O(n log n) in all: a million items of 1 to 32,768 tokens pack in about a second at
 max_length 32,768, a buffer of 4,096 cauldron-like items in a few ms (bench/bench_packing.py).
@@ -404,14 +404,14 @@ def best_fit_runs(runs, max_length, max_images, fit):
     it with less room than the run's length, or too few image slots, so the search for the next
     state goes on from the same room. To find the state without scanning all open packs:
     1. bfd, and images_first for samples with images, want the tightest room >= length among the
-       packs with enough image slots. `rows[c]` is a boolean array over rooms, True where a pack
-       has that room and >= c image slots (c: an image count some item has), so the tightest room
-       is one argmax away. In that room images_first takes the state with the most image slots;
-       bfd the lowest-numbered pack over the states with enough slots.
+       packs with enough image slots. `rows[c]` is a bytearray over rooms, 1 where a pack has
+       that room and >= c image slots (c: an image count some item has), so the tightest room is
+       rows[c].find(1, length), a C scan. In that room images_first takes the state with the
+       most image slots; bfd the lowest-numbered pack over the states with enough slots.
     2. images_first, for the text-only samples (they come last): the fewest image slots first,
-       then the tightest room. `levels[slots]` is a boolean array over the rooms of the packs
-       with that many image slots left; `slot_counts` lists those numbers in increasing order.
-    Memory: one boolean array of max_length + 2 per image count (1.) or per level (2.).
+       then the tightest room. `levels[slots]` is a bytearray over the rooms of the packs with
+       that many image slots left; `slot_counts` lists those numbers in increasing order.
+    Memory: max_length + 1 bytes per image count (1.) or per number of image slots (2.).
     """
     group = {}  # (room, image slots left) -> numbers of the packs in that state, lowest first
     packs, takes = [], []
@@ -423,11 +423,8 @@ def best_fit_runs(runs, max_length, max_images, fit):
         if not in_order:
             state.sort()
 
-    # 1. rows[c][room]; the extra last entry (a room larger than max_length) is always True, so
-    #    that argmax stops there when no room fits
-    rows = {c: np.zeros(max_length + 2, dtype=bool) for c in {0, *(run[1] for run in runs)}}
-    for line in rows.values():
-        line[-1] = True
+    # 1. rows[c][room]
+    rows = {c: bytearray(max_length + 1) for c in {0, *(run[1] for run in runs)}}
     slots_in_row = {}  # room -> image slots of the states with that room, in increasing order
 
     def show_row(room):  # the most image slots in this room changed
@@ -447,7 +444,7 @@ def best_fit_runs(runs, max_length, max_images, fit):
             show_row(room)
 
     # 2. levels[slots][room]; most_room[slots] is at least the largest room there (an upper
-    #    bound: lowered when a search finds nothing, raised when a pack arrives)
+    #    bound: lowered when a search finds nothing, raised when a pack arrives), to skip levels
     levels, most_room, slot_counts = {}, {}, []
 
     def add_to_levels(room, slots, numbers):
@@ -459,11 +456,10 @@ def best_fit_runs(runs, max_length, max_images, fit):
 
     def show_level(room, slots):
         if slots not in levels:
-            levels[slots] = np.zeros(max_length + 2, dtype=bool)
-            levels[slots][-1] = True
+            levels[slots] = bytearray(max_length + 1)
             most_room[slots] = room
             insort(slot_counts, slots)
-        levels[slots][room] = True
+        levels[slots][room] = 1
         most_room[slots] = max(most_room[slots], room)
 
     by_rows, add = True, add_to_rows
@@ -478,8 +474,8 @@ def best_fit_runs(runs, max_length, max_images, fit):
         while todo:
             # Find the state to take packs from, and how many of its packs come first.
             if by_rows:
-                room += rows[count][room:].argmax()
-                if room > max_length:
+                room = rows[count].find(1, room)
+                if room < 0:
                     break
                 row = slots_in_row[room]
                 if fit == "images_first":
@@ -499,8 +495,8 @@ def best_fit_runs(runs, max_length, max_images, fit):
             else:
                 for slots in slot_counts:
                     if most_room[slots] >= length:
-                        room = length + levels[slots][length:].argmax()
-                        if room <= max_length:
+                        room = levels[slots].find(1, length)
+                        if room >= 0:
                             break
                         most_room[slots] = length - 1
                 else:
@@ -524,7 +520,7 @@ def best_fit_runs(runs, max_length, max_images, fit):
                     if not row or row[-1] < slots:
                         show_row(room)
                 else:
-                    levels[slots][room] = False
+                    levels[slots][room] = 0
             full = min(use, todo // per_pack)
             packs.extend(numbers)
             takes.extend([per_pack] * full)
