@@ -197,7 +197,7 @@ def pack_balanced_greedy(lengths, max_length, images, max_images):
         return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
     opened = lower_bound(lengths, max_length) + BALANCED_GREEDY_EXTRA_PACKS
     heaps = {0: [(0, pack) for pack in range(opened)]}  # images held -> heap of (load, number)
-    order = np.lexsort((np.arange(n), -lengths))
+    order = np.argsort(-lengths, kind="stable")  # longest first, ties by index
     pack_of = []
     for length, count in zip(lengths[order].tolist(), images[order].tolist()):
         best, held = None, 0
@@ -253,11 +253,12 @@ def decreasing_order(lengths, images, max_length=1, max_images=0, by="length") -
     budgets first, length/max_length + images/max_images (computed in integers as
     length * max_images + images * max_length): the images_first_bfd order.
     """
-    index = np.arange(len(lengths))
+    # np.lexsort sorts by its LAST key first, and is stable: full ties stay in index order
     if by == "length":
-        return np.lexsort((index, -images, -lengths))
+        return np.lexsort((-images, -lengths))
     size = lengths * max_images + images * max_length
-    return np.lexsort((index, -images, -lengths, -size, images == 0))
+    # (equal size and length imply equal images: no key needed for them)
+    return np.lexsort((-lengths, -size, images == 0))
 
 
 def pack_fit_decreasing(lengths, max_length, images, max_images, fit: str):
@@ -427,10 +428,10 @@ def best_fit_runs(runs, max_length, max_images, fit):
     rows = {c: bytearray(max_length + 1) for c in {0, *(run[1] for run in runs)}}
     slots_in_row = {}  # room -> image slots of the states with that room, in increasing order
 
-    def show_row(room):  # the most image slots in this room changed
-        slots = slots_in_row.get(room)
-        most = slots[-1] if slots else -1
-        for c, line in rows.items():
+    row_lines = list(rows.items())
+
+    def show_row(room, most):  # the most image slots in this room changed (-1: no pack left)
+        for c, line in row_lines:
             line[room] = most >= c
 
     def add_to_rows(room, slots, numbers):
@@ -441,7 +442,7 @@ def best_fit_runs(runs, max_length, max_images, fit):
         row = slots_in_row.setdefault(room, [])
         insort(row, slots)
         if row[-1] == slots:
-            show_row(room)
+            show_row(room, slots)
 
     # 2. levels[slots][room]; most_room[slots] is at least the largest room there (an upper
     #    bound: lowered when a search finds nothing, raised when a pack arrives), to skip levels
@@ -518,7 +519,7 @@ def best_fit_runs(runs, max_length, max_images, fit):
                     if not row:
                         del slots_in_row[room]
                     if not row or row[-1] < slots:
-                        show_row(room)
+                        show_row(room, row[-1] if row else -1)
                 else:
                     levels[slots][room] = 0
             full = min(use, todo // per_pack)
