@@ -177,7 +177,7 @@ def pack_greedy(lengths, max_length, images, max_images) -> list[list[int]]:
     return packs
 
 
-def pack_balanced_greedy(lengths, max_length, images, max_images):
+def pack_balanced_greedy(lengths, max_length, images, max_images) -> tuple[np.ndarray, np.ndarray]:
     """The blog's balanced greedy knapsack (after Eagle 2), fast; returns (items, starts).
 
     1. Open ceil(total length / max_length) + BALANCED_GREEDY_EXTRA_PACKS empty packs.
@@ -188,33 +188,41 @@ def pack_balanced_greedy(lengths, max_length, images, max_images):
     than binpack or bfd (bench/bench_packing.py).
     Step 2 without sorting the packs for every item (the blog's loop, `reference_balanced_greedy`):
     a less loaded pack has more room, so if the least loaded pack with enough image slots cannot
-    take the item, no pack can. The packs wait in heaps of (load, number), one heap per image
-    count they hold: the least loaded candidate is the lowest top among the heaps whose image
-    count leaves room for the item's images. O(n log P) when images do not vary much.
+    take the item, no pack can. The packs wait in heaps of (load, number), one heap per number
+    of image slots left: the least loaded candidate is the lowest top among the heaps with enough
+    slots for the item's images. Slots beyond the most images any item has make no difference, so
+    they count as that many: at most that many + 1 heaps to look at. O(n log P).
     """
     n = len(lengths)
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
     opened = lower_bound(lengths, max_length) + BALANCED_GREEDY_EXTRA_PACKS
-    heaps = {0: [(0, pack) for pack in range(opened)]}  # images held -> heap of (load, number)
+    most = int(images.max())  # the most images an item has
+    slots = [max_images] * opened  # image slots left in each pack
+    # image slots left (counted up to `most`) -> heap of (load, number)
+    heaps = {min(max_images, most): [(0, pack) for pack in range(opened)]}
     order = np.argsort(-lengths, kind="stable")  # longest first, ties by index
     pack_of = []
     for length, count in zip(lengths[order].tolist(), images[order].tolist()):
-        best, held = None, 0
-        for used, heap in heaps.items():
-            if heap and used + count <= max_images and (best is None or heap[0] < best[0]):
-                best, held = heap, used
+        best = None
+        for free, heap in heaps.items():
+            if heap and free >= count and (best is None or heap[0] < best[0]):
+                best = heap
         if best is not None and best[0][0] + length <= max_length:
             load, pack = heappop(best)
         else:  # no pack fits: a new, empty one
-            load, pack, held = 0, opened, 0
+            load, pack = 0, opened
             opened += 1
-        heappush(heaps.setdefault(held + count, []), (load + length, pack))
+            slots.append(max_images)
+        slots[pack] -= count
+        heappush(heaps.setdefault(min(slots[pack], most), []), (load + length, pack))
         pack_of.append(pack)
     return group_by_pack(order, np.array(pack_of, dtype=np.int64))
 
 
-def reference_balanced_greedy(lengths, max_length, image_counts=None, max_images=None):
+def reference_balanced_greedy(
+    lengths, max_length: int, image_counts=None, max_images: int | None = None
+) -> list[list[int]]:
     """`pack_balanced_greedy` as the blog's code does it, item by item, for reading and tests.
 
     For every item, sort the packs by load (fewest tokens first, ties: lowest number) and take
@@ -261,7 +269,9 @@ def decreasing_order(lengths, images, max_length=1, max_images=0, by="length") -
     return np.lexsort((-lengths, -size, images == 0))
 
 
-def pack_fit_decreasing(lengths, max_length, images, max_images, fit: str):
+def pack_fit_decreasing(
+    lengths, max_length, images, max_images, fit: str
+) -> tuple[np.ndarray, np.ndarray]:
     """First fit / best fit / images_first decreasing, a run of identical items at a time.
 
     fit="first": the lowest-numbered pack with room; fit="best": the pack with the least token
@@ -313,20 +323,22 @@ def group_by_pack(order, pack_of) -> tuple[np.ndarray, np.ndarray]:
     return order[by_pack], np.r_[0, np.cumsum(sizes[sizes > 0])]
 
 
-def first_fit_runs(runs, max_length, max_images):
+def first_fit_runs(runs, max_length, max_images) -> tuple[list[int], list[int]]:
     """First fit, a run of identical items at a time: (packs, takes), pack packs[k] took takes[k].
 
     The lowest-numbered pack that fits takes as many of the run as fit, then the next one, and so
     on; the rest open new packs. To find that pack without scanning all open packs:
     1. The packs with room for the current length wait in heaps of pack numbers (lowest on top),
-       one heap per number of image slots left: the first fit is the lowest top among the heaps
-       with enough slots.
+       one heap per number of image slots left (counted up to the most images an item has: more
+       make no difference): the first fit is the lowest top among the heaps with enough slots.
     2. The others wait by room until the length, which only decreases (binpack's order), comes
        down to their room; then they join the heaps.
-    A pack joins the heaps at most once per item it takes: O(n log n) in all.
+    A pack joins the heaps at most once per item it takes: O(n log n) in all (times the number of
+    heaps looked at per pick: at most the most images an item has + 1).
     """
     room, image_room = [], []  # left in each pack
-    heaps = {}  # image slots left -> heap of the numbers of the packs with room >= length
+    most = max(run[1] for run in runs)  # the most images an item has
+    heaps = {}  # image slots left (up to `most`) -> heap of numbers of packs with room >= length
     waiting = {}  # room -> numbers of the packs with that room, less than the current length
     waiting_rooms = []  # the rooms in `waiting`, negated: a max-heap
     packs, takes = [], []
@@ -343,7 +355,7 @@ def first_fit_runs(runs, max_length, max_images):
         # 2. the packs with room for this length join the heaps
         while waiting_rooms and -waiting_rooms[0] >= length:
             for pack in waiting.pop(-heappop(waiting_rooms)):
-                heappush(heaps.setdefault(image_room[pack], []), pack)
+                heappush(heaps.setdefault(min(image_room[pack], most), []), pack)
 
         while todo:
             # 1. the lowest-numbered pack among the heaps with enough image slots
@@ -365,7 +377,7 @@ def first_fit_runs(runs, max_length, max_images):
             takes.append(take)
             todo -= take
             if left >= length:  # out of image slots, or the run is placed: still a candidate
-                heappush(heaps.setdefault(image_room[pack], []), pack)
+                heappush(heaps.setdefault(min(image_room[pack], most), []), pack)
             elif left >= shortest:
                 wait(pack, left)
 
@@ -382,7 +394,7 @@ def first_fit_runs(runs, max_length, max_images):
             image_room.extend([left_images] * full)
             if left >= length:
                 # numbers above all others, appended in increasing order: still a heap
-                heaps.setdefault(left_images, []).extend(new)
+                heaps.setdefault(min(left_images, most), []).extend(new)
             elif left >= shortest:
                 for pack in new:
                     wait(pack, left)
@@ -392,11 +404,11 @@ def first_fit_runs(runs, max_length, max_images):
                 takes.append(rest)
                 room.append(max_length - rest * length)
                 image_room.append(max_images - rest * count)
-                heappush(heaps.setdefault(image_room[pack], []), pack)
+                heappush(heaps.setdefault(min(image_room[pack], most), []), pack)
     return packs, takes
 
 
-def best_fit_runs(runs, max_length, max_images, fit):
+def best_fit_runs(runs, max_length, max_images, fit) -> tuple[list[int], list[int]]:
     """Best fit (fit="best") and images_first, a run at a time: (packs, takes) as first fit's.
 
     Packs in the same state (room, image slots left) differ only by their number, so they wait
