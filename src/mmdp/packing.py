@@ -417,9 +417,9 @@ def best_fit_runs(runs, max_length, max_images, fit) -> tuple[list[int], list[in
     it with less room than the run's length, or too few image slots, so the search for the next
     state goes on from the same room. To find the state without scanning all open packs:
     1. bfd, and images_first for samples with images, want the tightest room >= length among the
-       packs with enough image slots. `rows[c]` is a bytearray over rooms, 1 where a pack has
-       that room and >= c image slots (c: an image count some item has), so the tightest room is
-       rows[c].find(1, length), a C scan. In that room images_first takes the state with the
+       packs with enough image slots. `rooms_with[c]` is a bytearray over rooms, 1 where a pack
+       has that room and >= c image slots (c: an image count some item has), so the tightest room
+       is rooms_with[c].find(1, length), a C scan. In that room images_first takes the state with the
        most image slots; bfd the lowest-numbered pack over the states with enough slots.
     2. images_first, for the text-only samples (they come last): the fewest image slots first,
        then the tightest room. `levels[slots]` is a bytearray over the rooms of the packs with
@@ -436,38 +436,36 @@ def best_fit_runs(runs, max_length, max_images, fit) -> tuple[list[int], list[in
         if not in_order:
             state.sort()
 
-    # 1. rows[c][room]
-    rows = {c: bytearray(max_length + 1) for c in {0, *(run[1] for run in runs)}}
-    slots_in_row = {}  # room -> image slots of the states with that room, in increasing order
+    # 1. rooms_with[c][room]
+    rooms_with = {c: bytearray(max_length + 1) for c in {0, *(run[1] for run in runs)}}
+    slots_at = {}  # room -> image slots of the states with that room, in increasing order
 
-    row_lines = list(rows.items())
-
-    def show_row(room, most):  # the most image slots in this room changed (-1: no pack left)
-        for c, line in row_lines:
+    def mark_room(room, most):  # the most image slots at this room changed (-1: no pack left)
+        for c, line in rooms_with.items():
             line[room] = most >= c
 
-    def add_to_rows(room, slots, numbers):
+    def add_by_room(room, slots, numbers):
         state = group.get((room, slots))
         if state is not None:
             return join(state, numbers)
         group[room, slots] = numbers
-        row = slots_in_row.setdefault(room, [])
-        insort(row, slots)
-        if row[-1] == slots:
-            show_row(room, slots)
+        here = slots_at.setdefault(room, [])
+        insort(here, slots)
+        if here[-1] == slots:
+            mark_room(room, slots)
 
     # 2. levels[slots][room]; most_room[slots] is at least the largest room there (an upper
     #    bound: lowered when a search finds nothing, raised when a pack arrives), to skip levels
     levels, most_room, slot_counts = {}, {}, []
 
-    def add_to_levels(room, slots, numbers):
+    def add_by_slots(room, slots, numbers):
         state = group.get((room, slots))
         if state is not None:
             return join(state, numbers)
         group[room, slots] = numbers
-        show_level(room, slots)
+        mark_level(room, slots)
 
-    def show_level(room, slots):
+    def mark_level(room, slots):
         if slots not in levels:
             levels[slots] = bytearray(max_length + 1)
             most_room[slots] = room
@@ -475,33 +473,34 @@ def best_fit_runs(runs, max_length, max_images, fit) -> tuple[list[int], list[in
         levels[slots][room] = 1
         most_room[slots] = max(most_room[slots], room)
 
-    by_rows, add = True, add_to_rows
+    most_slots_first = fit == "images_first"
+    by_room, add = True, add_by_room
     for length, count, todo, shortest in runs:
-        if by_rows and fit == "images_first" and count == 0:
+        if by_room and most_slots_first and count == 0:
             # 2. the text-only samples: from now on, search by image slots first
-            by_rows, add = False, add_to_levels
+            by_room, add = False, add_by_slots
             for room, slots in group:
-                show_level(room, slots)
+                mark_level(room, slots)
 
-        room = length
+        room, rooms = length, rooms_with[count]
         while todo:
             # Find the state to take packs from, and how many of its packs come first.
-            if by_rows:
-                room = rows[count].find(1, room)
+            if by_room:
+                room = rooms.find(1, room)
                 if room < 0:
                     break
-                row = slots_in_row[room]
-                if fit == "images_first":
-                    slots = row[-1]
+                here = slots_at[room]
+                if most_slots_first:
+                    slots = here[-1]
                     state = group[room, slots]
                     first = len(state)
                 else:  # bfd: the lowest number among the states with enough image slots
-                    i = bisect_left(row, count)
-                    slots = row[i]
+                    i = bisect_left(here, count)
+                    slots = here[i]
                     state = group[room, slots]
                     first = len(state)
-                    if i < len(row) - 1:  # several states: merge them by number
-                        heads = sorted((group[room, s][0], s) for s in row[i:])
+                    if i < len(here) - 1:  # several states: merge them by number
+                        heads = sorted((group[room, s][0], s) for s in here[i:])
                         slots = heads[0][1]
                         state = group[room, slots]
                         first = bisect_left(state, heads[1][0])
@@ -526,12 +525,12 @@ def best_fit_runs(runs, max_length, max_images, fit) -> tuple[list[int], list[in
             del state[:use]
             if not state:
                 del group[room, slots]
-                if by_rows:
-                    row.remove(slots)
-                    if not row:
-                        del slots_in_row[room]
-                    if not row or row[-1] < slots:
-                        show_row(room, row[-1] if row else -1)
+                if by_room:
+                    here.remove(slots)
+                    if not here:
+                        del slots_at[room]
+                    if not here or here[-1] < slots:
+                        mark_room(room, here[-1] if here else -1)
                 else:
                     levels[slots][room] = 0
             full = min(use, todo // per_pack)
