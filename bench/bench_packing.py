@@ -1,6 +1,6 @@
 """Benchmark mmdp's packers against the packers people use, side by side, in one run.
 
-    uv run --group bench bench/bench_packing.py                  # everything (about 6 minutes)
+    uv run --group bench bench/bench_packing.py                  # everything (about 4 minutes)
     uv run --group bench bench/bench_packing.py --quick          # smaller sizes (about 1 minute)
     uv run bench/bench_packing.py --skip-peers                   # mmdp only, no bench group
     uv run bench/bench_packing.py --skip-peers --tables 2 3      # worst case and per buffer only
