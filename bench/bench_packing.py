@@ -1,41 +1,67 @@
 """Benchmark mmdp's packers against the packers people use, side by side, in one run.
 
-    uv run --group bench bench/bench_packing.py                 # 393,230 items (about 3 minutes)
-    uv run --group bench bench/bench_packing.py --items 50000   # quicker
+    uv run --group bench bench/bench_packing.py                  # everything (about 4 minutes)
+    uv run --group bench bench/bench_packing.py --quick          # smaller sizes (about 1 minute)
+    uv run bench/bench_packing.py --skip-peers                   # mmdp only, no bench group
+    uv run bench/bench_packing.py --skip-peers --tables 2 3      # worst case and per buffer only
+    uv run --group bench bench/bench_packing.py --before REV     # also mmdp as of git REV
 
-Items are a cauldron-like mix (64 tokens per image, 0-3 images, long-tailed text; see
-`cauldron_like_items`), 393,230 of them by default: the dataset size in ms-swift's published
-packing log. At each capacity (512, 2048, 10,240 tokens) every packer gets the same items (the
-few longer than the capacity are removed first and counted), and the table reports:
+Three tables, every packer in each getting the same items:
 
-- median seconds over --repeats runs;
-- packs, and how many more than the lower bound ceil(total tokens / capacity);
-- the share of packs over the image budget (9 images per 2,048 tokens, scaled with capacity).
+1. Cauldron-like mix (64 tokens per image, 0-3 images, long-tailed text; see
+   `cauldron_like_items`), --items of them (393,230 by default: the dataset size in ms-swift's
+   published packing log), at max_length 512, 2,048 and 10,240 tokens (the few items longer than
+   max_length are removed first and counted). For each packer: median seconds over --repeats
+   runs; packs, and how many more than the lower bound ceil(total tokens / max_length); the share
+   of packs over the image budget (9 images per 2,048 tokens, scaled with max_length); the spread
+   of images per pack.
+2. Worst case: --worst-items items (1,000,000 by default), lengths uniform in 1..32,768, at
+   max_length 32,768, no images: so many distinct lengths, and so many packs open at once, that
+   packers which scan the open packs for every item (or every run of identical items) crawl.
+   mmdp's binpack, bfd and images_first_bfd pack them all; the readable reference loop (checked
+   to give the same packs) and `binpacking` only the first --reference-items items, and the
+   table extrapolates their time to all items (both are O(n * packs), packs ~ n: n^2).
+3. Per buffer: the planner packs a dataset one buffer of --buffer-size rows (4,096) at a time,
+   ~5,900 `pack_flat` calls for 24M rows. Median milliseconds of one call, over --buffers
+   consecutive cauldron-like buffers, at max_length 512 with 18 images and 2,048 with 9, and what
+   5,900 calls add up to.
 
-Peers:
+Peers (table 1; `binpacking` also in table 2):
 - TRL's BFD (`trl.data_utils.pack_dataset(..., strategy="bfd")`), on a `datasets.Dataset` of
   input_ids; it ignores images;
 - the PyPI package `binpacking` (`to_constant_volume`, what ms-swift uses), which scans every bin
   for every item: too slow for the whole list, so it runs on --binpacking-items items and the
   table gives its time there;
-- the blog's balanced greedy knapsack (nanoVLM's `_balanced_greedy_knapsack`, re-written here from
-  its description): start with ceil(sum/capacity) packs, put each item (longest first) into the
-  least-loaded pack that fits, applied per buffer of --buffer-size items, as the blog does.
+- the blog's balanced greedy knapsack (nanoVLM's `_balanced_greedy_knapsack`), which is mmdp's
+  `balanced_greedy` (ceil(total / max_length) + 5 packs, each item longest first into the least
+  loaded pack that fits), applied per buffer of --blog-buffer items (2,048), as the blog does.
+
+--before REV loads src/mmdp/packing.py as it was at git revision REV and times its packers next
+to today's, in the same run: the "before" and "speed-up" columns (and whether the packs are the
+same). The machine may be shared: compare ratios from one run, not times across runs.
 """
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
+import types
+from pathlib import Path
 
 import numpy as np
 
-from mmdp.packing import lower_bound, pack
+from mmdp import packing
+from mmdp.packing import lower_bound, pack, pack_flat, reference_fit_decreasing
 
 IMAGE_TOKENS = 64
 # P(0, 1, 2, 3 images). Calibrated so that, as in the issue's measurement, about a third of TRL's
-# BFD packs at capacity 2,048 hold more than 9 images. --heavy-images uses a mix where 40% do.
+# BFD packs at 2,048 tokens hold more than 9 images. --heavy-images uses a mix where 40% do.
 IMAGE_MIX = [0.35, 0.5, 0.1, 0.05]
 HEAVY_IMAGE_MIX = [0.25, 0.6, 0.1, 0.05]
+FIT_DECREASING = ("binpack", "bfd", "images_first_bfd")
+FITS = {"binpack": "first", "bfd": "best", "images_first_bfd": "images_first"}
+PLANNER_BUFFERS = 5_900  # 24M rows in buffers of 4,096
 
 
 def cauldron_like_items(
@@ -48,8 +74,13 @@ def cauldron_like_items(
     return text + IMAGE_TOKENS * images, images
 
 
-def image_budget(capacity: int) -> int:
-    return max(3, round(9 * capacity / 2048))
+def worst_case_items(n: int, max_length: int = 32_768, seed: int = 0) -> np.ndarray:
+    """Lengths uniform in 1..max_length: every length occurs, half the items open a pack."""
+    return np.random.default_rng(seed).integers(1, max_length + 1, n)
+
+
+def image_budget(max_length: int) -> int:
+    return max(3, round(9 * max_length / 2048))
 
 
 def timed(fn, repeats: int):
@@ -61,19 +92,35 @@ def timed(fn, repeats: int):
     return statistics.median(times), result
 
 
-def trl_bfd(lengths, capacity):
+def load_packing(revision: str) -> types.ModuleType:
+    """mmdp.packing as it was at a git revision, to time it next to today's in the same run."""
+    root = Path(__file__).resolve().parent.parent
+    source = subprocess.run(
+        ["git", "show", f"{revision}:src/mmdp/packing.py"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    module = types.ModuleType(f"packing_at_{revision}")
+    exec(compile(source, f"src/mmdp/packing.py@{revision}", "exec"), module.__dict__)
+    return module
+
+
+def trl_bfd(lengths, max_length):
+    import datasets
     import pyarrow as pa
-    from datasets import Dataset
     from trl.data_utils import pack_dataset
 
+    datasets.disable_progress_bars()
     offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
     values = pa.array(np.ones(int(offsets[-1]), dtype=np.int32))
     table = pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), values)})
-    dataset = Dataset(table)
+    dataset = datasets.Dataset(table)
 
     def run():
         packed = pack_dataset(
-            dataset, capacity, strategy="bfd", map_kwargs={"keep_in_memory": True}
+            dataset, max_length, strategy="bfd", map_kwargs={"keep_in_memory": True}
         )
         # the packed rows' seq_lengths say which items each pack holds, in order
         return packed["seq_lengths"]
@@ -89,128 +136,268 @@ def packs_from_trl(seq_lengths, lengths):
     return [[by_length[length].pop() for length in row] for row in seq_lengths]
 
 
-def binpacking_ffd(lengths, capacity):
+def binpacking_ffd(lengths, max_length):
     import binpacking
 
     weights = {i: int(length) for i, length in enumerate(lengths)}
-    return lambda: [list(b) for b in binpacking.to_constant_volume(weights, capacity)]
+    return lambda: [list(b) for b in binpacking.to_constant_volume(weights, max_length)]
 
 
-def blog_balanced(lengths, images, capacity, max_images, buffer_size):
-    """The blog's balanced greedy knapsack, per buffer: O(items x packs log packs)."""
+def per_buffer(module, lengths, images, max_length, max_images, buffer_size):
+    """balanced_greedy applied to consecutive buffers of buffer_size items, as the blog does."""
 
     def run():
         packs = []
         for start in range(0, len(lengths), buffer_size):
-            ids = range(start, min(start + buffer_size, len(lengths)))
-            items = sorted(ids, key=lambda i: lengths[i], reverse=True)
-            count = -(-int(sum(lengths[i] for i in ids)) // capacity)
-            load, load_images, groups = [0] * count, [0] * count, [[] for _ in range(count)]
-            for i in items:
-                chosen = None
-                for k in sorted(range(len(load)), key=load.__getitem__):
-                    if (
-                        load[k] + lengths[i] <= capacity
-                        and load_images[k] + images[i] <= max_images
-                    ):
-                        chosen = k
-                        break
-                if chosen is None:
-                    load.append(0)
-                    load_images.append(0)
-                    groups.append([])
-                    chosen = len(load) - 1
-                load[chosen] += int(lengths[i])
-                load_images[chosen] += int(images[i])
-                groups[chosen].append(i)
-            packs += [g for g in groups if g]
+            end = min(start + buffer_size, len(lengths))
+            buffer = module.pack(
+                lengths[start:end], max_length, "balanced_greedy", images[start:end], max_images
+            )
+            packs += [[start + i for i in p] for p in buffer]
         return packs
 
     return run
 
 
-def describe(packs, lengths, images, capacity, max_images):
-    bound = lower_bound(lengths, capacity)
+def describe(packs, lengths, images, max_length, max_images):
+    bound = lower_bound(lengths, max_length)
     image_loads = np.array([images[p].sum() for p in packs])
     token_loads = np.array([lengths[p].sum() for p in packs])
-    assert token_loads.max() <= capacity
+    assert token_loads.max() <= max_length
     assert sorted(i for p in packs for i in p) == list(range(len(lengths)))
     return {
         "packs": len(packs),
         "over_bound": len(packs) / bound - 1,
         "over_image_budget": float((image_loads > max_images).mean()),
         "image_std": float(image_loads.std()),
-        "token_std": float(token_loads.std()),
     }
 
 
-def packers(lengths, images, capacity, max_images, args):
-    """(name, items it packs, a function that packs them) for every packer compared."""
-    runs = [
-        (f"mmdp {s}", len(lengths), lambda s=s: pack(lengths, capacity, s, images, max_images))
-        for s in ("binpack", "bfd", "images_first_bfd")
-    ]
-    runs += [
-        (f"mmdp {s}, no image budget", len(lengths), lambda s=s: pack(lengths, capacity, s))
-        for s in ("binpack", "bfd")
-    ]
-    if args.skip_peers:
-        return runs
-    trl_run = trl_bfd(lengths, capacity)
-    runs.append(
-        ("TRL bfd (ignores images)", len(lengths), lambda: packs_from_trl(trl_run(), lengths))
-    )
-    n = min(args.binpacking_items, len(lengths))
-    runs.append((f"binpacking (first {n:,} items)", n, binpacking_ffd(lengths[:n], capacity)))
-    runs.append((
-        "blog balanced knapsack, per buffer", len(lengths),
-        blog_balanced(lengths, images, capacity, max_images, args.buffer_size),
-    ))  # fmt: skip
+def compare(run_before, repeats, seconds, packs) -> str:
+    """'before s | speed-up | same packs |' cells for a packer of --before REV."""
+    try:
+        before_seconds, before_packs = timed(run_before, repeats)
+    except ValueError:  # a strategy that revision does not know
+        return " (unknown there) | | |"
+    same = "yes" if before_packs == packs else "NO"
+    return f" {before_seconds:.2f} | {before_seconds / seconds:.1f}x | {same} |"
+
+
+def mmdp_packers(lengths, images, max_length, max_images, args, module):
+    """(name, function) for each of mmdp's packers in table 1, as `module` has them."""
+
+    def run(strategy, with_images=True):
+        if with_images:
+            return lambda: module.pack(lengths, max_length, strategy, images, max_images)
+        return lambda: module.pack(lengths, max_length, strategy)
+
+    runs = [(f"mmdp {s}", run(s)) for s in FIT_DECREASING]
+    runs += [(f"mmdp {s}, no image budget", run(s, False)) for s in ("binpack", "bfd")]
+    blog = per_buffer(module, lengths, images, max_length, max_images, args.blog_buffer)
+    runs.append((f"mmdp balanced_greedy (the blog's), per buffer of {args.blog_buffer:,}", blog))
     return runs
 
 
-def bench_capacity(capacity, all_lengths, all_images, args):
-    fits = all_lengths <= capacity
+def peer_packers(lengths, max_length, args):
+    """(name, items it packs, function) for the peers in table 1."""
+    trl_run = trl_bfd(lengths, max_length)
+    n = min(args.binpacking_items, len(lengths))
+    return [
+        ("TRL bfd (ignores images)", len(lengths), lambda: packs_from_trl(trl_run(), lengths)),
+        (f"binpacking (first {n:,} items)", n, binpacking_ffd(lengths[:n], max_length)),
+    ]
+
+
+def bench_cauldron(all_lengths, all_images, args, before):
+    columns = " before s | speed-up | same packs |" if before else ""
+    print(
+        "| max_length | packer | items | median s | packs | over lower bound "
+        f"| packs over image budget | images/pack std |{columns}"
+    )
+    print(
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * (3 * bool(before))
+    )
+    for max_length in args.max_lengths:
+        bench_max_length(max_length, all_lengths, all_images, args, before)
+
+
+def bench_max_length(max_length, all_lengths, all_images, args, before):
+    fits = all_lengths <= max_length
     lengths, images = all_lengths[fits], all_images[fits]
-    max_images = image_budget(capacity)
-    for name, n, fn in packers(lengths, images, capacity, max_images, args):
-        slow = "binpacking" in name or "blog" in name
-        seconds, packs = timed(fn, 1 if slow else args.repeats)
-        d = describe(packs, lengths[:n], images[:n], capacity, max_images)
+    max_images = image_budget(max_length)
+    empty = " |" * (3 * bool(before))
+
+    def row(name, n, seconds, packs, cells):
+        d = describe(packs, lengths[:n], images[:n], max_length, max_images)
         print(
-            f"| {capacity:,} | {name} | {n:,} | {seconds:.2f} | {d['packs']:,} | "
-            f"{d['over_bound']:+.2%} | {d['over_image_budget']:.1%} | {d['image_std']:.2f} |",
+            f"| {max_length:,} | {name} | {n:,} | {seconds:.2f} | {d['packs']:,} | "
+            f"{d['over_bound']:+.2%} | {d['over_image_budget']:.1%} | {d['image_std']:.2f} |"
+            + cells,
             flush=True,
         )
+
+    now = mmdp_packers(lengths, images, max_length, max_images, args, packing)
+    then = mmdp_packers(lengths, images, max_length, max_images, args, before or packing)
+    for (name, run), (_, run_before) in zip(now, then):
+        seconds, packs = timed(run, args.repeats)
+        cells = empty
+        if before:
+            # the blog's loop, as `before` may still have it, is slow: time it once
+            repeats = 1 if "balanced_greedy" in name else args.repeats
+            cells = compare(run_before, repeats, seconds, packs)
+        row(name, len(lengths), seconds, packs, cells)
+    if not args.skip_peers:
+        for name, n, run in peer_packers(lengths, max_length, args):
+            seconds, packs = timed(run, args.repeats if "TRL" in name else 1)
+            row(name, n, seconds, packs, empty)
     print(
-        f"| {capacity:,} | (items longer than the capacity, removed first: "
-        f"{int((~fits).sum()):,}; image budget {max_images} per pack) | | | | | | |"
+        f"| {max_length:,} | (items longer than max_length, removed first: "
+        f"{int((~fits).sum()):,}; image budget {max_images} per pack) | | | | | | |" + empty
     )
+
+
+def bench_worst_case(args, before):
+    max_length = 32_768
+    lengths = worst_case_items(args.worst_items, max_length)
+    n, m = len(lengths), min(args.reference_items, len(lengths))
+    columns = " before s | speed-up | same packs |" if before else ""
+    print(f"| packer | items | median s | for all {n:,}, s | packs | over lower bound |{columns}")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * (3 * bool(before)))
+    for strategy in FIT_DECREASING:
+        seconds, flat = timed(lambda s=strategy: pack_flat(lengths, max_length, s), args.repeats)
+        packs = len(flat[1]) - 1
+        over = packs / lower_bound(lengths, max_length) - 1
+        cells = ""
+        if before:
+            before_seconds, before_flat = timed(
+                lambda s=strategy: before.pack_flat(lengths, max_length, s), args.before_repeats
+            )
+            same = all(np.array_equal(a, b) for a, b in zip(flat, before_flat))
+            speedup = before_seconds / seconds
+            cells = f" {before_seconds:.2f} | {speedup:.0f}x | {'yes' if same else 'NO'} |"
+        print(
+            f"| mmdp {strategy} | {n:,} | {seconds:.2f} | {seconds:.2f} | {packs:,} | {over:+.2%} |"
+            + cells,
+            flush=True,
+        )
+    # the readable loop and binpacking on the first m items; both O(n * packs), packs ~ n
+    subset = lengths[:m]
+    scale = (n / m) ** 2
+    for strategy in FIT_DECREASING:
+        fit = FITS[strategy]
+        seconds, packs = timed(lambda f=fit: reference_fit_decreasing(subset, max_length, fit=f), 1)
+        assert packs == pack(subset, max_length, strategy)  # the fast packers give the same packs
+        print(
+            f"| reference_fit_decreasing, fit={fit!r} (first {m:,} items) | {m:,} | "
+            f"{seconds:.2f} | ~{seconds * scale:,.0f} (n^2) | {len(packs):,} | |"
+            + " |"
+            * (3 * bool(before)),
+            flush=True,
+        )
+    if not args.skip_peers:
+        seconds, packs = timed(binpacking_ffd(subset, max_length), 1)
+        print(
+            f"| binpacking (first {m:,} items) | {m:,} | {seconds:.2f} | "
+            f"~{seconds * scale:,.0f} (n^2) | {len(packs):,} | |" + " |" * (3 * bool(before))
+        )
+
+
+def buffer_ms(module, strategy, buffers, max_length, max_images, repeats) -> float:
+    """Median milliseconds of one `pack_flat` call, over the buffers."""
+    module.pack_flat(buffers[0][0], max_length, strategy, buffers[0][1], max_images)  # warm up
+    times = []
+    for lengths, images in buffers:
+        args = (lengths, max_length, strategy, images, max_images)
+        times.append(timed(lambda args=args: module.pack_flat(*args), repeats)[0])
+    return statistics.median(times) * 1e3
+
+
+def bench_buffers(args, before):
+    columns = " before ms | speed-up |" if before else ""
+    print(
+        f"| max_length / max_images | strategy | median ms per buffer | "
+        f"{PLANNER_BUFFERS:,} buffers, s |{columns}"
+    )
+    print("| --- | --- | ---: | ---: |" + " ---: |" * (2 * bool(before)))
+    size = args.buffer_size
+    for max_length, max_images in ((512, 18), (2_048, 9)):
+        all_lengths, all_images = cauldron_like_items(4 * size * args.buffers, seed=1)
+        fits = all_lengths <= max_length
+        lengths, images = all_lengths[fits], all_images[fits]
+        buffers = [
+            (lengths[k * size : (k + 1) * size], images[k * size : (k + 1) * size])
+            for k in range(args.buffers)
+        ]
+        budgets = (buffers, max_length, max_images, args.repeats)
+        for strategy in packing.STRATEGIES:
+            ms = buffer_ms(packing, strategy, *budgets)
+            cells = ""
+            if before:
+                try:
+                    before_ms = buffer_ms(before, strategy, *budgets)
+                    cells = f" {before_ms:.1f} | {before_ms / ms:.0f}x |"
+                except ValueError:
+                    cells = " (unknown there) | |"
+            print(
+                f"| {max_length:,} / {max_images} | {strategy} | {ms:.2f} | "
+                f"{ms * PLANNER_BUFFERS / 1e3:.0f} |" + cells,
+                flush=True,
+            )
 
 
 def main():
+    quick = "--quick" in sys.argv  # smaller defaults; explicit flags still win
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--items", type=int, default=393_230)
-    parser.add_argument("--capacities", type=int, nargs="+", default=[512, 2048, 10_240])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="50,000 items, 200,000 worst-case items, 2,000 for the reference, 5 buffers, 1 repeat",
+    )
+    parser.add_argument("--items", type=int, default=50_000 if quick else 393_230, help="table 1")
+    parser.add_argument("--max-lengths", type=int, nargs="+", default=[512, 2048, 10_240])
+    parser.add_argument("--repeats", type=int, default=1 if quick else 3)
     parser.add_argument("--binpacking-items", type=int, default=20_000)
-    parser.add_argument("--buffer-size", type=int, default=2_048, help="the blog's buffer")
+    parser.add_argument("--buffer-size", type=int, default=4_096, help="table 3: the planner's")
+    parser.add_argument("--blog-buffer", type=int, default=2_048, help="table 1: the blog's")
+    parser.add_argument(
+        "--worst-items", type=int, default=200_000 if quick else 1_000_000, help="table 2"
+    )
+    parser.add_argument(
+        "--reference-items", type=int, default=2_000 if quick else 4_000, help="table 2"
+    )
+    parser.add_argument("--buffers", type=int, default=5 if quick else 20, help="table 3")
+    parser.add_argument("--tables", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3])
     parser.add_argument("--skip-peers", action="store_true", help="only mmdp's packers")
     parser.add_argument("--heavy-images", action="store_true", help="a mix with more images")
+    parser.add_argument("--before", metavar="REV", help="also time mmdp.packing at git REV")
+    parser.add_argument(
+        "--before-repeats", type=int, default=1, help="table 2 'before': slow, once by default"
+    )
     args = parser.parse_args()
+    before = load_packing(args.before) if args.before else None
+    if before:
+        print(f"before: src/mmdp/packing.py at {args.before}\n")
 
-    mix = HEAVY_IMAGE_MIX if args.heavy_images else IMAGE_MIX
-    all_lengths, all_images = cauldron_like_items(args.items, image_mix=mix)
-    print(
-        f"{args.items:,} cauldron-like items: mean {all_lengths.mean():.0f} tokens, "
-        f"{all_images.mean():.2f} images; repeats={args.repeats}\n"
-    )
-    print(
-        "| capacity | packer | items | median s | packs | over lower bound | packs over image budget | images/pack std |"
-    )
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for capacity in args.capacities:
-        bench_capacity(capacity, all_lengths, all_images, args)
+    if 1 in args.tables:
+        mix = HEAVY_IMAGE_MIX if args.heavy_images else IMAGE_MIX
+        all_lengths, all_images = cauldron_like_items(args.items, image_mix=mix)
+        print(
+            f"1. {args.items:,} cauldron-like items: mean {all_lengths.mean():.0f} tokens, "
+            f"{all_images.mean():.2f} images; repeats={args.repeats}\n"
+        )
+        bench_cauldron(all_lengths, all_images, args, before)
+    if 2 in args.tables:
+        print(
+            f"\n2. Worst case: {args.worst_items:,} items of 1..32,768 tokens (uniform), "
+            f"max_length 32,768, no images; repeats={args.repeats}\n"
+        )
+        bench_worst_case(args, before)
+    if 3 in args.tables:
+        print(
+            f"\n3. One pack_flat call per buffer of {args.buffer_size:,} cauldron-like items: "
+            f"median over {args.buffers} buffers of the median of {args.repeats} calls each\n"
+        )
+        bench_buffers(args, before)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmdp import packing
-from mmdp.packing import STRATEGIES, lower_bound, pack, pack_loads, reference_fit_decreasing
+from mmdp.packing import (
+    STRATEGIES,
+    lower_bound,
+    pack,
+    pack_flat,
+    pack_loads,
+    reference_balanced_greedy,
+    reference_fit_decreasing,
+)
 
 BLOG_ITEMS = list(range(1, 25))  # the blog's toy: start=1, end=25, max_length 100
 
@@ -84,6 +92,21 @@ def test_fast_binpack_and_bfd_match_the_readable_loop_with_images():
     assert differ > 0  # the two strategies are really different
 
 
+def test_images_first_bfd_is_not_binpack():
+    # max_length 10, 2 images a pack; lengths 6, 4, 4 with 0, 2, 2 images.
+    # binpack, longest first: 6 -> A (4 tokens, 2 images left); 4 -> A (0, 0); 4 -> B
+    assert pack([6, 4, 4], 10, "binpack", [0, 2, 2], 2) == [[0, 1], [2]]
+    # images_first_bfd, image samples first: 4 -> A (6 tokens, 0 images left); 4 -> A? no images
+    # left -> B (6, 0); then the text sample 6: A and B both have 0 image slots and 6 tokens
+    # left, tie -> the lowest number, A
+    assert pack([6, 4, 4], 10, "images_first_bfd", [0, 2, 2], 2) == [[1, 0], [2]]
+    assert reference_fit_decreasing([6, 4, 4], 10, [0, 2, 2], 2, fit="images_first") == [
+        [1, 0], [2],
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="unknown fit rule"):
+        reference_fit_decreasing([6, 4, 4], 10, fit="images_first_bfd")
+
+
 def test_items_that_cannot_fit_alone_are_named_not_dropped():
     with pytest.raises(ValueError, match="item 1 .*longer than the token budget"):
         pack([3, 12, 4], 10)
@@ -133,12 +156,7 @@ def test_packs_are_valid_whatever_the_input(case, strategy):
         assert len(token_packs) >= lower_bound(lengths, max_length)
 
 
-@settings(max_examples=100, deadline=None)
-@given(items)
-def test_fast_packers_match_the_readable_reference(case):
-    max_length, pairs, max_images = case
-    lengths = [length for length, _ in pairs]
-    images = [count for _, count in pairs]
+def assert_fast_packers_match_the_readable_ones(lengths, max_length, images, max_images):
     for strategy, fit in (
         ("binpack", "first"),
         ("bfd", "best"),
@@ -147,6 +165,60 @@ def test_fast_packers_match_the_readable_reference(case):
         assert pack(lengths, max_length, strategy, images, max_images) == reference_fit_decreasing(
             lengths, max_length, images, max_images, fit=fit
         )
+    assert pack(
+        lengths, max_length, "balanced_greedy", images, max_images
+    ) == reference_balanced_greedy(lengths, max_length, images, max_images)
+
+
+@settings(max_examples=100, deadline=None)
+@given(items)
+def test_fast_packers_match_the_readable_reference(case):
+    max_length, pairs, max_images = case
+    lengths = [length for length, _ in pairs]
+    images = [count for _, count in pairs]
+    assert_fast_packers_match_the_readable_ones(lengths, max_length, images, max_images)
+
+
+# A few kinds of items, many of each: long runs of identical items and many packs in the same
+# state (room, image slots), which the fast packers place in bulk; sometimes no image budget.
+few_kinds = st.tuples(
+    st.integers(12, 40),
+    st.lists(st.tuples(st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=4),
+    st.lists(st.integers(0, 3), max_size=300),
+    st.one_of(st.none(), st.integers(3, 8)),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(few_kinds)
+def test_fast_packers_match_the_readable_reference_on_long_runs(case):
+    max_length, kinds, picks, max_images = case
+    lengths = [kinds[k % len(kinds)][0] for k in picks]
+    images = [kinds[k % len(kinds)][1] for k in picks]
+    assert_fast_packers_match_the_readable_ones(lengths, max_length, images, max_images)
+    assert_fast_packers_match_the_readable_ones(lengths, max_length, None, None)
+
+
+def test_fast_packers_place_a_run_of_identical_items_in_bulk():
+    # max_length 10, five items of 4 tokens: 2 per pack, the last pack half full
+    for strategy in ("binpack", "bfd", "images_first_bfd"):
+        assert pack([4] * 5, 10, strategy) == [[0, 1], [2, 3], [4]]
+    # With 1 image each and 1 image a pack, the image budget caps a pack at one item: 6 tokens of
+    # room stay in each pack, and the next run (3 tokens, no images) fills them two by two
+    items, starts = pack_flat([4, 4, 3, 3, 3, 3], 10, "binpack", [1, 1, 0, 0, 0, 0], 1)
+    assert items.tolist() == [0, 2, 3, 1, 4, 5]
+    assert starts.tolist() == [0, 3, 6]
+
+
+def test_same_room_bfd_takes_the_lower_number_images_first_the_more_image_slots():
+    # max_length 10, 3 images a pack; lengths 6, 6, 3 with 2, 1, 1 images (already in both
+    # orders): 6 -> A (4 tokens, 1 image slot left); 6 -> B (4 tokens, 2 slots); then 3 with one
+    # image fits both, same room 4: binpack and bfd take A (lower number), images_first_bfd B
+    # (more image slots left)
+    lengths, images = [6, 6, 3], [2, 1, 1]
+    assert pack(lengths, 10, "binpack", images, 3) == [[0, 2], [1]]
+    assert pack(lengths, 10, "bfd", images, 3) == [[0, 2], [1]]
+    assert pack(lengths, 10, "images_first_bfd", images, 3) == [[0], [1, 2]]
 
 
 def test_images_first_bfd_mixes_images_where_length_order_cannot():
