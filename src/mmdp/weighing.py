@@ -96,8 +96,13 @@ def weigh_rows(
 
 def cache_key(rows: Dataset, tokenizer, image_token_length: int, pretokenize: bool) -> str:
     """A name for the weights that changes whenever anything they depend on changes."""
+    vocabulary = (
+        tokenizer.backend_tokenizer.to_str()
+        if getattr(tokenizer, "is_fast", False)
+        else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    )
     tokenizer_state = {
-        "vocabulary": hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest(),
+        "vocabulary": hashlib.sha256(vocabulary.encode()).hexdigest(),
         "special": tokenizer.special_tokens_map,
         "image_token": tokenizer.image_token,
         "chat_template": tokenizer.chat_template,
