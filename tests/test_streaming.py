@@ -5,6 +5,7 @@ The rows say who they are: row i's first question starts with "Row i:", so a tes
 in a batch by decoding it, whatever id the stream gave it.
 """
 
+import json
 import re
 from collections import Counter
 
@@ -401,3 +402,61 @@ def test_streamed_batches_keep_samples_apart(attention, rows, tokenizer):
         use_attention(model.lm, attention)  # the packed language model; images are not packed
         packed = summed_loss(model(**vlm_inputs(batch)).logits, batch["labels"])
     assert abs(float(packed) - alone) / alone < 1e-5
+
+
+# Stage 5 --streaming -------------------------------------------------------------------------
+
+
+def test_stage5_streaming_has_the_planned_report_keys(run_main, tmp_path):
+    reports = {}
+    for mode in ("planned", "streaming"):
+        metrics = tmp_path / f"{mode}.json"
+        status, out, err = run_main(
+            "05_knapsack_multimodal.py", "--num-samples", "120", "--out-dir", str(tmp_path),
+            "--metrics-json", str(metrics), *(["--streaming"] if mode == "streaming" else []),
+        )  # fmt: skip
+        assert status == 0, err
+        reports[mode] = json.loads(metrics.read_text())
+    planned, streaming = reports["planned"], reports["streaming"]
+    assert set(streaming) == set(planned) | {"rows_held_at_end"}
+    assert set(streaming["rank_balance"]) == set(planned["rank_balance"])
+    assert streaming["samples"] + sum(streaming["dropped"].values()) == streaming["rows_read"]
+    assert streaming["rows_read"] == 120 and streaming["rows_held_at_end"] == 0
+    assert streaming["samples"] == planned["samples"]  # the same rows made it, packed otherwise
+    assert "held at the end:  0 rows" in out
+    for name in ("05.png", "05_vs_03.png", "05_samples.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+
+
+def test_stage5_streaming_says_when_nothing_is_left(run_main, tmp_path):
+    status, _, err = run_main(
+        "05_knapsack_multimodal.py", "--streaming", "--num-samples", "40", "--max-length", "10",
+        "--out-dir", str(tmp_path),
+    )  # fmt: skip
+    assert status == 2
+    assert "nothing to do: none of the 40 rows read" in err.strip().splitlines()[-1]
+
+
+def test_stage5_streaming_under_torchrun_unequal_shards(run_script, table, tmp_path):
+    """2 ranks x 2 workers; rank 0 reads the parquet files 0 and 2 (112 rows), rank 1 the files
+    1 and 3 (40 rows). Rank 1 runs out first: both stop at the same step, and what rank 0 still
+    held is counted."""
+    parquet_stream(table, [60, 20, 52, 20], tmp_path)
+    metrics = tmp_path / "m.json"
+    result = run_script(
+        "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "05_knapsack_multimodal.py", "--streaming", "--dataset", str(tmp_path),
+        "--num-workers", "2", "--buffer-size", "30", "--batch-size", "2",
+        "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
+        python_args=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(metrics.read_text())
+    yielded = report["batches_per_rank_yielded"]
+    assert len(yielded) == 2 and yielded[0] == yielded[1] > 0  # the same step on both ranks
+    assert report["rank_balance"]["batches_per_rank"] == yielded
+    rows = report["sample_index"]
+    assert len(rows) == len(set(rows)) == report["samples"]
+    assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"]
+    assert report["rows_held_at_end"] == report["dropped"][HELD_AT_STOP] > 0
+    assert report["rows_read"] <= len(table)
