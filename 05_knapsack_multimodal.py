@@ -206,7 +206,7 @@ def print_report(epoch: dict) -> None:
     if "rows_held_at_end" in epoch:
         print(
             f"{'held at the end:':<18}{epoch['rows_held_at_end']:,} rows (read, not yielded: "
-            "the ranks stopped when one ran out)"
+            "another rank ran out first)"
         )
     balance = epoch["rank_balance"]
     if balance["world_size"] > 1:
