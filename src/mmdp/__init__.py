@@ -15,6 +15,8 @@ Modules, in the order the stages use them:
     background      iterate_in_background(): the producer-consumer thread, done safely
     toy             ToyPackingDataset: stage 4's iterable dataset of integers
     packed_dataset  PackedDataset, PackedDataLoader, collate_packs: stage 5
+    streaming       StreamingPackedDataset, StreamingDataLoader: stage 5 from a stream
+    data_stream     load_vqa_stream(): data's sources, read as a stream (stage 5 --streaming)
     model           TinyVLM: stage 6's tiny vision-language model
     strategies      compare_strategies(): every strategy on one epoch (stage 6)
     cli, errors, hub  command-line flags, one-line errors, is the Hub reachable
