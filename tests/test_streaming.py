@@ -221,6 +221,19 @@ def test_epoch_yields_every_row_once_or_counts_it(
         assert all(len(b["samples_per_pack"]) == 3 for b in mine[:-1])
 
 
+def test_buffers_without_a_pack_still_report_their_drops(rows, tokenizer):
+    """Buffers of 5 rows: the first two and the last hold only rows too long to pack. Their drops
+    come with the next pack built, or after the last batch (loader.dropped_at_end)."""
+    too_long = {"images": [], "texts": [{"user": "Q", "assistant": "w " * 600, "source": "t"}]}
+    short = [row for row in rows if not row["images"]][:10]  # text-only rows, far under 512
+    stream = [too_long] * 10 + short + [too_long] * 5
+    loader = StreamingDataLoader(streamed(stream, tokenizer, buffer_size=5), num_workers=0)
+    batches, report = run_epoch(loader)
+    assert report.samples == 10 and report.dropped == {TOO_LONG: 15}
+    assert batches[0]["dropped"] == {TOO_LONG: 10}  # buffers 0 and 1, with the first pack
+    assert loader.dropped_at_end == {TOO_LONG: 5}  # buffer 4, after the last batch
+
+
 def test_memory_is_the_buffer_not_the_stream(tokenizer):
     """Rows are read a buffer at a time: a stream that counts what was taken from it."""
 

@@ -454,7 +454,7 @@ class StreamingDataLoader(DataLoader):
                 yield batch
             self.start_epoch()  # the epoch is over: state_dict() says so
         finally:
-            batches.close()  # shuts the workers down now
+            batches.close()  # and with it the DataLoader's iterator: the workers stop now
             self.dataset.start_positions = None
 
     def follow(self, items):
