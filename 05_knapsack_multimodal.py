@@ -4,12 +4,18 @@ image budget, each pack padded to a fixed length, ready for a trainer.
     uv run 05_knapsack_multimodal.py
     uv run 05_knapsack_multimodal.py --max-length 1024 --save-batch /tmp/batch.pt
     uv run torchrun --nproc_per_node 2 05_knapsack_multimodal.py --metrics-json /tmp/05.json
+    uv run 05_knapsack_multimodal.py --streaming --buffer-size 1024
 
 Prints the shapes of one batch and the epoch report (utilization, dropped samples by reason,
 tokens / images / samples per pack), and saves assets/05.png (the blog's figure),
 assets/05_vs_03.png (next to constrained padding) and assets/05_samples.png (every sample of
 every pack in its own colour, image tokens hatched). Under torchrun every rank loads its share;
 rank 0 prints, draws and writes one merged --metrics-json. About 8 s for 2,000 samples.
+
+With --streaming, the same stage reads the dataset as a stream (a Hub dataset with
+streaming=True, parquet files one by one) and packs it a buffer at a time, as the blog's
+ConstantLengthDataset does (mmdp.streaming): same report, figures and --metrics-json keys, plus
+the rows still held when the ranks stopped together.
 """
 
 import argparse
@@ -33,6 +39,8 @@ from mmdp.cli import (
 )
 from mmdp.collate import ConstrainedPadCollator, real_token_mask
 from mmdp.data import load_vqa_dataset
+from mmdp.data_stream import load_vqa_stream
+from mmdp.drop_reasons import HELD_AT_STOP
 from mmdp.errors import exit_on_user_error
 from mmdp.metrics import PackReport, write_json
 from mmdp.packed_dataset import PackedDataLoader, PackedDataset
@@ -44,6 +52,7 @@ from mmdp.plots import (
     save_figure,
     waste_title,
 )
+from mmdp.streaming import StreamingDataLoader, StreamingPackedDataset, rank_balance
 from mmdp.tokenizer import get_tokenizer
 from mmdp.vqa_dataset import VQADataset
 
@@ -65,6 +74,14 @@ def parse_args():
         help="packer (default: images_first_bfd)",
     )  # fmt: skip
     parser.add_argument(
+        "--buffer-size", type=positive_int, default=4096,
+        help="rows packed together, the shuffle window (default: 4096)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--streaming", action="store_true",
+        help="read the dataset as a stream and pack it buffer by buffer (mmdp.streaming)",
+    )  # fmt: skip
+    parser.add_argument(
         "--epoch", type=non_negative_int, default=0, help="which epoch's shuffle (default: 0)"
     )
     parser.add_argument(
@@ -75,7 +92,10 @@ def parse_args():
     parser.add_argument(
         "--save-batch", default=None, help="torch.save the first collated batch to this path"
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.streaming and args.pretokenize:
+        parser.error("--pretokenize needs the whole dataset weighed first: not with --streaming")
+    return args
 
 
 def main():
@@ -84,30 +104,34 @@ def main():
     if rank == 0:
         print_settings(args)
 
-    # Get the tokenizer, the dataset, and stage 2's tokenized map-style dataset
     tokenizer = get_tokenizer(args.tokenizer)
-    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_samples)
-    samples = VQADataset(rows, tokenizer)
+    if args.streaming:
+        # Or read the dataset as a stream, pack it a buffer at a time, stop the ranks together
+        epoch, samples = run_streaming_epoch(tokenizer, args)
+    else:
+        # Get the dataset, and stage 2's tokenized map-style dataset
+        rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_samples)
+        samples = VQADataset(rows, tokenizer)
 
-    # Wrap it: weigh every sample, filter, pack with a token and an image budget, shard
-    packed = PackedDataset(
-        samples, max_length=args.max_length, max_images=args.max_images,
-        packs_per_batch=args.batch_size, strategy=args.strategy, seed=args.seed,
-        pretokenize=args.pretokenize,
-    )  # fmt: skip
-    packed.set_epoch(args.epoch)
-    if rank == 0:
-        print_weighing(packed)
+        # Wrap it: weigh every sample, filter, pack with a token and an image budget, shard
+        packed = PackedDataset(
+            samples, max_length=args.max_length, max_images=args.max_images,
+            packs_per_batch=args.batch_size, strategy=args.strategy,
+            buffer_size=args.buffer_size, seed=args.seed, pretokenize=args.pretokenize,
+        )  # fmt: skip
+        packed.set_epoch(args.epoch)
+        if rank == 0:
+            print_weighing(packed)
 
-    # Go through one epoch on every rank; rank 0 reports for all of them
-    epoch = run_packed_epoch(packed, args)
+        # Go through one epoch on every rank; rank 0 reports for all of them
+        epoch = run_packed_epoch(packed, args)
     if rank != 0:
         dist.destroy_process_group()
         return
     print("\nOne batch:")
     print_batch(epoch["first_batch"])
-    print_report(epoch, packed)
-    write_outputs(epoch, packed, args)
+    print_report(epoch)
+    write_outputs(epoch, args)
 
     # Visualize the packing of the first batch: the blog's figure, then next to stage 3
     draw_figures(epoch["first_batch"], samples, tokenizer, args)
@@ -148,16 +172,66 @@ def run_packed_epoch(packed: PackedDataset, args) -> dict:
     merged.dropped.update(packed.plan(packed.epoch).dropped)
     return {
         "report": merged, "reports": reports, "first_batch": first_batch, "seconds": seconds,
-        "weighed_here_per_rank": weighed_here,
+        "rank_balance": packed.rank_balance(),
+        "weighing": {
+            "seconds": round(packed.weighing.seconds, 3), "weighed_here_per_rank": weighed_here,
+        },
     }  # fmt: skip
 
 
-def print_report(epoch: dict, packed: PackedDataset) -> None:
+def run_streaming_epoch(tokenizer, args) -> tuple[dict, VQADataset]:
+    """--streaming: one epoch over the dataset read as a stream, on this rank (every rank stops
+    at the same step); on rank 0, the report merged over ranks. Also returns rows from the head
+    of the stream, for the figure beside constrained padding."""
+    stream = load_vqa_stream(args.dataset, args.subset, args.split, args.num_samples)
+    packed = StreamingPackedDataset(
+        stream, tokenizer, max_length=args.max_length, max_images=args.max_images,
+        packs_per_batch=args.batch_size, strategy=args.strategy, buffer_size=args.buffer_size,
+        seed=args.seed,
+    )  # fmt: skip
+    loader = StreamingDataLoader(packed, num_workers=args.num_workers)
+    loader.set_epoch(args.epoch)
+    report, steps = PackReport(), []
+
+    def batches():
+        for batch in loader:
+            steps.append((int(real_token_mask(batch).sum()), len(batch["images"])))
+            yield batch
+        report.dropped.update(loader.dropped_at_end)  # read after the last batch, or held
+
+    hint = "raise --max-length or --max-images, or use more --num-samples"
+    first_batch, seconds = run_epoch(batches(), report, hint=hint)
+    reports, steps_per_rank = [report], [steps]
+    if dist.is_initialized():
+        reports = [None] * dist.get_world_size()
+        steps_per_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(reports, report)
+        dist.all_gather_object(steps_per_rank, steps)
+    merged = PackReport.merged(reports)
+    epoch = {
+        "report": merged, "reports": reports, "first_batch": first_batch, "seconds": seconds,
+        "rank_balance": rank_balance(steps_per_rank),
+        "rows_held_at_end": merged.dropped.get(HELD_AT_STOP, 0),
+    }  # fmt: skip
+    # rows from the head of the stream, for the batch beside constrained padding (rank 0 draws)
+    head = [] if dist.is_initialized() and dist.get_rank() > 0 else list(stream.take(FIGURE_ROWS))
+    return epoch, VQADataset(head, tokenizer)
+
+
+FIGURE_ROWS = 256  # rows from the head of a stream to draw the constrained-padding batch from
+
+
+def print_report(epoch: dict) -> None:
     report, seconds = epoch["report"], epoch["seconds"]
     print(f"\nOver the epoch ({seconds:.1f} s, {report.samples / seconds:,.0f} samples/s):")
     print(report.summary())
-    if packed.world_size > 1:
-        balance = packed.rank_balance()
+    if "rows_held_at_end" in epoch:
+        print(
+            f"{'held at the end:':<18}{epoch['rows_held_at_end']:,} rows (read, not yielded: "
+            "another rank ran out first)"
+        )
+    balance = epoch["rank_balance"]
+    if balance["world_size"] > 1:
         print(
             f"ranks: {balance['world_size']}, batches per rank {balance['batches_per_rank']}, "
             f"image spread between ranks per step: max {balance['image_spread_per_step']['max']}, "
@@ -165,19 +239,19 @@ def print_report(epoch: dict, packed: PackedDataset) -> None:
         )
 
 
-def write_outputs(epoch: dict, packed: PackedDataset, args) -> None:
+def write_outputs(epoch: dict, args) -> None:
     """--metrics-json (the merged epoch report) and --save-batch (the first batch, as is)."""
     if args.metrics_json:
         metrics = {
             **epoch["report"].as_dict(),
             "batches_per_rank_yielded": [r.batches for r in epoch["reports"]],
-            "rank_balance": packed.rank_balance(),
+            "rank_balance": epoch["rank_balance"],
             "seconds": round(epoch["seconds"], 3),
-            "weighing": {
-                "seconds": round(packed.weighing.seconds, 3),
-                "weighed_here_per_rank": epoch["weighed_here_per_rank"],
-            },
         }
+        if "weighing" in epoch:  # planned: the rows were weighed (or loaded) up front
+            metrics["weighing"] = epoch["weighing"]
+        if "rows_held_at_end" in epoch:  # --streaming
+            metrics["rows_held_at_end"] = epoch["rows_held_at_end"]
         print(f"Wrote the epoch report to {display_path(write_json(metrics, args.metrics_json))}")
     if args.save_batch:
         torch.save(epoch["first_batch"], args.save_batch)

@@ -20,6 +20,8 @@ Modules, in the order the stages use them:
     packed_batch    layout_pack(), collate_packs(), model_inputs(): what a packed batch is
     attention       which attention keeps packed samples apart; FlashAttention's routing on CPU
     packed_dataset  PackedDataset, PackedDataLoader: stage 5
+    streaming       StreamingPackedDataset, StreamingDataLoader: stage 5 from a stream
+    data_stream     load_vqa_stream(): data's sources, read as a stream (stage 5 --streaming)
     model           TinyVLM: stage 6's tiny vision-language model
     strategies      compare_strategies(): every strategy on one epoch (stage 6)
     cli, errors, hub  command-line flags, one-line errors, is the Hub reachable

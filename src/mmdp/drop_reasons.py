@@ -20,6 +20,10 @@ TOO_MANY_IMAGES = "too_many_images"  # more images than max_images
 # Left out by stage 5 so that every rank yields the same number of batches (DDP would hang).
 RANK_REMAINDER = "left_out_to_equalise_ranks"
 
+# Read from a stream by one rank but not yielded, because another rank's share ran out first and
+# every rank stops at the same step (mmdp.streaming): the batch in hand and the rest of its buffer.
+HELD_AT_STOP = "held_when_ranks_stopped"
+
 # Every reason, in the order reports list them. A row's reason is stored as its position in this
 # tuple (mmdp.planner keeps millions of them as one byte each); 0 means "not dropped".
 REASONS = (
@@ -32,5 +36,6 @@ REASONS = (
     TOO_LONG,
     TOO_MANY_IMAGES,
     RANK_REMAINDER,
+    HELD_AT_STOP,
 )
 CODE = {reason: code for code, reason in enumerate(REASONS)}

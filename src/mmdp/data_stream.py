@@ -1,0 +1,71 @@
+"""Load a VQA dataset in the_cauldron's schema as a stream: mmdp.data's sources, read row by row.
+
+Nothing is downloaded or loaded ahead: a Hub dataset is read with `streaming=True`, parquet files
+one after the other. The stream's shards are what ranks and DataLoader workers share out
+(mmdp.streaming): a Hub dataset or a folder of parquet files has one shard per file; the
+embedded dataset (and a `save_to_disk` folder) is cut into `num_shards`.
+"""
+
+from pathlib import Path
+
+import datasets
+from datasets import load_dataset
+
+from mmdp.data import check_schema, load_local, load_vqa_dataset
+from mmdp.errors import UserError
+from mmdp.hub import looks_like_a_path, require_hub
+from mmdp.streaming import with_undecoded_images
+
+# Shards the embedded dataset is cut into when read as a stream: enough for 2 ranks x 4 workers.
+EMBEDDED_SHARDS = 8
+
+
+def load_vqa_stream(
+    name_or_path: str | None = None,
+    subset: str | None = None,
+    split: str = "train",
+    num_rows: int | None = None,
+    num_shards: int = EMBEDDED_SHARDS,
+) -> datasets.IterableDataset:
+    """The dataset a stage runs on (see mmdp.data.load_vqa_dataset), as a datasets.IterableDataset.
+
+    - `None`: the embedded synthetic dataset (`num_rows` rows), in `num_shards` shards;
+    - a local path: parquet file(s), streamed from disk, one shard per file; or a folder written
+      by `Dataset.save_to_disk`, in `num_shards` shards;
+    - anything else: a Hub name, read with `load_dataset(..., streaming=True)`.
+    With `num_rows`, at most that many rows are read (`IterableDataset.take`: with several shards,
+    not necessarily the first ones).
+    """
+    if name_or_path is None:
+        rows = load_vqa_dataset(None, num_rows=num_rows)
+        return rows.to_iterable_dataset(num_shards=min(num_shards, max(len(rows), 1)))
+    path = Path(name_or_path)
+    if path.exists():
+        parquet_files = [path] if path.suffix == ".parquet" else sorted(path.glob("**/*.parquet"))
+        if parquet_files and not (path / "dataset_info.json").exists():
+            files = [str(f) for f in parquet_files]
+            stream = load_dataset("parquet", data_files=files, split="train", streaming=True)
+        else:
+            rows = load_local(path, split)
+            stream = rows.to_iterable_dataset(num_shards=min(num_shards, max(len(rows), 1)))
+    elif looks_like_a_path(name_or_path):
+        raise UserError(f"dataset {name_or_path!r}: no such file or directory")
+    else:
+        stream = load_hub_stream(name_or_path, subset, split)
+    if stream.features is not None:
+        check_schema(stream, name_or_path)
+    stream = with_undecoded_images(stream)
+    return stream if num_rows is None else stream.take(num_rows)
+
+
+def load_hub_stream(name: str, subset: str | None, split: str) -> datasets.IterableDataset:
+    default_hint = "run without --dataset to use the embedded synthetic dataset"
+    require_hub(f"dataset {name!r}", default_hint)
+    try:
+        return load_dataset(name, subset, split=split, streaming=True)
+    except (ConnectionError, OSError, FileNotFoundError, ValueError) as error:
+        raise UserError(
+            f"could not stream dataset {name!r}"
+            + (f" (subset {subset!r})" if subset else "")
+            + f" from the Hugging Face Hub ({error.__class__.__name__}); {default_hint}"
+        ) from error
