@@ -23,6 +23,7 @@ from mmdp.packed_batch import collate_packs, layout_pack
 from mmdp.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing import STRATEGIES
 from mmdp.strategies import compare_strategies
+from mmdp.training import PARTS
 from mmdp.vqa_dataset import VQADataset
 
 
@@ -160,15 +161,32 @@ def test_strategy_comparison_matches_the_stages_own_loaders(samples, tokenizer):
 def test_stage6_runs_and_reports(run_script, tmp_path):
     metrics = tmp_path / "m.json"
     result = run_script(
-        "06_packing_pays_off.py", "--num-samples", "120", "--check-samples", "16",
-        "--train-samples", "24", "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
+        "06_packing_pays_off.py", "--num-samples", "120", "--check-samples", "16", "--seeds", "2",
+        "--train-samples", "16", "--eval-every", "8", "--eval-samples", "8", "--skip-ddp",
+        "--attn-implementation", "flash_attention_2",
+        "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    # no GPU: FlashAttention's routing in transformers, with mmdp's reference kernels
+    assert "reference kernels, correctness only, not speed" in result.stdout
     report = json.loads(metrics.read_text())
-    assert set(report["loss"]) == {"naive", "constrained", "packed", "max_rel_diff"}
-    assert report["loss"]["max_rel_diff"] < 1e-4
-    assert report["wrong_image_mapping_rel_diff"] > 1e-4  # the wrong mapping fails the check
-    for name in ("naive", "constrained", "packed"):
+    assert report["loss"]["attn_implementation"] == "flash_attention_2"
+    names = ("naive", "constrained", "images_first_bfd")  # the packed run is named by its packer
+    loss = report["loss"]
+    assert {*names, "max_rel_diff"} <= set(loss)
+    for reduction in (loss, loss["mean_over_tokens"], loss["mean_over_samples"]):
+        assert reduction["max_rel_diff"] < 1e-4
+    assert loss["wrong_image_mapping_rel_diff"] > 1e-4  # the wrong mapping fails the check
+    learning = report["learning"]
+    assert learning["seeds"] == [0, 1] and learning["samples_seen"] == [0, 8, 16]
+    assert set(learning["eval_loss"]) == set(names)
+    for seed in range(2):
+        # every strategy starts from the seed's initial weights, evaluated on the same samples
+        assert len({learning["eval_loss"][name][seed][0] for name in names}) == 1
+        for name in names:
+            losses = learning["eval_loss"][name][seed]
+            assert len(losses) == 3 and losses[-1] < losses[0]
+    for name in names:
         speed = report["speed"][name]
         assert {
             "useful_tokens",
@@ -178,6 +196,13 @@ def test_stage6_runs_and_reports(run_script, tmp_path):
             "steps",
         } <= set(speed)
         assert speed["useful_tokens"] <= speed["computed_tokens"]
+        assert len(speed["per_seed"]["useful_tokens_per_s"]) == 2
+    assert set(report["time_per_part"]["naive"]) == set(PARTS)
+    assert report["ddp"] == {
+        "grad_rel_diff_global_tokens": None,
+        "grad_rel_diff_per_rank_mean": None,
+        "reason": "skipped (--skip-ddp)",
+    }
     assert report["device"] == "cpu"
     for name in ("06.png", "strategies.png"):
         assert (tmp_path / name).stat().st_size > 10_000
