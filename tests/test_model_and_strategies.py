@@ -91,6 +91,22 @@ def test_both_reductions_are_the_same_for_padded_and_packed_batches(samples, mod
     assert abs(mean_over_samples(packed_logits, rows_as_samples) - packed) / packed > 1e-3
 
 
+def test_packed_and_padded_batches_of_the_same_samples_give_the_same_gradient(samples, tokenizer):
+    """What one training step learns does not depend on the layout: same samples, same gradient."""
+    batch = next(iter(PackedDataLoader(PackedDataset(samples, packs_per_batch=2), num_workers=0)))
+    padded = NaivePadCollator(tokenizer.pad_token_id)(
+        [samples[r] for r in batch["sample_index"].tolist()]
+    )
+    gradients = []
+    for layout in (batch, padded):
+        torch.manual_seed(0)
+        model = TinyVLM(TinyVLMConfig(len(tokenizer), tokenizer.image_token_id)).train()
+        mean_over_tokens(model(**vlm_inputs(layout)).logits, layout["labels"]).backward()
+        gradients.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    packed, naive = gradients
+    assert (packed - naive).norm() / naive.norm() < 1e-5
+
+
 def tiny_pack_and_padding() -> tuple[dict, dict, torch.Tensor, torch.Tensor]:
     """Samples A (3 tokens) and B (4 tokens) of a vocabulary of 4, packed in a row of 8 and padded
     in two rows of 4; logits that predict A's labels perfectly and know nothing about B's.
