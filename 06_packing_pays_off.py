@@ -2,22 +2,24 @@
 samples over several seeds, more useful tokens per second, and the same gradient under DDP,
 measured on a tiny vision-language model (mmdp.model.TinyVLM).
 
-    uv run 06_packing_pays_off.py                       # about 3 minutes on 2 idle CPU cores
-    uv run 06_packing_pays_off.py --seeds 5 --train-samples 256 --metrics-json /tmp/06.json
+    uv run 06_packing_pays_off.py                     # 2 min 40 s on 2 CPU cores, little load
+    uv run 06_packing_pays_off.py --orders 3 --skip-ddp --metrics-json /tmp/06.json
     uv run 06_packing_pays_off.py --attn-implementation flash_attention_2 --skip-ddp
 
 1. Same loss: the loss of the same samples, images included, is the same whether they come
-   naively padded, constrained-padded or packed (restarting position_ids), summed, as a mean
+   naively padded, constrained-padded or packed (restarting position_ids): summed, as a mean
    over label tokens and as a mean over samples, under --attn-implementation. A wrong
    image-to-sample mapping is shown to break it.
-2. Same learning: for each seed, from the same initial weights, each strategy trains on the same
-   samples; every --eval-every samples, the loss on the same held-out samples (never trained on).
-   assets/06.png: held-out loss (mean over seeds, min-max band) and training loss.
+2. Same learning? For each seed, from the same initial weights, every strategy trains on the
+   same samples (one step of each in turn); every --eval-every samples, the loss on the same
+   held-out samples, never trained on. --orders N retrains each seed's samples in N - 1 other
+   orders: how much the order alone moves the result. assets/06.png: held-out loss against
+   samples seen (mean over runs, min-max band) and against optimizer steps; training loss.
 3. Useful tokens per second over the seeds (median and range), and where the time goes.
 4. Same gradient under DDP: one step of two ranks (torchrun, gloo) against one process.
 5. Every strategy on one epoch (from lengths): assets/strategies.png.
-The packed strategy is --strategy (default images_first_bfd) and is called by that name
-everywhere: printouts, figure, JSON.
+The packed run is --strategy (default images_first_bfd) and is called by that name everywhere:
+printouts, figure, JSON.
 """
 
 import argparse
@@ -546,10 +548,11 @@ def print_speed(speed, names, args) -> None:
     print("   logits + loss, forward and backward, per position: "
           + ", ".join(f"{shape}: {us:,.0f} us" for shape, us in cost.items()))  # fmt: skip
     load = speed["load_average"]
-    print(f"   load average of this machine ({load['cores']} cores): {load['before']:.1f} before "
-          f"training, {load['after']:.1f} after" + (
-              "; other processes compete for the cores, so timings are noisy"
-              if max(load["before"], load["after"]) > 0.5 * load["cores"] else ""))  # fmt: skip
+    busy = max(load["before"], load["after"]) > load["cores"]
+    print(f"   load average of this machine ({load['cores']} cores, this run's threads included): "
+          f"{load['before']:.1f} before training, {load['after']:.1f} after"
+          + ("; above the core count, other processes compete and timings are noisy"
+             if busy else ""))  # fmt: skip
 
 
 # 4. Same gradient under DDP ----------------------------------------------------------------------
@@ -579,16 +582,19 @@ def print_ddp(ddp) -> None:
     if ddp["grad_rel_diff_global_tokens"] is None:
         print(f"   {ddp['reason']}")
         return
+    print(f"   {ddp['world_size']} ranks x {ddp['micro_steps']} micro-steps of "
+          f"{ddp['packs_per_batch']} packs; label tokens per micro-batch, rank by rank: "
+          f"{ddp['label_tokens_per_micro_batch']}")  # fmt: skip
+    same = ddp["grad_rel_diff_global_tokens"] < 1e-5
+    weight = ddp["token_weight_per_rank_mean"]
+    print("   gradient against one process on the same batches (relative difference):")
     print(
-        f"   {ddp['world_size']} ranks x {ddp['micro_steps']} micro-steps of "
-        f"{ddp['packs_per_batch']} packs; label tokens per rank {ddp['label_tokens_per_rank']}"
+        f"   summed loss / label tokens all-reduced over ranks and micro-steps: "
+        f"{ddp['grad_rel_diff_global_tokens']:.1e} ({'the same' if same else 'NOT the same'})"
     )
-    ok = "the same, < 1e-5" if ddp["grad_rel_diff_global_tokens"] < 1e-5 else "NOT the same"
-    print(f"   gradient against one process on the same batches, relative difference:\n"
-          f"   summed loss / label tokens all-reduced over ranks and micro-steps "
-          f"{ddp['grad_rel_diff_global_tokens']:.1e} ({ok})\n"
-          f"   each rank's own mean, divided by the micro-steps           "
-          f"{ddp['grad_rel_diff_per_rank_mean']:.1e}")  # fmt: skip
+    print(f"   each micro-batch's own mean / micro-steps, DDP's average of ranks: "
+          f"{ddp['grad_rel_diff_per_rank_mean']:.1e} (a token weighs {weight['min']:.2f}x to "
+          f"{weight['max']:.2f}x what it weighs in one process)")  # fmt: skip
 
 
 # 5. Every strategy on one epoch ------------------------------------------------------------------

@@ -8,7 +8,7 @@ the ranks' gradients: a token on a rank with few tokens weighs more than one on 
 many. The fix (transformers' Trainer does it with `num_items_in_batch`): sum the token losses,
 and divide by the label tokens of the whole step, all-reduced over ranks and micro-steps.
 
-    tokens = torch.tensor(sum(label_tokens(b["labels"]) for b in micro_batches))
+    tokens = torch.tensor(float(sum(label_tokens(b["labels"]) for b in micro_batches)))
     dist.all_reduce(tokens)                         # label tokens of the step, every rank
     for i, batch in enumerate(micro_batches):       # gradient accumulation
         sync = i == len(micro_batches) - 1          # all-reduce gradients on the last one only
