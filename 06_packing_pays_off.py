@@ -372,6 +372,12 @@ def train_over_seeds(data, names, args) -> dict:
             ordered = [rows[i] for i in np.random.default_rng([seed, order]).permutation(len(rows))]
             batches = strategy_batches(data, names, ordered if order else rows, args, seed=seed,
                                        epoch=order)  # fmt: skip
+            empty = [name for name in names if not batches[name]]
+            if empty:
+                raise UserError(
+                    f"nothing to do: none of seed {seed}'s {len(rows)} training samples fits "
+                    f"{' or '.join(empty)}'s batches; raise --train-samples or --max-length"
+                )
             models = {}
             for name in names:
                 models[name] = TinyVLM(data["vlm_config"]).to(train_device)
@@ -450,14 +456,16 @@ def print_learning(learning, runs, names, args) -> None:
 
 
 def summarize_speed(runs, names, data, args) -> dict:
-    """Per strategy and seed, from every step but each run's first (one-time allocations)."""
+    """Per strategy and seed, from every step but each run's first (one-time allocations), unless
+    the run has only one step."""
     naive, _, packed = names
     per_seed = {n: [] for n in names}
     parts = {n: {part: [] for part in PARTS} for n in names}
     for n in names:
         for log in runs["logs"][n]:
-            seconds = [sum(s) for s in zip(*log["seconds"].values())][1:]
-            useful, computed = sum(log["useful_tokens"][1:]), sum(log["computed_tokens"][1:])
+            timed = slice(1 if len(log["loss"]) > 1 else 0, None)
+            seconds = [sum(s) for s in zip(*log["seconds"].values())][timed]
+            useful, computed = sum(log["useful_tokens"][timed]), sum(log["computed_tokens"][timed])
             per_seed[n].append({
                 "useful_tokens": useful, "computed_tokens": computed,
                 "seconds": round(sum(seconds), 3), "steps": len(log["loss"]),
@@ -465,7 +473,7 @@ def summarize_speed(runs, names, data, args) -> dict:
                 "seconds_per_step": statistics.median(seconds),
             })  # fmt: skip
             for part in PARTS:
-                parts[n][part].append(sum(log["seconds"][part][1:]))
+                parts[n][part].append(sum(log["seconds"][part][timed]))
     steps_per_epoch = {naive: math.ceil(len(data["samples"]) / args.batch_size)}
     steps_per_epoch[names[1]] = steps_per_epoch[naive]
     steps_per_epoch[packed] = math.ceil(len(data["weighed"]) / data["packs_per_step"])
