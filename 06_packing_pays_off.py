@@ -1,22 +1,33 @@
-"""Stage 6 (beyond the blog): does packing pay off? Same loss, more useful tokens per second,
+"""Stage 6 (beyond the blog): does packing pay off? The same loss, the same learning on held-out
+samples over several seeds, more useful tokens per second, and the same gradient under DDP,
 measured on a tiny vision-language model (mmdp.model.TinyVLM).
 
-    uv run 06_packing_pays_off.py                    # about two minutes on 2 CPU cores
-    uv run 06_packing_pays_off.py --train-samples 128 --metrics-json /tmp/06.json
+    uv run 06_packing_pays_off.py                     # 2 min 40 s on 2 CPU cores, little load
+    uv run 06_packing_pays_off.py --orders 3 --skip-ddp --metrics-json /tmp/06.json
+    uv run 06_packing_pays_off.py --attn-implementation flash_attention_2 --skip-ddp
 
-1. Correctness: the forward loss summed over the same samples, images included, is the same
-   whether they come naively padded, constrained-padded or knapsack-packed (restarting
-   position_ids). A wrong image-to-sample mapping is shown to break it.
-2. Speed: from the same initial weights, each strategy trains on the same number of samples;
-   useful (non-padding) tokens per second, steps and wall time per epoch.
-3. Learning: training loss against samples seen, per strategy: assets/06.png.
-4. Every strategy on one epoch (from lengths): assets/strategies.png.
-On a GPU (bf16 autocast, sdpa) the same script runs unchanged.
+1. Same loss: the loss of the same samples, images included, is the same whether they come
+   naively padded, constrained-padded or packed (restarting position_ids): summed, as a mean
+   over label tokens and as a mean over samples, under --attn-implementation. A wrong
+   image-to-sample mapping is shown to break it.
+2. Same learning? For each seed, from the same initial weights, every strategy trains on the
+   same samples (one step of each in turn); every --eval-every samples, the loss on the same
+   held-out samples, never trained on. --orders N retrains each seed's samples in N - 1 other
+   orders: how much the order alone moves the result. assets/06.png: held-out loss against
+   samples seen (mean over runs, min-max band) and against optimizer steps; training loss.
+3. Useful tokens per second over the seeds (median and range), and where the time goes.
+4. Same gradient under DDP: one step of two ranks (torchrun, gloo) against one process.
+5. Every strategy on one epoch (from lengths): assets/strategies.png.
+The packed run is --strategy (default images_first_bfd) and is called by that name everywhere:
+printouts, figure, JSON.
 """
 
 import argparse
+import contextlib
 import copy
+import dataclasses
 import math
+import os
 import statistics
 import time
 
@@ -24,283 +35,604 @@ import numpy as np
 import torch
 
 from mmdp import config
-from mmdp.cli import add_data_args, display_path, print_settings
-from mmdp.collate import ConstrainedPadCollator, NaivePadCollator, real_token_mask
+from mmdp.attention import flash_attention_on_cpu, use_attention
+from mmdp.cli import (
+    add_data_args,
+    description,
+    display_path,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    print_settings,
+)
+from mmdp.collate import ConstrainedPadCollator, NaivePadCollator
 from mmdp.data import load_vqa_dataset
-from mmdp.errors import exit_on_user_error
+from mmdp.ddp import run_torchrun
+from mmdp.errors import UserError, exit_on_user_error
 from mmdp.metrics import write_json
-from mmdp.model import TinyVLM, TinyVLMConfig, summed_loss, vlm_inputs
+from mmdp.model import (
+    TinyVLM,
+    TinyVLMConfig,
+    label_tokens,
+    summed_loss,
+    summed_sample_means,
+    vlm_inputs,
+)
 from mmdp.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.planner import plan_epoch
+from mmdp.packing import STRATEGIES as PACKING_STRATEGIES
+from mmdp.planner import EpochPlan, Weights, plan_epoch
 from mmdp.plots import plot_learning_curves, plot_strategies, save_figure
 from mmdp.strategies import compare_strategies
 from mmdp.tokenizer import get_tokenizer
+from mmdp.training import PARTS, time_logits_per_position, train_in_turns
 from mmdp.vqa_dataset import VQADataset
 from mmdp.weighing import weigh_rows
 
-STRATEGIES = ("naive", "constrained", "packed")
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=description(__doc__))
     add_data_args(parser)
     parser.add_argument("--tokenizer", default=None, help="default: the shipped SmolLM2 tokenizer")
-    parser.add_argument("--batch-size", type=int, default=config.BATCH_SIZE,
-                        help="samples (padding) or packs (packing) per batch (default: 8)")  # fmt: skip
-    parser.add_argument("--max-length", type=int, default=config.MAX_LENGTH,
-                        help="pack length, and constrained padding's max length (default: 512)")  # fmt: skip
-    parser.add_argument("--check-samples", type=int, default=48,
-                        help="samples in the loss-equivalence check (default: 48)")  # fmt: skip
-    parser.add_argument("--train-samples", type=int, default=256,
-                        help="samples each strategy trains on (default: 256)")  # fmt: skip
-    parser.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
+    parser.add_argument("--strategy", choices=PACKING_STRATEGIES, default="images_first_bfd",
+                        help="the packer to train with (default: images_first_bfd)")  # fmt: skip
+    parser.add_argument("--batch-size", type=positive_int, default=config.BATCH_SIZE,
+                        help="samples per padded batch; packed batches hold packs of about as "
+                        f"many samples (default: {config.BATCH_SIZE})")  # fmt: skip
+    parser.add_argument("--max-length", type=positive_int, default=config.MAX_LENGTH,
+                        help="token budget of a pack, and constrained padding's length "
+                        f"(default: {config.MAX_LENGTH})")  # fmt: skip
+    parser.add_argument("--max-images", type=non_negative_int, default=config.MAX_IMAGES,
+                        help=f"image budget of a pack (default: {config.MAX_IMAGES})")  # fmt: skip
+    parser.add_argument("--attn-implementation", choices=ATTENTION_IMPLEMENTATIONS,
+                        default="sdpa", help="attention of the loss check (default: sdpa); "
+                        "on a CPU, flash_attention_2 runs transformers' routing with reference "
+                        "kernels")  # fmt: skip
+    parser.add_argument("--check-samples", type=positive_int, default=32,
+                        help="samples in the loss check (default: 32)")  # fmt: skip
+    parser.add_argument("--seeds", type=positive_int, default=3,
+                        help="training runs per strategy: seeds --seed, --seed + 1, ... "
+                        "(default: 3)")  # fmt: skip
+    parser.add_argument("--train-samples", type=positive_int, default=96,
+                        help="samples each run trains on (default: 96)")  # fmt: skip
+    parser.add_argument("--orders", type=positive_int, default=1,
+                        help="orders of each seed's samples to train on (default: 1); more "
+                        "show how much the order alone moves the held-out loss")  # fmt: skip
+    parser.add_argument("--eval-every", type=positive_int, default=32,
+                        help="evaluate on the held-out samples every this many samples seen "
+                        "(default: 32)")  # fmt: skip
+    parser.add_argument("--eval-samples", type=positive_int, default=32,
+                        help="held-out samples, never trained on (default: 32)")  # fmt: skip
+    parser.add_argument("--lr", type=positive_float, default=2e-3,
+                        help="AdamW learning rate (default: 0.002)")  # fmt: skip
+    parser.add_argument("--skip-ddp", action="store_true",
+                        help="skip part 4 (a torchrun run of two processes)")  # fmt: skip
     parser.add_argument("--metrics-json", default=None, help="write the results as JSON here")
     return parser.parse_args()
 
 
-def device_and_autocast():
-    if torch.cuda.is_available():
-        return torch.device("cuda"), torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.device("cpu"), torch.autocast("cpu", enabled=False)
+def main():
+    started = time.perf_counter()
+    args = parse_args()
+    print_settings(args)
+    torch.manual_seed(args.seed)
+    data = load_data(args)
+    names = ("naive", "constrained", args.strategy)
+    seconds = {}
+
+    with timed(seconds, "1. same loss"):
+        check = check_same_loss(data, names, args)
+        print_check(check, names, args)
+    with timed(seconds, "2-3. training"):
+        runs = train_over_seeds(data, names, args)
+        learning = summarize_learning(runs, names, args)
+        print_learning(learning, runs, names, args)
+        speed = summarize_speed(runs, names, data, args)
+        print_speed(speed, names, args)
+    with timed(seconds, "4. DDP"):
+        ddp = check_ddp_gradient(args)
+        print_ddp(ddp)
+    with timed(seconds, "5. every strategy"):
+        strategies = compare_every_strategy(data, args)
+
+    total = time.perf_counter() - started
+    parts = ", ".join(f"{part} {s:.0f} s" for part, s in seconds.items())
+    print(f"\nStage 6 took {total // 60:.0f} min {total % 60:.0f} s ({parts}).")
+    if args.metrics_json:
+        metrics = {
+            "loss": check, "learning": learning, "speed": speed["per_strategy"],
+            "speed_gain": speed["gain"], "time_per_part": speed["time_per_part"],
+            "logits_us_per_position": speed["logits_us_per_position"],
+            "load_average": speed["load_average"],
+            "ddp": ddp, "strategies": strategies, "device": data["device"],
+            "seconds": {**{k: round(v, 1) for k, v in seconds.items()}, "total": round(total, 1)},
+        }  # fmt: skip
+        print(f"Wrote the results to {display_path(write_json(metrics, args.metrics_json))}")
 
 
-def to_device(batch: dict, device) -> dict:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+@contextlib.contextmanager
+def timed(seconds: dict, part: str):
+    start = time.perf_counter()
+    yield
+    seconds[part] = time.perf_counter() - start
 
 
-def padded_batches(samples, rows, collate, batch_size):
+# The data: the samples, which fit a pack, which are held out ---------------------------------
+
+
+def load_data(args) -> dict:
+    tokenizer = get_tokenizer(args.tokenizer)
+    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_samples)
+    samples = VQADataset(rows, tokenizer)
+    weights = weigh_rows(rows, tokenizer).weights
+    fits = np.flatnonzero(
+        (weights.reasons == 0) & (weights.lengths <= args.max_length)
+        & (weights.image_counts <= args.max_images)
+    ).tolist()  # fmt: skip
+    if not fits:
+        raise UserError(
+            f"nothing to do: none of the {len(rows):,} rows fits in a pack of max_length "
+            f"{args.max_length} and max_images {args.max_images}; raise --max-length"
+        )
+    # Held out: the first --eval-samples rows of a shuffle (seeded by --seed) that fit a pack;
+    # every run of every seed trains on rows of the rest.
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    fitting = set(fits)
+    held_out = [i for i in order if i in fitting][: args.eval_samples]
+    pool = [i for i in order if i not in set(held_out)]
+    if len(pool) < args.train_samples:
+        raise UserError(
+            f"--train-samples {args.train_samples}: only {len(pool):,} rows are left after "
+            f"holding out {len(held_out)}; lower it or raise --num-samples"
+        )
+    num_packs = len(plan_whole_epoch(weights, args).pack_starts) - 1
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return {
+        "tokenizer": tokenizer, "rows": rows, "samples": samples, "weights": weights,
+        "fits": fits, "held_out": held_out, "pool": pool, "num_packs": num_packs,
+        "vlm_config": TinyVLMConfig(vocab_size=len(tokenizer),
+                                    image_token_id=tokenizer.image_token_id),
+        # Each packed step holds about --batch-size samples, as a padded step does, so that the
+        # learning rate means the same thing: packs per step from the epoch's samples per pack.
+        "packs_per_step": max(1, round(args.batch_size * num_packs / len(fits))),
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+    }  # fmt: skip
+
+
+# Stage 5's loader: the only place this script builds a PackedDataset.
+
+
+def plan_whole_epoch(weights: Weights, args) -> EpochPlan:
+    """Stage 5's plan of one epoch of every row, packed with --strategy, on one rank."""
+    return plan_epoch(
+        weights, max_length=args.max_length, max_images=args.max_images,
+        packs_per_batch=args.batch_size, strategy=args.strategy, seed=args.seed,
+    )  # fmt: skip
+
+
+def packed_batches(
+    rows, tokenizer, args, *, packs_per_batch: int, seed: int, epoch: int = 0
+) -> list[dict]:
+    """Stage 5's batches of `rows` (a datasets.Dataset): all of one epoch, packed with --strategy."""
+    dataset = PackedDataset(
+        VQADataset(rows, tokenizer), max_length=args.max_length, max_images=args.max_images,
+        packs_per_batch=packs_per_batch, strategy=args.strategy, seed=seed,
+    )  # fmt: skip
+    dataset.set_epoch(epoch)
+    return list(PackedDataLoader(dataset, num_workers=0))
+
+
+def padded_batches(samples, rows: list[int], collate, batch_size: int) -> list[dict]:
+    """Stages 2 and 3: consecutive rows, batch_size at a time, padded by `collate`."""
     return [
         collate([samples[r] for r in rows[i : i + batch_size]])
         for i in range(0, len(rows), batch_size)
     ]
 
 
-def packed_batches(rows_dataset, tokenizer, args, packs_per_batch=None):
-    """Stage 5's batches of a dataset (all of them) and the PackedDataset that made them."""
-    packed = PackedDataset(
-        VQADataset(rows_dataset, tokenizer), max_length=args.max_length,
-        packs_per_batch=packs_per_batch or args.batch_size, seed=args.seed,
-    )  # fmt: skip
-    return list(PackedDataLoader(packed, num_workers=0)), packed
+def strategy_batches(data, names, rows: list[int], args, seed: int, epoch: int = 0) -> dict:
+    """The same rows as naive padding, constrained padding and packing batch them."""
+    samples, tokenizer = data["samples"], data["tokenizer"]
+    pad_id = tokenizer.pad_token_id
+    naive, constrained, packed = names
+    return {
+        naive: padded_batches(samples, rows, NaivePadCollator(pad_id), args.batch_size),
+        constrained: padded_batches(
+            samples, rows, ConstrainedPadCollator(pad_id, args.max_length), args.batch_size
+        ),
+        packed: packed_batches(
+            data["rows"].select(rows), tokenizer, args,
+            packs_per_batch=data["packs_per_step"], seed=seed, epoch=epoch,
+        ),
+    }  # fmt: skip
 
 
-def check_losses(model, samples, rows, tokenizer, args) -> tuple[dict, list]:
-    """Summed loss of the same samples through each strategy's batches, and a wrong mapping."""
-    naive = padded_batches(samples, rows, NaivePadCollator(tokenizer.pad_token_id), args.batch_size)
-    constrained = padded_batches(
-        samples,
-        rows,
-        ConstrainedPadCollator(tokenizer.pad_token_id, args.max_length),
-        args.batch_size,
-    )
-    packed, _ = packed_batches(samples.dataset.select(rows), tokenizer, args)
-    losses = {}
-    with torch.no_grad():
-        for name, batches in (("naive", naive), ("constrained", constrained), ("packed", packed)):
-            losses[name] = sum(
-                float(summed_loss(model(**vlm_inputs(b)).logits, b["labels"])) for b in batches
-            )
+# 1. Same loss ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def attention(implementation: str):
+    """Run transformers' code for `implementation` on this machine: FlashAttention's routing with
+    mmdp's reference kernels on a CPU (correctness only), flex_attention compiled per shape."""
+    import torch._dynamo
+
+    if implementation == "flash_attention_2" and not torch.cuda.is_available():
+        with flash_attention_on_cpu(implementation):
+            yield
+        return
+    saved = torch._dynamo.config.automatic_dynamic_shapes
+    # torch 2.15's CPU code for flex_attention with dynamic shapes does not compile
+    torch._dynamo.config.automatic_dynamic_shapes = torch.cuda.is_available()
+    try:
+        yield
+    finally:
+        torch._dynamo.config.automatic_dynamic_shapes = saved
+
+
+def check_same_loss(data, names, args) -> dict:
+    """The loss of the same samples through each strategy's batches, and a wrong image mapping.
+
+    The model starts with large weights (initializer_range 0.5): one initialised near zero
+    barely looks at its inputs, and a mistake (masks, images) could hide.
+    """
+    rows = data["fits"][: args.check_samples]
+    batches = strategy_batches(data, names, rows, args, seed=args.seed)
+    vlm_config = dataclasses.replace(data["vlm_config"], initializer_range=0.5)
+    model = use_attention(TinyVLM(vlm_config).eval(), args.attn_implementation)
+    losses = {"summed": {}, "mean_over_tokens": {}, "mean_over_samples": {}}
+    with attention(args.attn_implementation), torch.no_grad():
+        for name in names:
+            summed = sample_sum = 0.0
+            tokens = samples = 0
+            for batch in batches[name]:
+                logits = model(**{**vlm_inputs(batch), "labels": None}).logits
+                summed += float(summed_loss(logits, batch["labels"]))
+                tokens += label_tokens(batch["labels"])
+                # the two means over the whole check set: add up their parts, then divide
+                batch_sum, batch_samples = summed_sample_means(logits, batch)
+                sample_sum += float(batch_sum)
+                samples += batch_samples
+            losses["summed"][name] = summed
+            losses["mean_over_tokens"][name] = summed / tokens
+            losses["mean_over_samples"][name] = sample_sum / samples
         # The same packed batches with each batch's images shifted by one: every image now
         # lands on another sample's image tokens.
         wrong = 0.0
-        for b in packed:
-            shifted = {**b, "images": b["images"].roll(1, dims=0)}
-            wrong += float(summed_loss(model(**vlm_inputs(shifted)).logits, b["labels"]))
-    reference = losses["naive"]
-    losses["max_rel_diff"] = max(abs(losses[n] - reference) / reference for n in STRATEGIES)
-    losses["wrong_image_mapping_rel_diff"] = abs(wrong - reference) / reference
-    return losses, packed
-
-
-def train(model, batches, lr, device, autocast) -> dict:
-    """Train on the batches; returns the per-step log and the totals (the first step, which
-    includes one-time allocation, is left out of the timing)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    log = {"samples_seen": [], "loss": [], "seconds": []}
-    useful = computed = seen = 0
-    timed_useful = timed_computed = 0
-    for step, batch in enumerate(batches):
-        batch = to_device(batch, device)
-        mask = real_token_mask(batch)
-        start = time.perf_counter()
-        with autocast:
-            loss = model(**vlm_inputs(batch)).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-        seen += len(batch["sample_index"])
-        useful += int(mask.sum())
-        computed += mask.numel()
-        log["samples_seen"].append(seen)
-        log["loss"].append(loss.item())
-        log["seconds"].append(seconds)
-        if step > 0:
-            timed_useful += int(mask.sum())
-            timed_computed += mask.numel()
-    timed_seconds = sum(log["seconds"][1:]) or sum(log["seconds"])
+        for batch in batches[names[2]]:
+            shifted = {**vlm_inputs(batch), "images": batch["images"].roll(1, dims=0)}
+            wrong += float(summed_loss(model(**shifted).logits, batch["labels"]))
+    reference = losses["summed"][names[0]]
     return {
-        "log": log,
-        "useful_tokens": useful,
-        "computed_tokens": computed,
-        "steps": len(batches),
-        "seconds": round(timed_seconds, 3),
-        "useful_tokens_per_s": round((timed_useful or useful) / timed_seconds, 1),
-        "seconds_per_step": statistics.median(log["seconds"][1:] or log["seconds"]),
-    }
+        **losses["summed"],
+        "max_rel_diff": max_rel_diff(losses["summed"]),
+        "wrong_image_mapping_rel_diff": abs(wrong - reference) / reference,
+        "mean_over_tokens": {**losses["mean_over_tokens"],
+                             "max_rel_diff": max_rel_diff(losses["mean_over_tokens"])},
+        "mean_over_samples": {**losses["mean_over_samples"],
+                              "max_rel_diff": max_rel_diff(losses["mean_over_samples"])},
+        "samples": len(rows),
+        "attn_implementation": args.attn_implementation,
+    }  # fmt: skip
 
 
-def main():
-    args = parse_args()
-    print_settings(args)
-    device, autocast = device_and_autocast()
-    torch.manual_seed(args.seed)
+def max_rel_diff(values: dict) -> float:
+    reference = next(iter(values.values()))
+    return max(abs(v - reference) / abs(reference) for v in values.values())
 
-    # The samples, and stage 2's tokenized dataset
-    tokenizer = get_tokenizer(args.tokenizer)
-    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_samples)
-    samples = VQADataset(rows, tokenizer)
-    vlm_config = TinyVLMConfig(vocab_size=len(tokenizer), image_token_id=tokenizer.image_token_id)
 
-    # 1. Correctness: the samples every strategy keeps (usable, at most max_length tokens)
-    weights = weigh_rows(rows, tokenizer).weights
-    kept = np.flatnonzero((weights.reasons == 0) & (weights.lengths <= args.max_length))
-    kept = kept[: args.check_samples].tolist()
-    # a model with large initial weights, so that what it sees (masks, images) shows in the loss
-    checker = TinyVLM(TinyVLMConfig(**{**vlm_config.__dict__, "initializer_range": 0.5})).eval()
-    losses, packed_check_batches = check_losses(checker, samples, kept, tokenizer, args)
-    print(f"\n1. Loss summed over the same {len(kept)} samples (float32, CPU):")
-    for name in STRATEGIES:
-        print(f"   {name:<12} {losses[name]:,.4f}")
-    ok = "OK" if losses["max_rel_diff"] < 1e-4 else "MISMATCH"
-    print(f"   max relative difference: {losses['max_rel_diff']:.1e} ({ok}: < 1e-4)")
-    wrong = losses["wrong_image_mapping_rel_diff"]
+def print_check(check, names, args) -> None:
+    where = "GPU" if torch.cuda.is_available() else "CPU"
+    note = ""
+    if args.attn_implementation == "flash_attention_2" and not torch.cuda.is_available():
+        note = ("; no GPU: transformers' FlashAttention routing with mmdp's reference kernels, "
+                "correctness only, not speed")  # fmt: skip
+    print(f"\n1. Loss of the same {check['samples']} samples (float32, {where}, "
+          f"attention {args.attn_implementation}{note}):")  # fmt: skip
+    print(f"   {'strategy':<17} {'summed':>12} {'mean/token':>11} {'mean/sample':>12}")
+    for name in names:
+        print(f"   {name:<17} {check[name]:>12,.4f} {check['mean_over_tokens'][name]:>11.6f} "
+              f"{check['mean_over_samples'][name]:>12.6f}")  # fmt: skip
+    worst = max(check["max_rel_diff"], check["mean_over_tokens"]["max_rel_diff"],
+                check["mean_over_samples"]["max_rel_diff"])  # fmt: skip
+    ok = "OK" if worst < 1e-4 else "MISMATCH"
+    print(f"   max relative difference: {worst:.1e} ({ok}: < 1e-4)")
+    wrong = check["wrong_image_mapping_rel_diff"]
     verdict = "fails the check, as it must" if wrong >= 1e-4 else "NOT caught by the check"
     print(f"   the same packs with each image on the wrong sample: {wrong:.1e} ({verdict})")
 
-    # 2. Speed: the same initial weights, the same number of samples for every strategy
-    order = torch.randperm(
-        len(samples), generator=torch.Generator().manual_seed(args.seed)
-    ).tolist()
-    train_batches = {
-        "naive": padded_batches(
-            samples,
-            order[: args.train_samples],
-            NaivePadCollator(tokenizer.pad_token_id),
-            args.batch_size,
-        ),
-        "constrained": padded_batches(
-            samples,
-            order[: args.train_samples],
-            ConstrainedPadCollator(tokenizer.pad_token_id, args.max_length),
-            args.batch_size,
-        ),  # fmt: skip
-    }
-    # Each optimizer step sees about the same number of samples: batch_size samples for padding,
-    # the packs that hold as many for packing (the learning rate then means the same thing).
-    samples_per_pack = len(kept) / sum(len(b["samples_per_pack"]) for b in packed_check_batches)
-    packs_per_step = max(1, round(args.batch_size / samples_per_pack))
-    train_batches["packed"], _ = packed_batches(
-        rows.select(order[: args.train_samples]), tokenizer, args, packs_per_batch=packs_per_step
-    )
-    whole_epoch = plan_epoch(
-        weights, max_length=args.max_length, max_images=config.MAX_IMAGES, packs_per_batch=1,
-        seed=args.seed,
+
+# 2. Same learning, over seeds, on held-out samples ----------------------------------------------
+
+
+def train_over_seeds(data, names, args) -> dict:
+    """For each seed: initial weights and a draw of training rows from the seed; every strategy
+    trains from those weights on those rows and is evaluated on the same held-out batches.
+
+    With --orders N, each seed's rows are also trained on in N - 1 other orders (for packing,
+    another epoch's shuffle), the initial weights unchanged: how much the order alone moves it.
+    """
+    held_out = packed_batches(
+        data["rows"].select(data["held_out"]), data["tokenizer"], args,
+        packs_per_batch=data["packs_per_step"], seed=args.seed,
     )  # fmt: skip
-    num_packs = len(whole_epoch.pack_starts) - 1
-    steps_per_epoch = {
-        "naive": math.ceil(len(samples) / args.batch_size),
-        "constrained": math.ceil(len(samples) / args.batch_size),
-        "packed": math.ceil(num_packs / packs_per_step),
+    checkpoints = sorted({*range(0, args.train_samples, args.eval_every), args.train_samples})
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    train_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    print(f"\n2. Training every strategy on {args.train_samples} samples, {len(seeds)} seeds"
+          + (f" x {args.orders} orders" if args.orders > 1 else "")
+          + f" (attention sdpa); held-out loss every {args.eval_every} samples:")  # fmt: skip
+    runs = {"seeds": seeds, "runs": [], "checkpoints": checkpoints,
+            "logs": {name: [] for name in names}, "load_average": [os.getloadavg()[0]]}  # fmt: skip
+    for seed in seeds:
+        draw = torch.randperm(len(data["pool"]), generator=torch.Generator().manual_seed(seed))
+        rows = [data["pool"][i] for i in draw[: args.train_samples].tolist()]
+        torch.manual_seed(seed)
+        initial = TinyVLM(data["vlm_config"]).state_dict()
+        for order in range(args.orders):
+            started = time.perf_counter()
+            ordered = [rows[i] for i in np.random.default_rng([seed, order]).permutation(len(rows))]
+            batches = strategy_batches(data, names, ordered if order else rows, args, seed=seed,
+                                       epoch=order)  # fmt: skip
+            empty = [name for name in names if not batches[name]]
+            if empty:
+                raise UserError(
+                    f"nothing to do: none of seed {seed}'s {len(rows)} training samples fits "
+                    f"{' or '.join(empty)}'s batches; raise --train-samples or --max-length"
+                )
+            models = {}
+            for name in names:
+                models[name] = TinyVLM(data["vlm_config"]).to(train_device)
+                models[name].load_state_dict(copy.deepcopy(initial))
+            # one step of each strategy in turn: all three meet the same load on a shared machine
+            logs = train_in_turns({n: (models[n], batches[n]) for n in names}, lr=args.lr,
+                                  checkpoints=checkpoints, evaluate_on=held_out)  # fmt: skip
+            for name in names:
+                runs["logs"][name].append(logs[name])
+            runs["runs"].append({"seed": seed, "order": order})
+            finals = ", ".join(f"{n} {runs['logs'][n][-1]['eval_loss'][-1]:.3f}" for n in names)
+            print(f"   seed {seed}" + (f", order {order}" if args.orders > 1 else "")
+                  + f": final held-out loss {finals} ({time.perf_counter() - started:.0f} s)")  # fmt: skip
+    runs["load_average"].append(os.getloadavg()[0])
+    return runs
+
+
+def summarize_learning(runs, names, args) -> dict:
+    logs = runs["logs"]
+    return {
+        "seeds": runs["seeds"],
+        "orders": args.orders,
+        "runs": runs["runs"],  # one per seed (and order): the rows of every per-run list below
+        "samples_seen": runs["checkpoints"],
+        "eval_samples": args.eval_samples,
+        "eval_loss": {n: [log["eval_loss"] for log in logs[n]] for n in names},
+        # a packed step may pass a checkpoint by a few samples: where each evaluation really was
+        "eval_samples_seen": {n: [log["eval_samples_seen"] for log in logs[n]] for n in names},
+        "eval_steps": {n: [log["eval_steps"] for log in logs[n]] for n in names},
+        "train_loss": {
+            n: [{"samples_seen": log["samples_seen"], "loss": log["loss"]} for log in logs[n]]
+            for n in names
+        },
+        "steps": {n: [len(log["loss"]) for log in logs[n]] for n in names},
+        "label_tokens_per_step": {n: [log["label_tokens"] for log in logs[n]] for n in names},
     }
-    initial = TinyVLM(vlm_config).state_dict()
-    speed, curves = {}, {}
-    for name in STRATEGIES:
-        model = TinyVLM(vlm_config)
-        model.load_state_dict(copy.deepcopy(initial))
-        result = train(model.to(device), train_batches[name], args.lr, device, autocast)
-        curves[name] = (result["log"]["samples_seen"], result["log"]["loss"])
-        result["steps_per_epoch"] = steps_per_epoch[name]
-        result["seconds_per_epoch"] = round(steps_per_epoch[name] * result["seconds_per_step"], 1)
-        speed[name] = {k: v for k, v in result.items() if k != "log"}
 
-    naive, packed = speed["naive"], speed["packed"]
-    waste_ratio = naive["computed_tokens"] / naive["useful_tokens"]
-    gain = packed["useful_tokens_per_s"] / naive["useful_tokens_per_s"]
-    print(
-        f"\n2. Training on {args.train_samples} samples per strategy ({device.type}); a step is "
-        f"{args.batch_size} samples padded, or {packs_per_step} packs of {args.max_length}:"
-    )
-    print(
-        f"   {'strategy':<12} {'useful tok/s':>12} {'steps':>6} {'steps/epoch':>12} {'s/epoch':>8}"
-    )
-    for name in STRATEGIES:
-        s = speed[name]
-        print(f"   {name:<12} {s['useful_tokens_per_s']:>12,.0f} {s['steps']:>6} "
-              f"{s['steps_per_epoch']:>12} {s['seconds_per_epoch']:>8.1f}")  # fmt: skip
-    print(
-        f"   packed / naive useful tokens per second: {gain:.2f}x; naive padding computes "
-        f"{waste_ratio:.2f}x its useful tokens; recovered {gain / waste_ratio:.0%} of that waste"
-    )
 
-    # 3. Learning: loss against samples seen
+def print_learning(learning, runs, names, args) -> None:
+    naive, packed = names[0], names[2]
+    final = {n: [losses[-1] for losses in learning["eval_loss"][n]] for n in names}
+    seen = {n: [log["samples_seen"][-1] for log in runs["logs"][n]] for n in names}
+    over = f"{args.seeds} seeds" + (f" x {args.orders} orders" if args.orders > 1 else "")
+    print(f"   final held-out loss (mean over the label tokens of {args.eval_samples} held-out "
+          f"samples) over {over}, and what the runs trained on:")  # fmt: skip
+    print(f"   {'strategy':<17} {'mean':>6} {'min':>6} {'max':>6} {'steps':>6} "
+          f"{'samples':>8} {'label tokens/step':>18}")  # fmt: skip
+    for n in names:
+        tokens = [t for per_step in learning["label_tokens_per_step"][n] for t in per_step]
+        print(f"   {n:<17} {statistics.mean(final[n]):>6.3f} {min(final[n]):>6.3f} "
+              f"{max(final[n]):>6.3f} {statistics.mean(learning['steps'][n]):>6.1f} "
+              f"{statistics.mean(seen[n]):>8.1f} {statistics.mean(tokens):>10.0f} ± "
+              f"{statistics.pstdev(tokens):<5.0f}")  # fmt: skip
+    mean = statistics.mean(final[packed])
+    inside = min(final[naive]) <= mean <= max(final[naive])
+    print(f"   {packed}'s mean, {mean:.3f}, is {'within' if inside else 'OUTSIDE'} naive's "
+          f"range over {over}; paired (same initial weights and samples), {packed} - naive: "
+          + ", ".join(f"{p - q:+.3f}" for p, q in zip(final[packed], final[naive])))  # fmt: skip
+    if args.orders > 1:
+        for n in (naive, packed):
+            spreads = [max(final[n][i : i + args.orders]) - min(final[n][i : i + args.orders])
+                       for i in range(0, len(final[n]), args.orders)]  # fmt: skip
+            print(f"   the order alone (same weights and samples) moves {n}'s final loss by "
+                  + ", ".join(f"{d:.3f}" for d in spreads) + " (per seed, max - min)")  # fmt: skip
+    curves = {n: [(log["samples_seen"], log["loss"]) for log in runs["logs"][n]] for n in names}
     fig = plot_learning_curves(
-        curves, f"Training loss per strategy (TinyVLM, {device.type}, same initial weights)"
-    )
-    print(
-        f"\n3. Saved the learning curves to {display_path(save_figure(fig, args.out_dir, '06.png'))}"
-    )
+        learning["samples_seen"], learning["eval_loss"], learning["eval_steps"], curves,
+        f"Same learning? Held-out loss over {over} "
+        f"(TinyVLM, {args.train_samples} samples, the same initial weights per seed)",
+    )  # fmt: skip
+    path = display_path(save_figure(fig, args.out_dir, "06.png"))
+    print(f"   Saved the learning curves to {path}")
 
-    # 4. Every strategy on one epoch of the dataset, from lengths
+
+# 3. Useful tokens per second, and where the time goes -------------------------------------------
+
+
+def summarize_speed(runs, names, data, args) -> dict:
+    """Per strategy and seed, from every step but each run's first (one-time allocations), unless
+    the run has only one step."""
+    naive, _, packed = names
+    per_seed = {n: [] for n in names}
+    parts = {n: {part: [] for part in PARTS} for n in names}
+    for n in names:
+        for log in runs["logs"][n]:
+            timed = slice(1 if len(log["loss"]) > 1 else 0, None)
+            seconds = [sum(s) for s in zip(*log["seconds"].values())][timed]
+            useful, computed = sum(log["useful_tokens"][timed]), sum(log["computed_tokens"][timed])
+            per_seed[n].append({
+                "useful_tokens": useful, "computed_tokens": computed,
+                "seconds": round(sum(seconds), 3), "steps": len(log["loss"]),
+                "useful_tokens_per_s": round(useful / sum(seconds), 1),
+                "seconds_per_step": statistics.median(seconds),
+            })  # fmt: skip
+            for part in PARTS:
+                parts[n][part].append(sum(log["seconds"][part][timed]))
+    steps_per_epoch = {naive: math.ceil(len(data["samples"]) / args.batch_size)}
+    steps_per_epoch[names[1]] = steps_per_epoch[naive]
+    steps_per_epoch[packed] = math.ceil(data["num_packs"] / data["packs_per_step"])
+    per_strategy = {}
+    for n in names:
+        median = {k: statistics.median(s[k] for s in per_seed[n]) for k in per_seed[n][0]}
+        per_strategy[n] = {
+            **{k: median[k] for k in ("useful_tokens", "computed_tokens", "seconds",
+                                      "useful_tokens_per_s", "steps")},
+            "steps_per_epoch": steps_per_epoch[n],
+            "seconds_per_epoch": round(steps_per_epoch[n] * median["seconds_per_step"], 1),
+            "per_seed": {k: [s[k] for s in per_seed[n]] for k in per_seed[n][0]},
+        }  # fmt: skip
+    ratios = {
+        "useful_tokens_per_s": [p["useful_tokens_per_s"] / q["useful_tokens_per_s"]
+                                for p, q in zip(per_seed[packed], per_seed[naive])],
+        "waste": [q["computed_tokens"] / q["useful_tokens"] for q in per_seed[naive]],
+    }  # fmt: skip
+    ratios["recovered"] = [g / w for g, w in zip(ratios["useful_tokens_per_s"], ratios["waste"])]
+    # The logits of a padded batch: per position, do they cost more in a large tensor?
+    model = TinyVLM(data["vlm_config"])
+    shapes = [(data["packs_per_step"], args.max_length), (args.batch_size, args.max_length)]
+    return {
+        "per_strategy": per_strategy,
+        "gain": {k: median_and_range(v) for k, v in ratios.items()},
+        "logits_us_per_position": time_logits_per_position(model, shapes),
+        # the 1-minute load average of the machine before and after training (os.getloadavg)
+        "load_average": {
+            "cores": os.cpu_count(),
+            "before": runs["load_average"][0],
+            "after": runs["load_average"][-1],
+        },  # fmt: skip
+        "time_per_part": {
+            n: {part: round(statistics.median(v), 3) for part, v in parts[n].items()} for n in names
+        },
+        "computed_tokens": {
+            n: statistics.median(s["computed_tokens"] for s in per_seed[n]) for n in names
+        },  # fmt: skip
+    }
+
+
+def median_and_range(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3), "per_seed": [round(v, 3) for v in values]}  # fmt: skip
+
+
+def print_speed(speed, names, args) -> None:
+    naive, _, packed = names
+    table = speed["per_strategy"]
+    print(f"\n3. Speed over the seeds (median [min-max]); a step is {args.batch_size} samples "
+          f"padded, or packs of {args.max_length} holding about as many:")  # fmt: skip
+    print(f"   {'strategy':<17} {'useful tok/s':>22} {'steps':>6} {'steps/epoch':>12} "
+          f"{'s/epoch':>8}")  # fmt: skip
+    for n in names:
+        s = table[n]
+        rate = s["per_seed"]["useful_tokens_per_s"]
+        print(f"   {n:<17} {s['useful_tokens_per_s']:>8,.0f} [{min(rate):,.0f}-{max(rate):,.0f}] "
+              f"{s['steps']:>6} {s['steps_per_epoch']:>12} {s['seconds_per_epoch']:>8.1f}")  # fmt: skip
+    gain = speed["gain"]
+
+    def spread(k):
+        return f"{gain[k]['median']:.2f}x [{gain[k]['min']:.2f}-{gain[k]['max']:.2f}]"
+
+    print(f"   {packed} / naive useful tokens per second: {spread('useful_tokens_per_s')}; "
+          f"naive padding computes {spread('waste')} its useful tokens; recovered "
+          f"{gain['recovered']['median']:.0%} [{gain['recovered']['min']:.0%}-"
+          f"{gain['recovered']['max']:.0%}] of that waste")  # fmt: skip
+    parts, computed = speed["time_per_part"], speed["computed_tokens"]
+    print("   where the time goes (seconds over a run, median over seeds):")
+    print(f"   {'part':<25} {naive:>8} {names[1]:>12} {packed:>17} {'naive/' + packed:>24}")
+    rows = [(part, {n: parts[n][part] for n in names}) for part in PARTS]
+    rows.append(("total", {n: sum(parts[n].values()) for n in names}))
+    rows.append(("computed tokens", computed))
+    for label, values in rows:
+        ratio = values[naive] / values[packed] if values[packed] else float("nan")
+        number = "{:>8,.0f} {:>12,.0f} {:>17,.0f}" if label == "computed tokens" else \
+            "{:>8.2f} {:>12.2f} {:>17.2f}"  # fmt: skip
+        print(f"   {label:<25} " + number.format(*values.values()) + f" {ratio:>23.2f}x")
+    cost = speed["logits_us_per_position"]
+    print("   logits + loss, forward and backward, per position: "
+          + ", ".join(f"{shape}: {us:,.0f} us" for shape, us in cost.items()))  # fmt: skip
+    load = speed["load_average"]
+    busy = max(load["before"], load["after"]) > load["cores"]
+    print(f"   load average of this machine ({load['cores']} cores, this run's threads included): "
+          f"{load['before']:.1f} before training, {load['after']:.1f} after"
+          + ("; above the core count, other processes compete and timings are noisy"
+             if busy else ""))  # fmt: skip
+
+
+# 4. Same gradient under DDP ----------------------------------------------------------------------
+
+
+def check_ddp_gradient(args) -> dict:
+    """mmdp.ddp under torchrun: two ranks (gloo, CPU), two micro-steps each, of stage 5's packed
+    batches; each normalisation's gradient against one process's over the same batches."""
+    if args.skip_ddp:
+        return {"grad_rel_diff_global_tokens": None, "grad_rel_diff_per_rank_mean": None,
+                "reason": "skipped (--skip-ddp)"}  # fmt: skip
+    data_args = [f"--{name}={value}" for name, value in
+                 (("dataset", args.dataset), ("subset", args.subset), ("split", args.split))
+                 if value is not None]  # fmt: skip
+    started = time.perf_counter()
+    try:
+        result = run_torchrun("--max-length", str(args.max_length), *data_args)
+    except RuntimeError as error:
+        return {"grad_rel_diff_global_tokens": None, "grad_rel_diff_per_rank_mean": None,
+                "reason": str(error)}  # fmt: skip
+    return {**result, "seconds": round(time.perf_counter() - started, 1),
+            "command": "torchrun --standalone --nproc_per_node 2 -m mmdp.ddp"}  # fmt: skip
+
+
+def print_ddp(ddp) -> None:
+    print("\n4. One optimizer step of packed batches under DDP (torchrun, 2 ranks, gloo):")
+    if ddp["grad_rel_diff_global_tokens"] is None:
+        print(f"   {ddp['reason']}")
+        return
+    print(f"   {ddp['world_size']} ranks x {ddp['micro_steps']} micro-steps of "
+          f"{ddp['packs_per_batch']} packs; label tokens per micro-batch, rank by rank: "
+          f"{ddp['label_tokens_per_micro_batch']}")  # fmt: skip
+    same = ddp["grad_rel_diff_global_tokens"] < 1e-5
+    weight = ddp["token_weight_per_rank_mean"]
+    print("   gradient against one process on the same batches (relative difference):")
+    print(
+        f"   summed loss / label tokens all-reduced over ranks and micro-steps: "
+        f"{ddp['grad_rel_diff_global_tokens']:.1e} ({'the same' if same else 'NOT the same'})"
+    )
+    print(f"   each micro-batch's own mean / micro-steps, DDP's average of ranks: "
+          f"{ddp['grad_rel_diff_per_rank_mean']:.1e} (a token weighs {weight['min']:.2f}x to "
+          f"{weight['max']:.2f}x what it weighs in one process)")  # fmt: skip
+
+
+# 5. Every strategy on one epoch ------------------------------------------------------------------
+
+
+def compare_every_strategy(data, args) -> dict:
+    # the rows were weighed once, in load_data
     results = compare_strategies(
-        weights, max_length=args.max_length, max_images=config.MAX_IMAGES,
+        data["weights"], max_length=args.max_length, max_images=args.max_images,
         batch_size=args.batch_size, seed=args.seed,
     )  # fmt: skip
-    print(f"\n4. One epoch of {len(samples):,} samples, max_length {args.max_length}, "
+    print(f"\n5. One epoch of {len(data['samples']):,} samples, max_length {args.max_length}, "
           f"batch size {args.batch_size}:")  # fmt: skip
-    print(f"   {'strategy':<12} {'utilization':>11} {'batches':>8} {'dropped':>8} "
+    print(f"   {'strategy':<17} {'utilization':>11} {'batches':>8} {'dropped':>8} "
           f"{'tokens/row':>16} {'images/row':>11} {'samples/row':>12}")  # fmt: skip
     for name, r in results.items():
         tokens, images, per_row = r["tokens_per_row"], r["images_per_row"], r["samples_per_row"]
-        print(f"   {name:<12} {r['utilization']:>11.1%} {r['batches']:>8} "
+        print(f"   {name:<17} {r['utilization']:>11.1%} {r['batches']:>8} "
               f"{sum(r['dropped'].values()):>8} {tokens['mean']:>9.0f} ± {tokens['std']:<4.0f} "
               f"{images['mean']:>6.1f} ± {images['std']:<3.1f} {per_row['mean']:>7.1f} ± {per_row['std']:<3.1f}")  # fmt: skip
     fig = plot_strategies(
         results,
-        f"Every strategy on one epoch ({len(samples):,} samples, rows of {args.max_length})",
+        f"Every strategy on one epoch ({len(data['samples']):,} samples, rows of {args.max_length})",
     )
     print(
         f"   Saved the comparison to {display_path(save_figure(fig, args.out_dir, 'strategies.png'))}"
     )
-
-    if args.metrics_json:
-        metrics = {
-            "loss": {k: v for k, v in losses.items() if k in (*STRATEGIES, "max_rel_diff")},
-            "wrong_image_mapping_rel_diff": losses["wrong_image_mapping_rel_diff"],
-            "speed": {
-                name: {
-                    k: speed[name][k]
-                    for k in (
-                        "useful_tokens",
-                        "computed_tokens",
-                        "seconds",
-                        "useful_tokens_per_s",
-                        "steps",
-                        "steps_per_epoch",
-                        "seconds_per_epoch",
-                    )
-                }  # fmt: skip
-                for name in STRATEGIES
-            },
-            "strategies": {
-                n: {k: v for k, v in r.items() if k != "per_row"} for n, r in results.items()
-            },
-            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        }
-        print(f"Wrote the results to {display_path(write_json(metrics, args.metrics_json))}")
+    return {n: {k: v for k, v in r.items() if k != "per_row"} for n, r in results.items()}
 
 
 if __name__ == "__main__":

@@ -144,6 +144,11 @@ def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
         ("05_knapsack_multimodal.py", ["--num-workers", "-1"], "--num-workers: must be 0 or more"),
         ("05_knapsack_multimodal.py", ["--seed", "x"], "--seed: must be a whole number"),
         ("05_knapsack_multimodal.py", ["--tokenizer", "./no/such/dir"], "no such directory"),
+        ("06_packing_pays_off.py", ["--seeds", "0"], "--seeds: must be a positive"),
+        ("06_packing_pays_off.py", ["--lr", "0"], "--lr: must be above 0"),
+        ("06_packing_pays_off.py", ["--eval-every", "-1"], "--eval-every: must be a positive"),
+        ("06_packing_pays_off.py", ["--max-length", "10"], "nothing to do"),
+        ("06_packing_pays_off.py", ["--train-samples", "500"], "--train-samples 500: only"),
     ],
 )
 def test_impossible_settings_get_one_sentence_and_status_2(run_main, tmp_path, script, args, says):

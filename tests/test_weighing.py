@@ -1,12 +1,16 @@
 """Weighing rows once: the same weights as tokenizing each row, cached by everything they depend
 on, in parallel, and (with pretokenize) the same samples and batches as tokenizing at load time."""
 
+import concurrent.futures
 import pickle
+import time
+from datetime import timedelta
 
 import numpy as np
 import pytest
 import torch
 
+from mmdp import weighing
 from mmdp.conversation import count_tokens_batch, tokenize_conversation
 from mmdp.data import load_vqa_dataset
 from mmdp.drop_reasons import CODE
@@ -54,6 +58,27 @@ def test_a_second_weighing_loads_the_cache_and_any_change_weighs_again(
     finally:
         tokenizer.chat_template = template
     assert not weigh_rows(rows, tokenizer).weighed_here
+
+
+def test_other_local_ranks_wait_for_local_rank_0s_weights_without_a_collective(
+    rows, tokenizer, fresh_cache, monkeypatch
+):
+    monkeypatch.setattr(weighing, "WAIT_FOR_WEIGHING", timedelta(seconds=2))
+    monkeypatch.setattr(weighing, "POLL_SECONDS", 0.05)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    # nobody weighs: local rank 1 says what it waited for instead of hanging
+    with pytest.raises(RuntimeError, match="waited .* for local rank 0 to weigh"):
+        weigh_rows(rows, tokenizer)
+    # local rank 0 weighs while local rank 1 waits, then rank 1 loads the same weights
+    monkeypatch.setattr(weighing, "WAIT_FOR_WEIGHING", timedelta(minutes=5))
+    waiting = concurrent.futures.ThreadPoolExecutor(1).submit(weigh_rows, rows, tokenizer)
+    time.sleep(0.2)
+    assert not waiting.done()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    weighed = weigh_rows(rows, tokenizer)
+    loaded = waiting.result(timeout=60)
+    assert weighed.weighed_here and not loaded.weighed_here
+    assert np.array_equal(weighed.weights.lengths, loaded.weights.lengths)
 
 
 def test_parallel_weighing_gives_the_same_weights(rows, tokenizer, fresh_cache):

@@ -22,7 +22,9 @@ Modules, in the order the stages use them:
     packed_dataset  PackedDataset, PackedDataLoader: stage 5
     streaming       StreamingPackedDataset, StreamingDataLoader: stage 5 from a stream
     data_stream     load_vqa_stream(): data's sources, read as a stream (stage 5 --streaming)
-    model           TinyVLM: stage 6's tiny vision-language model
+    model           TinyVLM: stage 6's tiny vision-language model, its two loss reductions
+    training        train and evaluate a TinyVLM, timing each part of a step (stage 6)
+    ddp             packed batches under DDP: the loss that gives one process's gradient
     strategies      compare_strategies(): every strategy on one epoch (stage 6)
     cli, errors, hub  command-line flags, one-line errors, is the Hub reachable
 """

@@ -9,6 +9,12 @@ Randomly initialised and small enough to train on 2 CPU cores; the same code run
 It takes every kind of batch mmdp makes: padded (stages 2-3: `attention_mask`) and packed
 (stage 5: `position_ids` and FlashAttention's `cu_seq_lens_*` / `max_length_*`, no attention mask,
 so transformers keeps samples apart under every attention implementation).
+
+The loss, two ways (padded and packed batches of the same samples give the same value for both):
+    mean_over_tokens   every label token weighs the same (transformers' loss)
+    mean_over_samples  every sample weighs the same: each sample's mean, then the mean of those
+For DDP and gradient accumulation, add up their parts (summed_loss and label_tokens,
+summed_sample_means) over ranks and micro-batches before dividing: see mmdp.ddp.
 """
 
 from dataclasses import dataclass
@@ -18,6 +24,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, SiglipVisionConfig, SiglipVisionModel
 
 from mmdp import config
+from mmdp.collate import real_token_mask
 from mmdp.packed_batch import model_inputs
 
 
@@ -59,6 +66,7 @@ class TinyVLM(nn.Module):
                 num_attention_heads=cfg.vit_heads,
                 image_size=cfg.image_size,
                 patch_size=cfg.vit_patch_size,
+                vision_use_head=False,  # no pooling head: every patch goes to the LM
                 initializer_range=cfg.initializer_range,
                 attn_implementation=cfg.attn_implementation,
             )
@@ -125,17 +133,112 @@ class TinyVLM(nn.Module):
             **flash_attention_kwargs,
         )
 
+    def hidden_states(
+        self, inputs_embeds, position_ids=None, attention_mask=None, **flash_attention_kwargs
+    ) -> torch.Tensor:
+        """The language model's body on embeddings from `embed`: its last hidden states.
+
+        `embed`, then `hidden_states`, then `logits` is `forward` in three parts (the same
+        numbers), so that each can be timed on its own.
+        """
+        return self.lm.model(
+            inputs_embeds=inputs_embeds,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            use_cache=False,
+            **flash_attention_kwargs,
+        ).last_hidden_state
+
+    def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The language model's head: one logit per vocabulary entry at every position."""
+        return self.lm.lm_head(hidden_states)
+
+
+def next_token_labels(labels: torch.Tensor) -> torch.Tensor:
+    """The label each position is trained to predict: logit t predicts label t + 1 (the model's
+    own shift). Shifting the labels, not the logits, leaves the large logits tensor uncopied.
+
+    Example: labels [[-100, 7, 8, 9]] -> [[7, 8, 9, -100]]
+    """
+    return nn.functional.pad(labels[:, 1:], (0, 1), value=config.IGNORE_INDEX)
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The loss of every position, [B, L], float32: 0 where the next label is ignored."""
+    return nn.functional.cross_entropy(
+        logits.flatten(0, 1).float(),
+        next_token_labels(labels).flatten(),
+        ignore_index=config.IGNORE_INDEX,
+        reduction="none",
+    ).view(labels.shape)
+
 
 def summed_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The sum (not the mean) of the token losses, with the model's own shift: logit t predicts
     label t + 1. Sums add up across batches of any shape, which lets padded and packed batches of
-    the same samples be compared."""
+    the same samples be compared, and ranks of a DDP run be normalised together."""
     return nn.functional.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(),
-        labels[:, 1:].flatten(),
+        logits.flatten(0, 1).float(),
+        next_token_labels(labels).flatten(),
         ignore_index=config.IGNORE_INDEX,
         reduction="sum",
     )
+
+
+def label_tokens(labels: torch.Tensor) -> int:
+    """How many positions a batch trains: the denominator of the mean over label tokens."""
+    return int((next_token_labels(labels) != config.IGNORE_INDEX).sum())
+
+
+def sample_ids(batch: dict) -> torch.Tensor:
+    """Which sample each token of any mmdp batch belongs to, [B, L]; -1 on padding.
+
+    A padded batch (stages 2-3) holds one sample per row; a packed batch (stage 5) several per
+    row, found from its segments (cu_seq_lens_q over the B * L tokens read as one flat row).
+    Ids are unique within the batch, not consecutive. Example, one pack of 8 tokens holding
+    samples of 3 and 4 tokens: cu_seq_lens_q [0, 3, 7, 8] -> [[0, 0, 0, 1, 1, 1, 1, -1]]
+    """
+    real = real_token_mask(batch)
+    if "cu_seq_lens_q" in batch:
+        flat = torch.arange(real.numel(), device=real.device)
+        bounds = batch["cu_seq_lens_q"][1:].to(device=real.device, dtype=torch.long)
+        ids = torch.searchsorted(bounds, flat, right=True).view(real.shape)
+    else:
+        ids = torch.arange(real.shape[0], device=real.device)[:, None].expand(real.shape)
+    return torch.where(real, ids, -1)
+
+
+def mean_over_tokens(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Every label token weighs the same (what transformers computes): use it by default; a
+    sample with a long reply counts more than one with a short reply, as in pretraining.
+
+    Padded and packed batches of the same samples give the same value.
+    """
+    return summed_loss(logits, labels) / label_tokens(labels)
+
+
+def mean_over_samples(logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Every sample weighs the same, whatever its reply length (each sample's mean over its
+    label tokens, then the mean over samples): use it when short answers must not be drowned by
+    long ones. With packing it is computed per segment, never per row: a row holds several
+    samples. Samples without a label token are left out.
+    """
+    summed, samples = summed_sample_means(logits, batch)
+    return summed / samples
+
+
+def summed_sample_means(logits: torch.Tensor, batch: dict) -> tuple[torch.Tensor, int]:
+    """The sum over samples of each sample's mean token loss, and the number of samples (the
+    parts of mean_over_samples; add them up across ranks or micro-batches before dividing)."""
+    labels = batch["labels"]
+    trained = next_token_labels(labels) != config.IGNORE_INDEX
+    # the sample a position's loss belongs to is that of the label it predicts (position t + 1)
+    owner = nn.functional.pad(sample_ids(batch)[:, 1:], (0, 1), value=-1)[trained]
+    losses = token_losses(logits, labels)[trained]
+    ids, owner = torch.unique(owner, return_inverse=True)
+    sums = torch.zeros(len(ids), device=losses.device).index_add(0, owner, losses)
+    counts = torch.bincount(owner, minlength=len(ids))
+    return (sums / counts).sum(), len(ids)
 
 
 def vlm_inputs(batch: dict) -> dict:

@@ -211,17 +211,49 @@ STRATEGY_COLOURS = {
 }  # fmt: skip
 
 
-def plot_learning_curves(curves: dict, title: str) -> Figure:
-    """Stage 6: training loss against samples seen, one line per strategy."""
-    fig, ax = plt.subplots(figsize=(9, 5))
-    for name, (samples_seen, losses) in curves.items():
-        ax.plot(samples_seen, losses, marker="o", markersize=3, label=name,
-                color=STRATEGY_COLOURS.get(name))  # fmt: skip
-    ax.set_xlabel("samples seen")
-    ax.set_ylabel("training loss (mean over reply tokens)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
+def plot_learning_curves(
+    samples_seen: list, eval_loss: dict, eval_steps: dict, training: dict, title: str
+) -> Figure:
+    """Stage 6: learning over several runs (seeds), one colour per strategy.
+
+    Left: the held-out loss at each of `samples_seen`, `eval_loss[strategy]` being one list per
+    run; the line is the mean over runs, the band their min-max. Middle: the same losses against
+    the optimizer steps done when they were measured (`eval_steps`, same shape), one line per
+    run. Right: the training loss of every step, `training[strategy]` being one (samples seen,
+    losses) pair per run.
+    """
+    fig, (held_out, per_step, train) = plt.subplots(1, 3, figsize=(18, 5.4), sharey=True)
+    # different line styles: two strategies that learn alike (naive, constrained) stay visible
+    styles = dict(zip(eval_loss, ["-", "--", "-.", ":"] * len(eval_loss)))
+    for name, per_run in eval_loss.items():
+        losses = np.asarray(per_run, dtype=np.float64)  # [runs, checkpoints]
+        colour = STRATEGY_COLOURS.get(name)
+        held_out.fill_between(samples_seen, losses.min(axis=0), losses.max(axis=0),
+                              color=colour, alpha=0.2, linewidth=0)  # fmt: skip
+        held_out.plot(samples_seen, losses.mean(axis=0), marker="o", markersize=4, color=colour,
+                      linestyle=styles[name],
+                      label=f"{name} (mean, min-max over {len(losses)} runs)")  # fmt: skip
+        for i, (steps, run) in enumerate(zip(eval_steps[name], per_run)):
+            per_step.plot(steps, run, marker="o", markersize=3, color=colour, alpha=0.7,
+                          linewidth=1, linestyle=styles[name],
+                          label=f"{name} (one line per run)" if i == 0 else None)  # fmt: skip
+    for name, runs in training.items():
+        for i, (seen, losses) in enumerate(runs):
+            train.plot(seen, losses, color=STRATEGY_COLOURS.get(name), alpha=0.6, linewidth=1,
+                       linestyle=styles[name],
+                       label=f"{name} (one line per run)" if i == 0 else None)  # fmt: skip
+    held_out.set_title("held-out loss against samples seen")
+    held_out.set_xlabel("samples seen")
+    held_out.set_ylabel("loss (mean over reply tokens)")
+    per_step.set_title("the same held-out losses against optimizer steps")
+    per_step.set_xlabel("optimizer steps")
+    train.set_title("training loss of each step")
+    train.set_xlabel("samples seen")
+    for ax in (held_out, per_step, train):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
     return fig
 
 

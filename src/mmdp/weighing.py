@@ -13,7 +13,9 @@ it is done once and kept:
    tokens per image, and this module's version. A second run, another rank or a restart loads it.
 
 Under torchrun the rows are weighed once per machine: local rank 0 weighs, the other ranks of the
-machine wait on a barrier and load its result.
+machine wait for its result to appear in the cache and load it. Waiting on the cache rather than
+on a barrier keeps weighing a local affair: a rank that builds a dataset the others do not (only
+rank 0 building a reference, say) cannot hang them.
 """
 
 import hashlib
@@ -28,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 import torch
-import torch.distributed as dist
 from datasets import Dataset, Features, List, Value, load_from_disk
 
 from mmdp import config
@@ -42,9 +43,10 @@ from mmdp.planner import Weights
 WEIGHING_VERSION = 1
 # Below this many rows, starting processes costs more than it saves: weigh in this process.
 PARALLEL_FROM_ROWS = 20_000
-# How long the other ranks of a machine wait for local rank 0 to weigh (a barrier's default
-# timeout, 30 minutes, is shorter than weighing tens of millions of rows on a small machine).
+# How long the other ranks of a machine wait for local rank 0 to weigh (tens of millions of rows
+# on a small machine take a while), and how often they look.
 WAIT_FOR_WEIGHING = timedelta(hours=6)
+POLL_SECONDS = 0.5
 
 WEIGHT_FEATURES = {
     "length": Value("int32"),
@@ -80,16 +82,12 @@ def weigh_rows(
     """
     start = time.perf_counter()
     path = cache_dir() / "weights" / cache_key(rows, tokenizer, image_token_length, pretokenize)
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    distributed = dist.is_available() and dist.is_initialized()
-    weighed_here = not is_complete(path) and local_rank == 0
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # set by torchrun
+    weighed_here = local_rank == 0 and not is_complete(path)
     if weighed_here:
         compute(rows, tokenizer, image_token_length, pretokenize, num_proc, path)
-    if distributed:
-        # every rank takes part; ranks other than each machine's local rank 0 just wait here
-        dist.barrier(group=dist.new_group(backend="gloo", timeout=WAIT_FOR_WEIGHING))
-    if not is_complete(path):
-        raise RuntimeError(f"the weights in {path} are missing after local rank 0 weighed the rows")
+    else:
+        wait_for(path, local_rank)
     weights, tokens = load(path, pretokenize)
     return Weighing(weights, tokens, weighed_here, time.perf_counter() - start, path)
 
@@ -121,6 +119,18 @@ def cache_key(rows: Dataset, tokenizer, image_token_length: int, pretokenize: bo
 
 def is_complete(path: Path) -> bool:
     return (path / "weights.npz").exists()
+
+
+def wait_for(path: Path, local_rank: int) -> None:
+    """Wait until local rank 0 of this machine has saved the weights under `path`."""
+    deadline = time.monotonic() + WAIT_FOR_WEIGHING.total_seconds()
+    while not is_complete(path):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"local rank {local_rank} waited {WAIT_FOR_WEIGHING} for local rank 0 to weigh "
+                f"the rows into {path}; did local rank 0 build the same dataset?"
+            )
+        time.sleep(POLL_SECONDS)
 
 
 def compute(rows, tokenizer, image_token_length, pretokenize, num_proc, path: Path) -> None:

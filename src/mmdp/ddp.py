@@ -1,0 +1,193 @@
+"""Packed batches under DDP: the loss that gives the same gradient as one process (stage 6).
+
+    uv run torchrun --standalone --nproc_per_node 2 -m mmdp.ddp --metrics-json /tmp/ddp.json
+
+Each rank averages its loss over its own label tokens, ranks hold different numbers of them
+(more so with packing: a pack holds as many tokens, not as many samples), and DDP then averages
+the ranks' gradients: a token on a rank with few tokens weighs more than one on a rank with
+many. The fix (transformers' Trainer does it with `num_items_in_batch`): sum the token losses,
+and divide by the label tokens of the whole step, all-reduced over ranks and micro-steps.
+
+    tokens = torch.tensor(float(sum(label_tokens(b["labels"]) for b in micro_batches)))
+    dist.all_reduce(tokens)                         # label tokens of the step, every rank
+    for i, batch in enumerate(micro_batches):       # gradient accumulation
+        sync = i == len(micro_batches) - 1          # all-reduce gradients on the last one only
+        with contextlib.nullcontext() if sync else model.no_sync():
+            loss = summed_loss(model(**vlm_inputs(batch)).logits, batch["labels"])
+            (loss * world_size / tokens).backward() # DDP divides by world_size: undo it
+    optimizer.step()
+
+Then the gradient is d/dw [sum of every token loss of the step / every label token of the
+step], exactly what one process computes on the union of the same batches. This module runs
+one step both ways (and the usual per-rank mean: the model's own loss, divided by the number of
+micro-steps) on stage 5's packed batches, and compares each gradient with one process's.
+"""
+
+import argparse
+import contextlib
+import copy
+import json
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from mmdp import config
+from mmdp.cli import description, positive_int
+from mmdp.data import load_vqa_dataset
+from mmdp.metrics import write_json
+from mmdp.model import TinyVLM, TinyVLMConfig, label_tokens, summed_loss, vlm_inputs
+from mmdp.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.tokenizer import get_tokenizer
+from mmdp.vqa_dataset import VQADataset
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("--dataset", default=None, help="as in the stages (default: synthetic)")
+    parser.add_argument("--subset", default=None)
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--num-samples", type=positive_int, default=64,
+                        help="rows to pack (default: 64)")  # fmt: skip
+    parser.add_argument("--max-length", type=positive_int, default=config.MAX_LENGTH)
+    parser.add_argument("--packs-per-batch", type=positive_int, default=2)
+    parser.add_argument("--micro-steps", type=positive_int, default=2,
+                        help="gradient-accumulation micro-steps per optimizer step (default: 2)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--metrics-json", default=None, help="rank 0 writes the results here")
+    return parser.parse_args(argv)
+
+
+def rank_batches(samples: VQADataset, args, rank: int, world_size: int) -> list[dict]:
+    """The first `micro_steps` batches stage 5's loader gives `rank`."""
+    packed = PackedDataset(
+        samples, max_length=args.max_length, packs_per_batch=args.packs_per_batch,
+        seed=args.seed, rank=rank, world_size=world_size,
+    )  # fmt: skip
+    batches = list(PackedDataLoader(packed, num_workers=0))[: args.micro_steps]
+    if len(batches) < args.micro_steps:
+        raise SystemExit(f"rank {rank} has {len(batches)} batches; raise --num-samples")
+    return batches
+
+
+def ddp_gradient(model, batches: list[dict], normalisation: str) -> torch.Tensor:
+    """One step's gradient under DDP (all parameters, flattened), with the loss normalised
+    "global_tokens" (the recipe above) or "per_rank_mean" (each micro-batch's own mean over its
+    label tokens, divided by the micro-steps: what a hand-written loop usually does)."""
+    world_size = dist.get_world_size()
+    tokens = torch.tensor(float(sum(label_tokens(b["labels"]) for b in batches)))
+    dist.all_reduce(tokens)
+    model.zero_grad(set_to_none=True)
+    for i, batch in enumerate(batches):
+        sync = i == len(batches) - 1
+        with contextlib.nullcontext() if sync else model.no_sync():
+            output = model(**vlm_inputs(batch))
+            if normalisation == "global_tokens":
+                loss = summed_loss(output.logits, batch["labels"]) * world_size / tokens
+            else:
+                loss = output.loss / len(batches)
+            loss.backward()
+    return flat_gradient(model.module)
+
+
+def one_process_gradient(model, batches: list[dict]) -> torch.Tensor:
+    """The reference: one process, every rank's batches, mean over all their label tokens."""
+    model.zero_grad(set_to_none=True)
+    tokens = sum(label_tokens(b["labels"]) for b in batches)
+    for batch in batches:
+        (summed_loss(model(**vlm_inputs(batch)).logits, batch["labels"]) / tokens).backward()
+    return flat_gradient(model)
+
+
+def flat_gradient(model) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    tokenizer = get_tokenizer()
+    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_samples)
+    samples = VQADataset(rows, tokenizer)
+
+    # The same initial weights on every rank and in the one-process reference
+    torch.manual_seed(args.seed)
+    vlm_config = TinyVLMConfig(vocab_size=len(tokenizer), image_token_id=tokenizer.image_token_id)
+    model = TinyVLM(vlm_config).train()
+    reference = copy.deepcopy(model)
+    # find_unused_parameters: a micro-batch of text-only samples leaves the vision encoder unused
+    ddp_model = DistributedDataParallel(model, find_unused_parameters=True)
+
+    mine = rank_batches(samples, args, rank, world_size)
+    gradients = {name: ddp_gradient(ddp_model, mine, name)
+                 for name in ("global_tokens", "per_rank_mean")}  # fmt: skip
+    # label tokens of every micro-batch of every rank: [world_size, micro_steps]
+    tokens = torch.tensor([label_tokens(b["labels"]) for b in mine])
+    gathered = [torch.zeros_like(tokens) for _ in range(world_size)]
+    dist.all_gather(gathered, tokens)
+    tokens = torch.stack(gathered)
+
+    if rank == 0:
+        union = [b for r in range(world_size) for b in rank_batches(samples, args, r, world_size)]
+        expected = one_process_gradient(reference, union)
+        result = {
+            "world_size": world_size,
+            "micro_steps": args.micro_steps,
+            "packs_per_batch": args.packs_per_batch,
+            "label_tokens_per_rank": tokens.sum(dim=1).tolist(),
+            "label_tokens_per_micro_batch": tokens.tolist(),
+            # what a token weighs under the per-rank mean, relative to one process: there every
+            # token weighs 1 / (all tokens); here 1 / (world_size * micro_steps * its batch's)
+            "token_weight_per_rank_mean": {
+                "min": round(float(tokens.sum() / (tokens.numel() * tokens.max())), 3),
+                "max": round(float(tokens.sum() / (tokens.numel() * tokens.min())), 3),
+            },
+            "grad_rel_diff_global_tokens": relative_difference(
+                gradients["global_tokens"], expected
+            ),
+            "grad_rel_diff_per_rank_mean": relative_difference(
+                gradients["per_rank_mean"], expected
+            ),
+        }
+        print(
+            f"{world_size} ranks x {args.micro_steps} micro-steps of {args.packs_per_batch} "
+            f"packs; label tokens per micro-batch {result['label_tokens_per_micro_batch']}; "
+            f"gradient against "
+            f"one process: global tokens {result['grad_rel_diff_global_tokens']:.1e}, "
+            f"per-rank mean {result['grad_rel_diff_per_rank_mean']:.1e}"
+        )
+        if args.metrics_json:
+            write_json(result, args.metrics_json)
+    dist.destroy_process_group()
+
+
+def run_torchrun(*args: str, nproc_per_node: int = 2, timeout: int = 600) -> dict:
+    """Run this module under torchrun on this machine (gloo) and return rank 0's results.
+
+    `args` are this module's flags; raises RuntimeError with torchrun's last line if it fails.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/ddp.json"
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node", str(nproc_per_node), "-m", "mmdp.ddp", *args,
+            "--metrics-json", out,
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            raise RuntimeError(f"torchrun failed: {lines[-1] if lines else 'no output'}")
+        with open(out) as f:
+            return json.load(f)
+
+
+if __name__ == "__main__":
+    main()

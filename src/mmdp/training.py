@@ -1,0 +1,193 @@
+"""Train and evaluate a TinyVLM on any mmdp batch, timing each part of a step (stage 6).
+
+One optimizer step, in the order it runs, and the name each part is timed under:
+
+    vision + embeddings       TinyVLM.embed: the vision encoder on every image, the projector,
+                              the token embeddings
+    language model            TinyVLM.hidden_states: the transformer layers
+    logits + loss             TinyVLM.logits and the mean over label tokens: B x L x 49,153
+                              floats, padding positions included
+    backward: logits + loss   the gradient down to the hidden states
+    backward: the rest        on through the language model, projector and vision encoder
+    optimizer                 AdamW's step
+
+The backward is cut in two at the hidden states (a detached copy that requires grad); the
+gradient is the same as that of one loss.backward().
+"""
+
+import statistics
+import time
+
+import torch
+
+from mmdp import config
+from mmdp.collate import real_token_mask
+from mmdp.model import TinyVLM, label_tokens, mean_over_tokens, summed_loss, vlm_inputs
+
+PARTS = (
+    "vision + embeddings",
+    "language model",
+    "logits + loss",
+    "backward: logits + loss",
+    "backward: the rest",
+    "optimizer",
+)
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on a GPU; float32 on a CPU."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+class PartTimer:
+    """Seconds per part: lap(part) adds the time since the previous lap to `part`."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+        self.last = time.perf_counter()
+
+    def lap(self, part: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # GPU work is asynchronous: wait for it before reading
+        now = time.perf_counter()
+        self.seconds[part] += now - self.last
+        self.last = now
+
+
+def train_step(model: TinyVLM, batch: dict, optimizer) -> tuple[float, dict]:
+    """One optimizer step on the mean loss over label tokens (transformers' loss); returns the
+    loss and the seconds of each part (PARTS)."""
+    device = next(model.parameters()).device
+    inputs = vlm_inputs(to_device(batch, device))
+    timer = PartTimer(device)
+    with autocast(device):
+        embeds = model.embed(inputs.pop("input_ids"), inputs.pop("images"))
+        timer.lap("vision + embeddings")
+        labels = inputs.pop("labels")
+        hidden = model.hidden_states(embeds, **inputs)
+        timer.lap("language model")
+        cut = hidden.detach().requires_grad_()
+        loss = mean_over_tokens(model.logits(cut), labels)
+        timer.lap("logits + loss")
+    loss.backward()
+    timer.lap("backward: logits + loss")
+    hidden.backward(cut.grad)
+    timer.lap("backward: the rest")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    timer.lap("optimizer")
+    return loss.item(), timer.seconds
+
+
+@torch.no_grad()
+def evaluate(model: TinyVLM, batches: list[dict]) -> float:
+    """The mean loss over every label token of `batches` (held-out samples), in eval mode."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, tokens = 0.0, 0
+    for batch in batches:
+        batch = to_device(batch, device)
+        with autocast(device):
+            logits = model(**{**vlm_inputs(batch), "labels": None}).logits
+        total += float(summed_loss(logits, batch["labels"]))
+        tokens += label_tokens(batch["labels"])
+    model.train(was_training)
+    return total / tokens
+
+
+def train(model: TinyVLM, batches: list[dict], *, lr: float, checkpoints, evaluate_on) -> dict:
+    """Train on the batches, one AdamW step each, and evaluate on `evaluate_on` (held-out batches)
+    at each checkpoint: a number of samples seen (0: before the first step).
+
+    A checkpoint is evaluated after the first step that reaches it (a packed step may pass it by
+    a few samples; `eval_samples_seen` says by how many), and the ones the batches never reach
+    (samples dropped as too long) after the last step, so every run has one loss per checkpoint.
+    Returns per step: samples_seen, loss, useful/computed/label tokens, seconds per part;
+    per checkpoint: eval_loss, eval_samples_seen and eval_steps (optimizer steps done).
+    """
+    return train_in_turns({"run": (model, batches)}, lr=lr, checkpoints=checkpoints,
+                          evaluate_on=evaluate_on)["run"]  # fmt: skip
+
+
+def train_in_turns(runs: dict, *, lr: float, checkpoints, evaluate_on) -> dict:
+    """Train several models, each on its own batches (`runs`: {name: (model, batches)}), one step
+    of each in turn. On a shared machine the load changes from minute to minute; in turns, every
+    run meets the same load, and their timings can be compared. Returns {name: log} (see train).
+    """
+    logs = {}
+    turns = []
+    for name, (model, batches) in runs.items():
+        logs[name] = {"samples_seen": [], "loss": [], "useful_tokens": [], "computed_tokens": [],
+                      "label_tokens": [], "seconds": {part: [] for part in PARTS},
+                      "eval_loss": [], "eval_samples_seen": [], "eval_steps": []}  # fmt: skip
+        turns.append(steps(model, batches, logs[name], lr, sorted(checkpoints), evaluate_on))
+    while turns:
+        turns = [turn for turn in turns if next(turn, False)]
+    return logs
+
+
+def steps(model, batches, log: dict, lr: float, checkpoints: list, evaluate_on):
+    """Train `model` on `batches`, filling `log`; yields True after every step (see train)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+
+    def evaluate_up_to(seen: int, last: bool) -> None:
+        reached = [c for c in checkpoints[len(log["eval_loss"]) :] if c <= seen or last]
+        if reached:
+            loss = evaluate(model, evaluate_on)
+            log["eval_loss"] += [loss] * len(reached)
+            log["eval_samples_seen"] += [seen] * len(reached)
+            log["eval_steps"] += [len(log["loss"])] * len(reached)
+
+    seen = 0
+    evaluate_up_to(seen, last=not batches)
+    for step, batch in enumerate(batches):
+        loss, seconds = train_step(model, batch, optimizer)
+        mask = real_token_mask(batch)
+        seen += len(batch["sample_index"])
+        log["samples_seen"].append(seen)
+        log["loss"].append(loss)
+        log["useful_tokens"].append(int(mask.sum()))
+        log["computed_tokens"].append(mask.numel())
+        log["label_tokens"].append(label_tokens(batch["labels"]))
+        for part, value in seconds.items():
+            log["seconds"][part].append(value)
+        evaluate_up_to(seen, last=step == len(batches) - 1)
+        yield True
+
+
+def time_logits_per_position(
+    model: TinyVLM, shapes: list[tuple[int, int]], repeats: int = 3
+) -> dict:
+    """Seconds per position of "logits + loss" and its backward, for batches of each shape
+    (rows, length): does a large padded batch's logits tensor cost more than its share?
+
+    Hidden states are random and a third of the labels ignored, as in a reply; the median of
+    `repeats` runs. Returns {"rows x length": microseconds per position}.
+    """
+    device = next(model.parameters()).device
+    vocab_size, hidden_size = model.lm.lm_head.weight.shape
+    generator = torch.Generator().manual_seed(0)
+    result = {}
+    for rows, length in shapes:
+        runs = []
+        for _ in range(repeats):
+            hidden = torch.randn(rows, length, hidden_size, generator=generator)
+            labels = torch.randint(0, vocab_size, (rows, length), generator=generator)
+            labels[:, ::3] = config.IGNORE_INDEX
+            hidden = hidden.to(device).requires_grad_()
+            timer = PartTimer(device)
+            with autocast(device):
+                loss = mean_over_tokens(model.logits(hidden), labels.to(device))
+            loss.backward()
+            timer.lap("logits + loss")
+            runs.append(timer.seconds["logits + loss"])
+        model.zero_grad(set_to_none=True)
+        result[f"{rows} x {length}"] = round(statistics.median(runs) / (rows * length) * 1e6, 1)
+    return result
