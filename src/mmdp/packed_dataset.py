@@ -132,7 +132,7 @@ class PackedDataset(IterableDataset):
     def __getstate__(self) -> dict:
         """What a DataLoader worker receives: this rank's plan, not the weights of every row."""
         self.rank_plan()
-        return {**self.__dict__, "weights": None, "_plan": None}
+        return {**self.__dict__, "weights": None, "weighing": None, "_plan": None}
 
     # Epochs, and resuming mid-epoch ---------------------------------------------------------
 
@@ -173,7 +173,7 @@ class PackedDataset(IterableDataset):
     def build_pack(self, rows: list[int], planned: list[int], batch_index: int) -> dict:
         """Tokenize the rows (or slice their tokens), decode their images, and lay them out in
         one padded row. `planned` are the rows' tokens in the plan, checked here."""
-        samples = [self.sample(row) for row in rows]
+        samples = self.samples(rows)
         dropped = Counter(s["drop_reason"] for s in samples if s["drop_reason"] is not None)
         for s, tokens in zip(samples, planned):
             if s["drop_reason"] is None and len(s["input_ids"]) != tokens:
@@ -187,19 +187,22 @@ class PackedDataset(IterableDataset):
         )
         return {**pack, "batch_index": batch_index, "dropped": dropped}
 
-    def sample(self, row: int) -> dict:
-        """One sample of the dataset, from its pre-computed tokens when there are some."""
+    def samples(self, rows: list[int]) -> list[dict]:
+        """The rows' samples, from their pre-computed tokens when there are some (then the tokens
+        and the images of a whole pack are read at once: a read per row costs more than slicing)."""
         if self.tokens is None:
-            return self.dataset[row]
-        tokens = self.tokens[row]
-        tokenized = (
-            torch.tensor(tokens["input_ids"], dtype=torch.long),
-            torch.tensor(tokens["labels"], dtype=torch.long),
-        )
-        return make_sample(
-            self.image_rows[row], row, self.dataset.tokenizer, self.dataset.image_size,
-            self.dataset.image_token_length, tokenized=tokenized,
-        )  # fmt: skip
+            return [self.dataset[row] for row in rows]
+        tokens, images = self.tokens[rows], self.image_rows[rows]["images"]
+        return [
+            make_sample(
+                {"images": row_images}, row, self.dataset.tokenizer, self.dataset.image_size,
+                self.dataset.image_token_length,
+                tokenized=(torch.tensor(input_ids, dtype=torch.long),
+                           torch.tensor(labels, dtype=torch.long)),
+            )
+            for row, row_images, input_ids, labels
+            in zip(rows, images, tokens["input_ids"], tokens["labels"])
+        ]  # fmt: skip
 
 
 class PackedDataLoader(DataLoader):

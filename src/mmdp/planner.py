@@ -91,7 +91,7 @@ class EpochPlan:
         first, end = self.batch_starts[batches], self.batch_starts[batches + 1]
         rows, pack_starts = gather_packs(self.rows, self.pack_starts, ranges(first, end))
         return EpochPlan(
-            rows=rows,
+            rows=rows.astype(np.int32) if len(rows) and rows.max() < 2**31 else rows,
             pack_starts=pack_starts,
             batch_starts=np.r_[0, np.cumsum(end - first)],
             world_size=1,

@@ -161,7 +161,9 @@ def compute(rows, tokenizer, image_token_length, pretokenize, num_proc, path: Pa
         desc=f"Weighing rows ({num_proc} process{'es' * (num_proc > 1)})",
     )
     # 3. Save (write next to the final place, then rename: an interrupted run leaves no cache).
-    columns = weighed.select_columns(list(WEIGHT_FEATURES)).with_format("numpy")
+    # one read of whole columns: indexing a formatted column row by row would take longer than
+    # tokenizing (bench/bench_scale.py measured it)
+    columns = weighed.select_columns(list(WEIGHT_FEATURES)).with_format("numpy")[:]
     np.savez(
         partial / "weights.npz",
         lengths=columns["length"],
@@ -217,6 +219,10 @@ def weigh_batch(batch: dict, tokenizer, image_token_length: int, pretokenize: bo
 
 def load(path: Path, pretokenize: bool) -> tuple[Weights, Dataset | None]:
     arrays = np.load(path / "weights.npz")
-    weights = Weights(arrays["lengths"], arrays["image_counts"], arrays["reasons"])
+    weights = Weights(
+        arrays["lengths"].astype(np.int32, copy=False),
+        arrays["image_counts"].astype(np.int32, copy=False),
+        arrays["reasons"].astype(np.uint8, copy=False),
+    )
     tokens = load_from_disk(str(path / "tokens")) if pretokenize else None
     return weights, tokens
