@@ -94,6 +94,29 @@ def tiny_llama(vocab_size: int, attn_implementation: str = "sdpa"):
     return use_attention(model, attn_implementation)
 
 
+def tiny_vlm_losses(batch, sample_of_row, tokenizer, attention: str) -> tuple[float, float]:
+    """(packed, one at a time): the summed loss of a packed batch on a TinyVLM with 32-pixel
+    images and large weights, under `attention`, and of its samples run alone (eager)."""
+    from mmdp.attention import use_attention
+    from mmdp.model import TinyVLM, TinyVLMConfig, summed_loss, vlm_inputs
+
+    torch.manual_seed(0)
+    vlm_config = TinyVLMConfig(
+        len(tokenizer), tokenizer.image_token_id, image_size=32, vit_patch_size=4,
+        initializer_range=0.5, attn_implementation="eager",
+    )  # fmt: skip
+    model = TinyVLM(vlm_config).eval()
+    with torch.no_grad():
+        alone = 0.0
+        for row in batch["sample_index"].tolist():
+            s = sample_of_row(row)
+            logits = model(input_ids=s["input_ids"][None], images=s["images"]).logits
+            alone += float(summed_loss(logits, s["labels"][None]))
+        use_attention(model.lm, attention)  # the packed language model; images are not packed
+        packed = float(summed_loss(model(**vlm_inputs(batch)).logits, batch["labels"]))
+    return packed, alone
+
+
 @pytest.fixture
 def attention(request):
     """Run a test under one attention implementation (the test's `implementation` parameter):

@@ -5,13 +5,13 @@ its samples alone (relative difference < 1e-5, float32)."""
 
 import pytest
 import torch
-from conftest import ATTENTION_IMPLEMENTATIONS, tiny_llama
+from conftest import ATTENTION_IMPLEMENTATIONS, tiny_llama, tiny_vlm_losses
 from transformers import DataCollatorWithFlattening
 
 from mmdp import config
-from mmdp.attention import MIN_TRANSFORMERS, check_transformers, use_attention
+from mmdp.attention import MIN_TRANSFORMERS, check_transformers
 from mmdp.data import load_vqa_dataset
-from mmdp.model import TinyVLM, TinyVLMConfig, summed_loss, vlm_inputs
+from mmdp.model import summed_loss
 from mmdp.packed_batch import collate_packs, layout_pack, model_inputs
 from mmdp.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.vqa_dataset import VQADataset
@@ -112,21 +112,8 @@ def test_tiny_vlm_with_images_keeps_packed_samples_apart(attention, image_sample
         iter(PackedDataLoader(PackedDataset(image_samples, packs_per_batch=3), num_workers=0))
     )
     assert len(batch["images"]) >= 2 and len(batch["samples_per_pack"]) == 3
-    torch.manual_seed(0)
-    vlm_config = TinyVLMConfig(
-        len(tokenizer), tokenizer.image_token_id, image_size=32, vit_patch_size=4,
-        initializer_range=0.5, attn_implementation="eager",
-    )  # fmt: skip
-    model = TinyVLM(vlm_config).eval()
-    with torch.no_grad():
-        alone = 0.0
-        for row in batch["sample_index"].tolist():
-            s = image_samples[row]
-            logits = model(input_ids=s["input_ids"][None], images=s["images"]).logits
-            alone += float(summed_loss(logits, s["labels"][None]))
-        use_attention(model.lm, attention)  # the packed language model; images are not packed
-        packed = summed_loss(model(**vlm_inputs(batch)).logits, batch["labels"])
-    assert relative_difference(float(packed), alone) < 1e-5
+    packed, alone = tiny_vlm_losses(batch, image_samples.__getitem__, tokenizer, attention)
+    assert relative_difference(packed, alone) < 1e-5
 
 
 def test_same_as_transformers_flattening_collator(image_samples):

@@ -12,9 +12,9 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_vlm_losses
 from datasets import Dataset, load_dataset
 
-from mmdp.attention import use_attention
 from mmdp.data import FEATURES, load_vqa_dataset
 from mmdp.drop_reasons import (
     HELD_AT_STOP,
@@ -24,7 +24,6 @@ from mmdp.drop_reasons import (
     UNDECODABLE_IMAGE,
 )
 from mmdp.metrics import PackReport
-from mmdp.model import TinyVLM, TinyVLMConfig, summed_loss, vlm_inputs
 from mmdp.packed_batch import model_inputs
 from mmdp.packing import STRATEGIES
 from mmdp.streaming import (
@@ -400,21 +399,13 @@ def test_streamed_batches_keep_samples_apart(attention, rows, tokenizer):
     batch = next(iter(StreamingDataLoader(dataset, num_workers=0)))
     assert len(batch["images"]) >= 2 and len(batch["samples_per_pack"]) == 3
     assert set(model_inputs(batch)) <= set(batch)
-    torch.manual_seed(0)
-    vlm_config = TinyVLMConfig(
-        len(tokenizer), tokenizer.image_token_id, image_size=32, vit_patch_size=4,
-        initializer_range=0.5, attn_implementation="eager",
-    )  # fmt: skip
-    model = TinyVLM(vlm_config).eval()
-    with torch.no_grad():
-        alone = 0.0
-        for row in batch["sample_index"].tolist():  # a list's ids are the rows' positions
-            s = make_sample(rows[row], row, tokenizer, image_size=32)
-            logits = model(input_ids=s["input_ids"][None], images=s["images"]).logits
-            alone += float(summed_loss(logits, s["labels"][None]))
-        use_attention(model.lm, attention)  # the packed language model; images are not packed
-        packed = summed_loss(model(**vlm_inputs(batch)).logits, batch["labels"])
-    assert abs(float(packed) - alone) / alone < 1e-5
+    packed, alone = tiny_vlm_losses(
+        batch,
+        lambda row: make_sample(rows[row], row, tokenizer, image_size=32),
+        tokenizer,
+        attention,
+    )  # a list's ids are the rows' positions
+    assert abs(packed - alone) / alone < 1e-5
 
 
 # Stage 5 --streaming -------------------------------------------------------------------------

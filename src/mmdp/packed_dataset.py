@@ -70,13 +70,7 @@ class PackedDataset(IterableDataset):
         self.buffer_size = buffer_size
         self.seed = seed
         self.max_queued_packs = max_queued_packs
-        distributed = dist.is_available() and dist.is_initialized()
-        self.rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
-        self.world_size = (
-            world_size if world_size is not None else (dist.get_world_size() if distributed else 1)
-        )
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
+        self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.epoch = 0
         self.batches_done = 0  # where the next iteration starts in this epoch (see state_dict)
 
@@ -244,3 +238,16 @@ class PackedDataLoader(DataLoader):
 
     def load_state_dict(self, state: dict) -> None:
         self.dataset.load_state_dict(state)
+
+
+def rank_and_world_size(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """The rank and world size given, else torch.distributed's when it is initialised, else
+    (0, 1): a dataset works unchanged under torchrun."""
+    distributed = dist.is_available() and dist.is_initialized()
+    rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
+    world_size = (
+        world_size if world_size is not None else (dist.get_world_size() if distributed else 1)
+    )
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+    return rank, world_size

@@ -66,6 +66,7 @@ from mmdp.data import UNDECODED_IMAGES
 from mmdp.drop_reasons import HELD_AT_STOP, TOO_LONG, TOO_MANY_IMAGES
 from mmdp.metrics import spread
 from mmdp.packed_batch import collate_packs, layout_pack
+from mmdp.packed_dataset import rank_and_world_size
 from mmdp.packing import Strategy, pack_flat
 from mmdp.vqa_dataset import make_sample
 
@@ -210,13 +211,7 @@ class StreamingPackedDataset(IterableDataset):
         self.image_size = image_size
         self.image_token_length = image_token_length
         self.max_queued_batches = max_queued_batches
-        distributed = dist.is_available() and dist.is_initialized()
-        self.rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
-        self.world_size = (
-            world_size if world_size is not None else (dist.get_world_size() if distributed else 1)
-        )
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
+        self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.total_shards = None  # a plain iterable has none
         if isinstance(rows, datasets.IterableDataset):
             rows = with_undecoded_images(rows)
