@@ -124,6 +124,8 @@ def is_complete(path: Path) -> bool:
 def wait_for(path: Path, local_rank: int) -> None:
     """Wait until local rank 0 of this machine has saved the weights under `path`."""
     deadline = time.monotonic() + WAIT_FOR_WEIGHING.total_seconds()
+    if not is_complete(path):
+        print(f"local rank {local_rank}: waiting for local rank 0 to weigh the rows", flush=True)
     while not is_complete(path):
         if time.monotonic() > deadline:
             raise RuntimeError(
