@@ -12,10 +12,10 @@ import argparse
 import random
 
 from mmdp.cli import add_data_args, description, display_path
-from mmdp.data import load_vqa_dataset
+from mmdp.data.images import BadImage, open_image
+from mmdp.data.sources import load_vqa_dataset
 from mmdp.errors import exit_on_user_error
-from mmdp.images import BadImage, open_image
-from mmdp.plots import plot_sample, save_figure
+from mmdp.report.plots import plot_sample, save_figure
 
 
 def parse_args():
@@ -29,7 +29,7 @@ def main():
     args = parse_args()
 
     # Load the dataset (the embedded synthetic one unless --dataset says otherwise)
-    dataset = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_samples)
+    dataset = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
 
     # Pick a random sample
     index = random.Random(args.seed).randrange(len(dataset))

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from mmdp.cli import (
+    add_batch_size_arg,
     add_data_args,
     add_loader_args,
     description,
@@ -21,19 +22,21 @@ from mmdp.cli import (
     print_settings,
     run_epoch,
 )
-from mmdp.collate import NaivePadCollator, real_token_mask
-from mmdp.data import load_vqa_dataset
+from mmdp.data.padding import NaivePadCollator
+from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.tokenizer import get_tokenizer
+from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import exit_on_user_error
-from mmdp.metrics import EpochReport, write_json
-from mmdp.plots import plot_padding, save_figure, waste_title
-from mmdp.tokenizer import get_tokenizer
-from mmdp.vqa_dataset import VQADataset
+from mmdp.packing.batch import real_token_mask
+from mmdp.report.metrics import EpochReport, write_json
+from mmdp.report.plots import plot_padding, save_figure, waste_title
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=description(__doc__))
     add_data_args(parser)
     add_loader_args(parser)
+    add_batch_size_arg(parser)
     return parser.parse_args()
 
 
@@ -43,7 +46,7 @@ def main():
 
     # Get the text tokenizer (SmolLM2's, shipped in the repo) and the dataset
     tokenizer = get_tokenizer(args.tokenizer)
-    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_samples)
+    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
 
     # Wrap it: each item is tokenized with the chat template, 64 image tokens per image
     train_dataset = VQADataset(rows, tokenizer)

@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader
 
 from mmdp import config
 from mmdp.cli import description, display_path, non_negative_int, positive_int
-from mmdp.plots import plot_packs, save_figure
-from mmdp.toy import BLOG_TOY_STRATEGIES, ToyPackingDataset
+from mmdp.packing.toy import BLOG_TOY_STRATEGIES, ToyPackingDataset
+from mmdp.report.plots import plot_packs, save_figure
 
 
 def parse_args():

@@ -14,18 +14,20 @@ rank 0 prints, draws and writes one merged --metrics-json. About 8 s for 2,000 s
 
 With --streaming, the same stage reads the dataset as a stream (a Hub dataset with
 streaming=True, parquet files one by one) and packs it a buffer at a time, as the blog's
-ConstantLengthDataset does (mmdp.streaming): same report, figures and --metrics-json keys, plus
+ConstantLengthDataset does (mmdp.packing.streaming): same report, figures and --metrics-json keys, plus
 the rows still held when the ranks stopped together.
 """
 
 import argparse
 import os
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from mmdp import config
 from mmdp.cli import (
+    Renamed,
     add_data_args,
     add_loader_args,
     description,
@@ -37,24 +39,26 @@ from mmdp.cli import (
     print_settings,
     run_epoch,
 )
-from mmdp.collate import ConstrainedPadCollator, real_token_mask
-from mmdp.data import load_vqa_dataset
-from mmdp.data_stream import load_vqa_stream
-from mmdp.drop_reasons import HELD_AT_STOP
+from mmdp.data.padding import ConstrainedPadCollator
+from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.stream import load_vqa_stream
+from mmdp.data.tokenizer import get_tokenizer
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
 from mmdp.errors import exit_on_user_error
-from mmdp.metrics import PackReport, write_json
-from mmdp.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing import STRATEGIES
-from mmdp.plots import (
+from mmdp.packing.batch import real_token_mask
+from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packers import STRATEGIES
+from mmdp.packing.planner import batch_loads
+from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
+from mmdp.report.metrics import PackReport, rank_balance, write_json
+from mmdp.report.plots import (
     plot_pack_samples,
     plot_padding,
     plot_padding_side_by_side,
     save_figure,
     waste_title,
 )
-from mmdp.streaming import StreamingDataLoader, StreamingPackedDataset, rank_balance
-from mmdp.tokenizer import get_tokenizer
-from mmdp.vqa_dataset import VQADataset
 
 
 def parse_args():
@@ -62,33 +66,56 @@ def parse_args():
     add_data_args(parser)
     add_loader_args(parser)
     parser.add_argument(
-        "--max-length", type=positive_int, default=config.MAX_LENGTH,
+        "--packs-per-batch",
+        type=positive_int,
+        default=config.PACKS_PER_BATCH,
+        help=f"packs per batch, one pack a row (default: {config.PACKS_PER_BATCH})",
+    )
+    parser.add_argument(
+        "--batch-size",
+        dest="packs_per_batch",
+        type=positive_int,
+        action=Renamed,
+        new_name="--packs-per-batch",
+    )
+    parser.add_argument(
+        "--max-length",
+        type=positive_int,
+        default=config.MAX_LENGTH,
         help=f"token budget of a pack, and its padded length (default: {config.MAX_LENGTH})",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--max-images", type=non_negative_int, default=config.MAX_IMAGES,
+        "--max-images",
+        type=non_negative_int,
+        default=config.MAX_IMAGES,
         help=f"image budget of a pack (default: {config.MAX_IMAGES})",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--strategy", choices=STRATEGIES, default="images_first_bfd",
+        "--strategy",
+        choices=STRATEGIES,
+        default="images_first_bfd",
         help="packer (default: images_first_bfd)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--buffer-size", type=positive_int, default=4096,
+        "--buffer-size",
+        type=positive_int,
+        default=4096,
         help="rows packed together, the shuffle window (default: 4096)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--streaming", action="store_true",
-        help="read the dataset as a stream and pack it buffer by buffer (mmdp.streaming)",
-    )  # fmt: skip
+        "--streaming",
+        action="store_true",
+        help="read the dataset as a stream and pack it buffer by buffer (mmdp.packing.streaming)",
+    )
     parser.add_argument(
         "--epoch", type=non_negative_int, default=0, help="which epoch's shuffle (default: 0)"
     )
     parser.add_argument(
-        "--pretokenize", action="store_true",
+        "--pretokenize",
+        action="store_true",
         help="keep every sample's tokens from the weighing pass (cached), so that building a pack "
         "only slices them and decodes images",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--save-batch", default=None, help="torch.save the first collated batch to this path"
     )
@@ -110,15 +137,20 @@ def main():
         epoch, samples = run_streaming_epoch(tokenizer, args)
     else:
         # Get the dataset, and stage 2's tokenized map-style dataset
-        rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_samples)
+        rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
         samples = VQADataset(rows, tokenizer)
 
         # Wrap it: weigh every sample, filter, pack with a token and an image budget, shard
         packed = PackedDataset(
-            samples, max_length=args.max_length, max_images=args.max_images,
-            packs_per_batch=args.batch_size, strategy=args.strategy,
-            buffer_size=args.buffer_size, seed=args.seed, pretokenize=args.pretokenize,
-        )  # fmt: skip
+            samples,
+            max_length=args.max_length,
+            max_images=args.max_images,
+            packs_per_batch=args.packs_per_batch,
+            strategy=args.strategy,
+            buffer_size=args.buffer_size,
+            seed=args.seed,
+            pretokenize=args.pretokenize,
+        )
         packed.set_epoch(args.epoch)
         if rank == 0:
             print_weighing(packed)
@@ -147,8 +179,10 @@ def start_ranks() -> int:
 def print_weighing(packed: PackedDataset) -> None:
     weighing = packed.weighing
     how = "weighed" if weighing.weighed_here else "loaded the weights of"
-    print(f"{how.capitalize()} {len(weighing.weights):,} rows in {weighing.seconds:.2f} s "
-          f"(cached in {display_path(weighing.path)})")  # fmt: skip
+    print(
+        f"{how.capitalize()} {len(weighing.weights):,} rows in {weighing.seconds:.2f} s "
+        f"(cached in {display_path(weighing.path)})"
+    )
 
 
 def run_packed_epoch(packed: PackedDataset, args) -> dict:
@@ -156,7 +190,7 @@ def run_packed_epoch(packed: PackedDataset, args) -> dict:
 
     Rows dropped while planning are counted once, in the merged report.
     """
-    hint = "raise --max-length or --max-images, or use more --num-samples"
+    hint = "raise --max-length or --max-images, or use more --num-rows"
     if packed.num_batches() == 0:
         raise nothing_to_do(len(packed.weights), packed.plan().dropped, hint)
     loader = PackedDataLoader(packed, num_workers=args.num_workers)
@@ -171,35 +205,46 @@ def run_packed_epoch(packed: PackedDataset, args) -> dict:
     merged = PackReport.merged(reports)
     merged.dropped.update(packed.plan(packed.epoch).dropped)
     return {
-        "report": merged, "reports": reports, "first_batch": first_batch, "seconds": seconds,
-        "rank_balance": packed.rank_balance(),
+        "report": merged,
+        "reports": reports,
+        "first_batch": first_batch,
+        "seconds": seconds,
+        "rank_balance": rank_balance(
+            *batch_loads(packed.plan(), packed.weights), packed.world_size
+        ),
         "weighing": {
-            "seconds": round(packed.weighing.seconds, 3), "weighed_here_per_rank": weighed_here,
+            "seconds": round(packed.weighing.seconds, 3),
+            "weighed_here_per_rank": weighed_here,
         },
-    }  # fmt: skip
+    }
 
 
 def run_streaming_epoch(tokenizer, args) -> tuple[dict, VQADataset]:
     """--streaming: one epoch over the dataset read as a stream, on this rank (every rank stops
     at the same step); on rank 0, the report merged over ranks. Also returns rows from the head
     of the stream, for the figure beside constrained padding."""
-    stream = load_vqa_stream(args.dataset, args.subset, args.split, args.num_samples)
+    stream = load_vqa_stream(args.dataset, args.subset, args.split, args.num_rows)
     packed = StreamingPackedDataset(
-        stream, tokenizer, max_length=args.max_length, max_images=args.max_images,
-        packs_per_batch=args.batch_size, strategy=args.strategy, buffer_size=args.buffer_size,
+        stream,
+        tokenizer,
+        max_length=args.max_length,
+        max_images=args.max_images,
+        packs_per_batch=args.packs_per_batch,
+        strategy=args.strategy,
+        buffer_size=args.buffer_size,
         seed=args.seed,
-    )  # fmt: skip
+    )
     loader = StreamingDataLoader(packed, num_workers=args.num_workers)
     loader.set_epoch(args.epoch)
     report, steps = PackReport(), []
 
     def batches():
         for batch in loader:
-            steps.append((int(real_token_mask(batch).sum()), len(batch["images"])))
+            steps.append((int(real_token_mask(batch).sum()), len(batch["pixel_values"])))
             yield batch
         report.dropped.update(loader.dropped_at_end)  # read after the last batch, or held
 
-    hint = "raise --max-length or --max-images, or use more --num-samples"
+    hint = "raise --max-length or --max-images, or use more --num-rows"
     first_batch, seconds = run_epoch(batches(), report, hint=hint)
     reports, steps_per_rank = [report], [steps]
     if dist.is_initialized():
@@ -207,12 +252,15 @@ def run_streaming_epoch(tokenizer, args) -> tuple[dict, VQADataset]:
         steps_per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(reports, report)
         dist.all_gather_object(steps_per_rank, steps)
-    merged = PackReport.merged(reports)
+    # every rank stopped at the same step: [step][rank] (tokens, images)
+    loads = np.array(list(zip(*steps_per_rank)), dtype=np.int64).reshape(-1, len(reports), 2)
     epoch = {
-        "report": merged, "reports": reports, "first_batch": first_batch, "seconds": seconds,
-        "rank_balance": rank_balance(steps_per_rank),
-        "rows_held_at_end": merged.dropped.get(HELD_AT_STOP, 0),
-    }  # fmt: skip
+        "report": PackReport.merged(reports),
+        "reports": reports,
+        "first_batch": first_batch,
+        "seconds": seconds,
+        "rank_balance": rank_balance(loads[..., 0], loads[..., 1], len(reports)),
+    }
     # rows from the head of the stream, for the batch beside constrained padding (rank 0 draws)
     head = [] if dist.is_initialized() and dist.get_rank() > 0 else list(stream.take(FIGURE_ROWS))
     return epoch, VQADataset(head, tokenizer)
@@ -225,11 +273,8 @@ def print_report(epoch: dict) -> None:
     report, seconds = epoch["report"], epoch["seconds"]
     print(f"\nOver the epoch ({seconds:.1f} s, {report.samples / seconds:,.0f} samples/s):")
     print(report.summary())
-    if "rows_held_at_end" in epoch:
-        print(
-            f"{'held at the end:':<18}{epoch['rows_held_at_end']:,} rows (read, not yielded: "
-            "another rank ran out first)"
-        )
+    if HELD_WHEN_RANKS_STOPPED in report.dropped:
+        print(f"({HELD_WHEN_RANKS_STOPPED}: read, not yielded: another rank ran out first)")
     balance = epoch["rank_balance"]
     if balance["world_size"] > 1:
         print(
@@ -250,8 +295,6 @@ def write_outputs(epoch: dict, args) -> None:
         }
         if "weighing" in epoch:  # planned: the rows were weighed (or loaded) up front
             metrics["weighing"] = epoch["weighing"]
-        if "rows_held_at_end" in epoch:  # --streaming
-            metrics["rows_held_at_end"] = epoch["rows_held_at_end"]
         print(f"Wrote the epoch report to {display_path(write_json(metrics, args.metrics_json))}")
     if args.save_batch:
         torch.save(epoch["first_batch"], args.save_batch)
@@ -264,36 +307,42 @@ def draw_figures(batch: dict, samples: VQADataset, tokenizer, args) -> None:
     lengths = real_token_mask(batch).sum(dim=1).tolist()
     num_samples = len(batch["sample_index"])
     knapsack = {
-        "lengths": lengths, "width": args.max_length, "limit": args.max_length,
+        "lengths": lengths,
+        "width": args.max_length,
+        "limit": args.max_length,
         "title": waste_title(
             f"Knapsack: {num_samples} samples in {len(lengths)} packs", lengths, args.max_length
         ),
-    }  # fmt: skip
+    }
     fig = plot_padding(**knapsack)
     print(f"Saved the packing figure to {display_path(save_figure(fig, args.out_dir, '05.png'))}")
 
     # The same number of rows with stage 3's constrained padding, from the same seed
     order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(args.seed))
     collate = ConstrainedPadCollator(tokenizer.pad_token_id, args.max_length)
-    constrained = collate([samples[int(i)] for i in order[: args.batch_size]])
+    constrained = collate([samples[int(i)] for i in order[: args.packs_per_batch]])
     constrained_lengths = real_token_mask(constrained).sum(dim=1).tolist()
     constrained_panel = {
-        "lengths": constrained_lengths, "width": args.max_length, "limit": args.max_length,
+        "lengths": constrained_lengths,
+        "width": args.max_length,
+        "limit": args.max_length,
         "title": waste_title(
             f"Constrained: {len(constrained_lengths)} samples", constrained_lengths, args.max_length
         ),
-    }  # fmt: skip
+    }
     fig = plot_padding_side_by_side(
-        knapsack, constrained_panel,
-        title=f"One batch of {args.batch_size} rows of {args.max_length} tokens",
-    )  # fmt: skip
+        knapsack,
+        constrained_panel,
+        title=f"One batch of {args.packs_per_batch} rows of {args.max_length} tokens",
+    )
     print(f"Saved the comparison to {display_path(save_figure(fig, args.out_dir, '05_vs_03.png'))}")
 
     fig = plot_pack_samples(
-        batch, tokenizer.image_token_id,
+        batch,
+        tokenizer.image_token_id,
         title=f"Knapsack packs: {num_samples} samples, "
-              f"{len(batch['images'])} images in {len(lengths)} packs of {args.max_length}",
-    )  # fmt: skip
+        f"{len(batch['pixel_values'])} images in {len(lengths)} packs of {args.max_length}",
+    )
     path = save_figure(fig, args.out_dir, "05_samples.png")
     print(f"Saved the samples-per-pack figure to {display_path(path)}")
 

@@ -1,6 +1,6 @@
 """Stage 6 (beyond the blog): does packing pay off? The same loss, the same learning on held-out
-samples over several seeds, more useful tokens per second, and the same gradient under DDP,
-measured on a tiny vision-language model (mmdp.model.TinyVLM).
+samples over several seeds, more real tokens per second, and the same gradient under DDP,
+measured on a tiny vision-language model (mmdp.models.tiny_vlm.TinyVLM).
 
     uv run 06_packing_pays_off.py                     # 2 min 40 s on 2 CPU cores, little load
     uv run 06_packing_pays_off.py --orders 3 --skip-ddp --metrics-json /tmp/06.json
@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from mmdp import config
-from mmdp.attention import flash_attention_on_cpu, use_attention
 from mmdp.cli import (
     add_data_args,
     description,
@@ -45,28 +44,23 @@ from mmdp.cli import (
     positive_int,
     print_settings,
 )
-from mmdp.collate import ConstrainedPadCollator, NaivePadCollator
-from mmdp.data import load_vqa_dataset
-from mmdp.ddp import run_torchrun
+from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
+from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.tokenizer import get_tokenizer
+from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError, exit_on_user_error
-from mmdp.metrics import write_json
-from mmdp.model import (
-    TinyVLM,
-    TinyVLMConfig,
-    label_tokens,
-    summed_loss,
-    summed_sample_means,
-    vlm_inputs,
-)
-from mmdp.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing import STRATEGIES as PACKING_STRATEGIES
-from mmdp.planner import EpochPlan, Weights, plan_epoch
-from mmdp.plots import plot_learning_curves, plot_strategies, save_figure
-from mmdp.strategies import compare_strategies
-from mmdp.tokenizer import get_tokenizer
-from mmdp.training import PARTS, time_logits_per_position, train_in_turns
-from mmdp.vqa_dataset import VQADataset
-from mmdp.weighing import weigh_rows
+from mmdp.models.attention import flash_attention_on_cpu, use_attention
+from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
+from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packers import STRATEGIES as PACKING_STRATEGIES
+from mmdp.packing.planner import EpochPlan, Weights, plan_epoch
+from mmdp.packing.weighing import weigh_rows
+from mmdp.report.metrics import write_json
+from mmdp.report.plots import plot_learning_curves, plot_strategies, save_figure
+from mmdp.training.ddp import run_torchrun
+from mmdp.training.loop import PARTS, time_logits_per_position, train_in_turns
+from mmdp.training.loss import label_tokens, summed_loss, summed_sample_means
+from mmdp.training.strategies import compare_strategies
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 
@@ -75,39 +69,83 @@ def parse_args():
     parser = argparse.ArgumentParser(description=description(__doc__))
     add_data_args(parser)
     parser.add_argument("--tokenizer", default=None, help="default: the shipped SmolLM2 tokenizer")
-    parser.add_argument("--strategy", choices=PACKING_STRATEGIES, default="images_first_bfd",
-                        help="the packer to train with (default: images_first_bfd)")  # fmt: skip
-    parser.add_argument("--batch-size", type=positive_int, default=config.BATCH_SIZE,
-                        help="samples per padded batch; packed batches hold packs of about as "
-                        f"many samples (default: {config.BATCH_SIZE})")  # fmt: skip
-    parser.add_argument("--max-length", type=positive_int, default=config.MAX_LENGTH,
-                        help="token budget of a pack, and constrained padding's length "
-                        f"(default: {config.MAX_LENGTH})")  # fmt: skip
-    parser.add_argument("--max-images", type=non_negative_int, default=config.MAX_IMAGES,
-                        help=f"image budget of a pack (default: {config.MAX_IMAGES})")  # fmt: skip
-    parser.add_argument("--attn-implementation", choices=ATTENTION_IMPLEMENTATIONS,
-                        default="sdpa", help="attention of the loss check (default: sdpa); "
-                        "on a CPU, flash_attention_2 runs transformers' routing with reference "
-                        "kernels")  # fmt: skip
-    parser.add_argument("--check-samples", type=positive_int, default=32,
-                        help="samples in the loss check (default: 32)")  # fmt: skip
-    parser.add_argument("--seeds", type=positive_int, default=3,
-                        help="training runs per strategy: seeds --seed, --seed + 1, ... "
-                        "(default: 3)")  # fmt: skip
-    parser.add_argument("--train-samples", type=positive_int, default=96,
-                        help="samples each run trains on (default: 96)")  # fmt: skip
-    parser.add_argument("--orders", type=positive_int, default=1,
-                        help="orders of each seed's samples to train on (default: 1); more "
-                        "show how much the order alone moves the held-out loss")  # fmt: skip
-    parser.add_argument("--eval-every", type=positive_int, default=32,
-                        help="evaluate on the held-out samples every this many samples seen "
-                        "(default: 32)")  # fmt: skip
-    parser.add_argument("--eval-samples", type=positive_int, default=32,
-                        help="held-out samples, never trained on (default: 32)")  # fmt: skip
-    parser.add_argument("--lr", type=positive_float, default=2e-3,
-                        help="AdamW learning rate (default: 0.002)")  # fmt: skip
-    parser.add_argument("--skip-ddp", action="store_true",
-                        help="skip part 4 (a torchrun run of two processes)")  # fmt: skip
+    parser.add_argument(
+        "--strategy",
+        choices=PACKING_STRATEGIES,
+        default="images_first_bfd",
+        help="the packer to train with (default: images_first_bfd)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=config.BATCH_SIZE,
+        help="samples per padded batch; packed batches hold packs of about as "
+        f"many samples (default: {config.BATCH_SIZE})",
+    )
+    parser.add_argument(
+        "--max-length",
+        type=positive_int,
+        default=config.MAX_LENGTH,
+        help="token budget of a pack, and constrained padding's length "
+        f"(default: {config.MAX_LENGTH})",
+    )
+    parser.add_argument(
+        "--max-images",
+        type=non_negative_int,
+        default=config.MAX_IMAGES,
+        help=f"image budget of a pack (default: {config.MAX_IMAGES})",
+    )
+    parser.add_argument(
+        "--attn-implementation",
+        choices=ATTENTION_IMPLEMENTATIONS,
+        default="sdpa",
+        help="attention of the loss check (default: sdpa); "
+        "on a CPU, flash_attention_2 runs transformers' routing with reference "
+        "kernels",
+    )
+    parser.add_argument(
+        "--check-samples",
+        type=positive_int,
+        default=32,
+        help="samples in the loss check (default: 32)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=3,
+        help="training runs per strategy: seeds --seed, --seed + 1, ... (default: 3)",
+    )
+    parser.add_argument(
+        "--train-samples",
+        type=positive_int,
+        default=96,
+        help="samples each run trains on (default: 96)",
+    )
+    parser.add_argument(
+        "--orders",
+        type=positive_int,
+        default=1,
+        help="orders of each seed's samples to train on (default: 1); more "
+        "show how much the order alone moves the held-out loss",
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=positive_int,
+        default=32,
+        help="evaluate on the held-out samples every this many samples seen (default: 32)",
+    )
+    parser.add_argument(
+        "--eval-samples",
+        type=positive_int,
+        default=32,
+        help="held-out samples, never trained on (default: 32)",
+    )
+    parser.add_argument(
+        "--lr", type=positive_float, default=2e-3, help="AdamW learning rate (default: 0.002)"
+    )
+    parser.add_argument(
+        "--skip-ddp", action="store_true", help="skip part 4 (a torchrun run of two processes)"
+    )
     parser.add_argument("--metrics-json", default=None, help="write the results as JSON here")
     return parser.parse_args()
 
@@ -141,13 +179,18 @@ def main():
     print(f"\nStage 6 took {total // 60:.0f} min {total % 60:.0f} s ({parts}).")
     if args.metrics_json:
         metrics = {
-            "loss": check, "learning": learning, "speed": speed["per_strategy"],
-            "speed_gain": speed["gain"], "time_per_part": speed["time_per_part"],
+            "loss": check,
+            "learning": learning,
+            "speed": speed["per_strategy"],
+            "speed_gain": speed["gain"],
+            "time_per_part": speed["time_per_part"],
             "logits_us_per_position": speed["logits_us_per_position"],
             "load_average": speed["load_average"],
-            "ddp": ddp, "strategies": strategies, "device": data["device"],
+            "ddp": ddp,
+            "strategies": strategies,
+            "device": data["device"],
             "seconds": {**{k: round(v, 1) for k, v in seconds.items()}, "total": round(total, 1)},
-        }  # fmt: skip
+        }
         print(f"Wrote the results to {display_path(write_json(metrics, args.metrics_json))}")
 
 
@@ -163,13 +206,14 @@ def timed(seconds: dict, part: str):
 
 def load_data(args) -> dict:
     tokenizer = get_tokenizer(args.tokenizer)
-    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_samples)
+    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
     samples = VQADataset(rows, tokenizer)
     weights = weigh_rows(rows, tokenizer).weights
     fits = np.flatnonzero(
-        (weights.reasons == 0) & (weights.lengths <= args.max_length)
+        (weights.reasons == 0)
+        & (weights.lengths <= args.max_length)
         & (weights.image_counts <= args.max_images)
-    ).tolist()  # fmt: skip
+    ).tolist()
     if not fits:
         raise UserError(
             f"nothing to do: none of the {len(rows):,} rows fits in a pack of max_length "
@@ -184,20 +228,27 @@ def load_data(args) -> dict:
     if len(pool) < args.train_samples:
         raise UserError(
             f"--train-samples {args.train_samples}: only {len(pool):,} rows are left after "
-            f"holding out {len(held_out)}; lower it or raise --num-samples"
+            f"holding out {len(held_out)}; lower it or raise --num-rows"
         )
     num_packs = len(plan_whole_epoch(weights, args).pack_starts) - 1
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return {
-        "tokenizer": tokenizer, "rows": rows, "samples": samples, "weights": weights,
-        "fits": fits, "held_out": held_out, "pool": pool, "num_packs": num_packs,
-        "vlm_config": TinyVLMConfig(vocab_size=len(tokenizer),
-                                    image_token_id=tokenizer.image_token_id),
+        "tokenizer": tokenizer,
+        "rows": rows,
+        "samples": samples,
+        "weights": weights,
+        "fits": fits,
+        "held_out": held_out,
+        "pool": pool,
+        "num_packs": num_packs,
+        "vlm_config": TinyVLMConfig(
+            vocab_size=len(tokenizer), image_token_id=tokenizer.image_token_id
+        ),
         # Each packed step holds about --batch-size samples, as a padded step does, so that the
         # learning rate means the same thing: packs per step from the epoch's samples per pack.
-        "packs_per_step": max(1, round(args.batch_size * num_packs / len(fits))),
+        "packs_per_batch": max(1, round(args.batch_size * num_packs / len(fits))),
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-    }  # fmt: skip
+    }
 
 
 # Stage 5's loader: the only place this script builds a PackedDataset.
@@ -206,9 +257,13 @@ def load_data(args) -> dict:
 def plan_whole_epoch(weights: Weights, args) -> EpochPlan:
     """Stage 5's plan of one epoch of every row, packed with --strategy, on one rank."""
     return plan_epoch(
-        weights, max_length=args.max_length, max_images=args.max_images,
-        packs_per_batch=args.batch_size, strategy=args.strategy, seed=args.seed,
-    )  # fmt: skip
+        weights,
+        max_length=args.max_length,
+        max_images=args.max_images,
+        packs_per_batch=args.batch_size,
+        strategy=args.strategy,
+        seed=args.seed,
+    )
 
 
 def packed_batches(
@@ -216,9 +271,13 @@ def packed_batches(
 ) -> list[dict]:
     """Stage 5's batches of `rows` (a datasets.Dataset): all of one epoch, packed with --strategy."""
     dataset = PackedDataset(
-        VQADataset(rows, tokenizer), max_length=args.max_length, max_images=args.max_images,
-        packs_per_batch=packs_per_batch, strategy=args.strategy, seed=seed,
-    )  # fmt: skip
+        VQADataset(rows, tokenizer),
+        max_length=args.max_length,
+        max_images=args.max_images,
+        packs_per_batch=packs_per_batch,
+        strategy=args.strategy,
+        seed=seed,
+    )
     dataset.set_epoch(epoch)
     return list(PackedDataLoader(dataset, num_workers=0))
 
@@ -242,10 +301,14 @@ def strategy_batches(data, names, rows: list[int], args, seed: int, epoch: int =
             samples, rows, ConstrainedPadCollator(pad_id, args.max_length), args.batch_size
         ),
         packed: packed_batches(
-            data["rows"].select(rows), tokenizer, args,
-            packs_per_batch=data["packs_per_step"], seed=seed, epoch=epoch,
+            data["rows"].select(rows),
+            tokenizer,
+            args,
+            packs_per_batch=data["packs_per_batch"],
+            seed=seed,
+            epoch=epoch,
         ),
-    }  # fmt: skip
+    }
 
 
 # 1. Same loss ------------------------------------------------------------------------------
@@ -300,20 +363,24 @@ def check_same_loss(data, names, args) -> dict:
         # lands on another sample's image tokens.
         wrong = 0.0
         for batch in batches[names[2]]:
-            shifted = {**vlm_inputs(batch), "images": batch["images"].roll(1, dims=0)}
+            shifted = {**vlm_inputs(batch), "pixel_values": batch["pixel_values"].roll(1, dims=0)}
             wrong += float(summed_loss(model(**shifted).logits, batch["labels"]))
     reference = losses["summed"][names[0]]
     return {
         **losses["summed"],
         "max_rel_diff": max_rel_diff(losses["summed"]),
         "wrong_image_mapping_rel_diff": abs(wrong - reference) / reference,
-        "mean_over_tokens": {**losses["mean_over_tokens"],
-                             "max_rel_diff": max_rel_diff(losses["mean_over_tokens"])},
-        "mean_over_samples": {**losses["mean_over_samples"],
-                              "max_rel_diff": max_rel_diff(losses["mean_over_samples"])},
+        "mean_over_tokens": {
+            **losses["mean_over_tokens"],
+            "max_rel_diff": max_rel_diff(losses["mean_over_tokens"]),
+        },
+        "mean_over_samples": {
+            **losses["mean_over_samples"],
+            "max_rel_diff": max_rel_diff(losses["mean_over_samples"]),
+        },
         "samples": len(rows),
         "attn_implementation": args.attn_implementation,
-    }  # fmt: skip
+    }
 
 
 def max_rel_diff(values: dict) -> float:
@@ -325,16 +392,25 @@ def print_check(check, names, args) -> None:
     where = "GPU" if torch.cuda.is_available() else "CPU"
     note = ""
     if args.attn_implementation == "flash_attention_2" and not torch.cuda.is_available():
-        note = ("; no GPU: transformers' FlashAttention routing with mmdp's reference kernels, "
-                "correctness only, not speed")  # fmt: skip
-    print(f"\n1. Loss of the same {check['samples']} samples (float32, {where}, "
-          f"attention {args.attn_implementation}{note}):")  # fmt: skip
+        note = (
+            "; no GPU: transformers' FlashAttention routing with mmdp's reference kernels, "
+            "correctness only, not speed"
+        )
+    print(
+        f"\n1. Loss of the same {check['samples']} samples (float32, {where}, "
+        f"attention {args.attn_implementation}{note}):"
+    )
     print(f"   {'strategy':<17} {'summed':>12} {'mean/token':>11} {'mean/sample':>12}")
     for name in names:
-        print(f"   {name:<17} {check[name]:>12,.4f} {check['mean_over_tokens'][name]:>11.6f} "
-              f"{check['mean_over_samples'][name]:>12.6f}")  # fmt: skip
-    worst = max(check["max_rel_diff"], check["mean_over_tokens"]["max_rel_diff"],
-                check["mean_over_samples"]["max_rel_diff"])  # fmt: skip
+        print(
+            f"   {name:<17} {check[name]:>12,.4f} {check['mean_over_tokens'][name]:>11.6f} "
+            f"{check['mean_over_samples'][name]:>12.6f}"
+        )
+    worst = max(
+        check["max_rel_diff"],
+        check["mean_over_tokens"]["max_rel_diff"],
+        check["mean_over_samples"]["max_rel_diff"],
+    )
     ok = "OK" if worst < 1e-4 else "MISMATCH"
     print(f"   max relative difference: {worst:.1e} ({ok}: < 1e-4)")
     wrong = check["wrong_image_mapping_rel_diff"]
@@ -353,17 +429,27 @@ def train_over_seeds(data, names, args) -> dict:
     another epoch's shuffle), the initial weights unchanged: how much the order alone moves it.
     """
     held_out = packed_batches(
-        data["rows"].select(data["held_out"]), data["tokenizer"], args,
-        packs_per_batch=data["packs_per_step"], seed=args.seed,
-    )  # fmt: skip
+        data["rows"].select(data["held_out"]),
+        data["tokenizer"],
+        args,
+        packs_per_batch=data["packs_per_batch"],
+        seed=args.seed,
+    )
     checkpoints = sorted({*range(0, args.train_samples, args.eval_every), args.train_samples})
     seeds = list(range(args.seed, args.seed + args.seeds))
     train_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    print(f"\n2. Training every strategy on {args.train_samples} samples, {len(seeds)} seeds"
-          + (f" x {args.orders} orders" if args.orders > 1 else "")
-          + f" (attention sdpa); held-out loss every {args.eval_every} samples:")  # fmt: skip
-    runs = {"seeds": seeds, "runs": [], "checkpoints": checkpoints,
-            "logs": {name: [] for name in names}, "load_average": [os.getloadavg()[0]]}  # fmt: skip
+    print(
+        f"\n2. Training every strategy on {args.train_samples} samples, {len(seeds)} seeds"
+        + (f" x {args.orders} orders" if args.orders > 1 else "")
+        + f" (attention sdpa); held-out loss every {args.eval_every} samples:"
+    )
+    runs = {
+        "seeds": seeds,
+        "runs": [],
+        "checkpoints": checkpoints,
+        "logs": {name: [] for name in names},
+        "load_average": [os.getloadavg()[0]],
+    }
     for seed in seeds:
         draw = torch.randperm(len(data["pool"]), generator=torch.Generator().manual_seed(seed))
         rows = [data["pool"][i] for i in draw[: args.train_samples].tolist()]
@@ -372,8 +458,9 @@ def train_over_seeds(data, names, args) -> dict:
         for order in range(args.orders):
             started = time.perf_counter()
             ordered = [rows[i] for i in np.random.default_rng([seed, order]).permutation(len(rows))]
-            batches = strategy_batches(data, names, ordered if order else rows, args, seed=seed,
-                                       epoch=order)  # fmt: skip
+            batches = strategy_batches(
+                data, names, ordered if order else rows, args, seed=seed, epoch=order
+            )
             empty = [name for name in names if not batches[name]]
             if empty:
                 raise UserError(
@@ -385,14 +472,21 @@ def train_over_seeds(data, names, args) -> dict:
                 models[name] = TinyVLM(data["vlm_config"]).to(train_device)
                 models[name].load_state_dict(copy.deepcopy(initial))
             # one step of each strategy in turn: all three meet the same load on a shared machine
-            logs = train_in_turns({n: (models[n], batches[n]) for n in names}, lr=args.lr,
-                                  checkpoints=checkpoints, evaluate_on=held_out)  # fmt: skip
+            logs = train_in_turns(
+                {n: (models[n], batches[n]) for n in names},
+                lr=args.lr,
+                checkpoints=checkpoints,
+                evaluate_on=held_out,
+            )
             for name in names:
                 runs["logs"][name].append(logs[name])
             runs["runs"].append({"seed": seed, "order": order})
             finals = ", ".join(f"{n} {runs['logs'][n][-1]['eval_loss'][-1]:.3f}" for n in names)
-            print(f"   seed {seed}" + (f", order {order}" if args.orders > 1 else "")
-                  + f": final held-out loss {finals} ({time.perf_counter() - started:.0f} s)")  # fmt: skip
+            print(
+                f"   seed {seed}"
+                + (f", order {order}" if args.orders > 1 else "")
+                + f": final held-out loss {finals} ({time.perf_counter() - started:.0f} s)"
+            )
     runs["load_average"].append(os.getloadavg()[0])
     return runs
 
@@ -423,33 +517,49 @@ def print_learning(learning, runs, names, args) -> None:
     final = {n: [losses[-1] for losses in learning["eval_loss"][n]] for n in names}
     seen = {n: [log["samples_seen"][-1] for log in runs["logs"][n]] for n in names}
     over = f"{args.seeds} seeds" + (f" x {args.orders} orders" if args.orders > 1 else "")
-    print(f"   final held-out loss (mean over the label tokens of {args.eval_samples} held-out "
-          f"samples) over {over}, and what the runs trained on:")  # fmt: skip
-    print(f"   {'strategy':<17} {'mean':>6} {'min':>6} {'max':>6} {'steps':>6} "
-          f"{'samples':>8} {'label tokens/step':>18}")  # fmt: skip
+    print(
+        f"   final held-out loss (mean over the label tokens of {args.eval_samples} held-out "
+        f"samples) over {over}, and what the runs trained on:"
+    )
+    print(
+        f"   {'strategy':<17} {'mean':>6} {'min':>6} {'max':>6} {'steps':>6} "
+        f"{'samples':>8} {'label tokens/step':>18}"
+    )
     for n in names:
         tokens = [t for per_step in learning["label_tokens_per_step"][n] for t in per_step]
-        print(f"   {n:<17} {statistics.mean(final[n]):>6.3f} {min(final[n]):>6.3f} "
-              f"{max(final[n]):>6.3f} {statistics.mean(learning['steps'][n]):>6.1f} "
-              f"{statistics.mean(seen[n]):>8.1f} {statistics.mean(tokens):>10.0f} ± "
-              f"{statistics.pstdev(tokens):<5.0f}")  # fmt: skip
+        print(
+            f"   {n:<17} {statistics.mean(final[n]):>6.3f} {min(final[n]):>6.3f} "
+            f"{max(final[n]):>6.3f} {statistics.mean(learning['steps'][n]):>6.1f} "
+            f"{statistics.mean(seen[n]):>8.1f} {statistics.mean(tokens):>10.0f} ± "
+            f"{statistics.pstdev(tokens):<5.0f}"
+        )
     mean = statistics.mean(final[packed])
     inside = min(final[naive]) <= mean <= max(final[naive])
-    print(f"   {packed}'s mean, {mean:.3f}, is {'within' if inside else 'OUTSIDE'} naive's "
-          f"range over {over}; paired (same initial weights and samples), {packed} - naive: "
-          + ", ".join(f"{p - q:+.3f}" for p, q in zip(final[packed], final[naive])))  # fmt: skip
+    print(
+        f"   {packed}'s mean, {mean:.3f}, is {'within' if inside else 'OUTSIDE'} naive's "
+        f"range over {over}; paired (same initial weights and samples), {packed} - naive: "
+        + ", ".join(f"{p - q:+.3f}" for p, q in zip(final[packed], final[naive]))
+    )
     if args.orders > 1:
         for n in (naive, packed):
-            spreads = [max(final[n][i : i + args.orders]) - min(final[n][i : i + args.orders])
-                       for i in range(0, len(final[n]), args.orders)]  # fmt: skip
-            print(f"   the order alone (same weights and samples) moves {n}'s final loss by "
-                  + ", ".join(f"{d:.3f}" for d in spreads) + " (per seed, max - min)")  # fmt: skip
+            spreads = [
+                max(final[n][i : i + args.orders]) - min(final[n][i : i + args.orders])
+                for i in range(0, len(final[n]), args.orders)
+            ]
+            print(
+                f"   the order alone (same weights and samples) moves {n}'s final loss by "
+                + ", ".join(f"{d:.3f}" for d in spreads)
+                + " (per seed, max - min)"
+            )
     curves = {n: [(log["samples_seen"], log["loss"]) for log in runs["logs"][n]] for n in names}
     fig = plot_learning_curves(
-        learning["samples_seen"], learning["eval_loss"], learning["eval_steps"], curves,
+        learning["samples_seen"],
+        learning["eval_loss"],
+        learning["eval_steps"],
+        curves,
         f"Same learning? Held-out loss over {over} "
         f"(TinyVLM, {args.train_samples} samples, the same initial weights per seed)",
-    )  # fmt: skip
+    )
     path = display_path(save_figure(fig, args.out_dir, "06.png"))
     print(f"   Saved the learning curves to {path}")
 
@@ -467,37 +577,51 @@ def summarize_speed(runs, names, data, args) -> dict:
         for log in runs["logs"][n]:
             timed = slice(1 if len(log["loss"]) > 1 else 0, None)
             seconds = [sum(s) for s in zip(*log["seconds"].values())][timed]
-            useful, computed = sum(log["useful_tokens"][timed]), sum(log["computed_tokens"][timed])
-            per_seed[n].append({
-                "useful_tokens": useful, "computed_tokens": computed,
-                "seconds": round(sum(seconds), 3), "steps": len(log["loss"]),
-                "useful_tokens_per_s": round(useful / sum(seconds), 1),
-                "seconds_per_step": statistics.median(seconds),
-            })  # fmt: skip
+            real, computed = sum(log["real_tokens"][timed]), sum(log["computed_tokens"][timed])
+            per_seed[n].append(
+                {
+                    "real_tokens": real,
+                    "computed_tokens": computed,
+                    "seconds": round(sum(seconds), 3),
+                    "steps": len(log["loss"]),
+                    "real_tokens_per_s": round(real / sum(seconds), 1),
+                    "seconds_per_step": statistics.median(seconds),
+                }
+            )
             for part in PARTS:
                 parts[n][part].append(sum(log["seconds"][part][timed]))
     steps_per_epoch = {naive: math.ceil(len(data["samples"]) / args.batch_size)}
     steps_per_epoch[names[1]] = steps_per_epoch[naive]
-    steps_per_epoch[packed] = math.ceil(data["num_packs"] / data["packs_per_step"])
+    steps_per_epoch[packed] = math.ceil(data["num_packs"] / data["packs_per_batch"])
     per_strategy = {}
     for n in names:
         median = {k: statistics.median(s[k] for s in per_seed[n]) for k in per_seed[n][0]}
         per_strategy[n] = {
-            **{k: median[k] for k in ("useful_tokens", "computed_tokens", "seconds",
-                                      "useful_tokens_per_s", "steps")},
+            **{
+                k: median[k]
+                for k in (
+                    "real_tokens",
+                    "computed_tokens",
+                    "seconds",
+                    "real_tokens_per_s",
+                    "steps",
+                )
+            },
             "steps_per_epoch": steps_per_epoch[n],
             "seconds_per_epoch": round(steps_per_epoch[n] * median["seconds_per_step"], 1),
             "per_seed": {k: [s[k] for s in per_seed[n]] for k in per_seed[n][0]},
-        }  # fmt: skip
+        }
     ratios = {
-        "useful_tokens_per_s": [p["useful_tokens_per_s"] / q["useful_tokens_per_s"]
-                                for p, q in zip(per_seed[packed], per_seed[naive])],
-        "waste": [q["computed_tokens"] / q["useful_tokens"] for q in per_seed[naive]],
-    }  # fmt: skip
-    ratios["recovered"] = [g / w for g, w in zip(ratios["useful_tokens_per_s"], ratios["waste"])]
+        "real_tokens_per_s": [
+            p["real_tokens_per_s"] / q["real_tokens_per_s"]
+            for p, q in zip(per_seed[packed], per_seed[naive])
+        ],
+        "waste": [q["computed_tokens"] / q["real_tokens"] for q in per_seed[naive]],
+    }
+    ratios["recovered"] = [g / w for g, w in zip(ratios["real_tokens_per_s"], ratios["waste"])]
     # The logits of a padded batch: per position, do they cost more in a large tensor?
     model = TinyVLM(data["vlm_config"])
-    shapes = [(data["packs_per_step"], args.max_length), (args.batch_size, args.max_length)]
+    shapes = [(data["packs_per_batch"], args.max_length), (args.batch_size, args.max_length)]
     return {
         "per_strategy": per_strategy,
         "gain": {k: median_and_range(v) for k, v in ratios.items()},
@@ -507,42 +631,51 @@ def summarize_speed(runs, names, data, args) -> dict:
             "cores": os.cpu_count(),
             "before": runs["load_average"][0],
             "after": runs["load_average"][-1],
-        },  # fmt: skip
+        },
         "time_per_part": {
             n: {part: round(statistics.median(v), 3) for part, v in parts[n].items()} for n in names
         },
         "computed_tokens": {
             n: statistics.median(s["computed_tokens"] for s in per_seed[n]) for n in names
-        },  # fmt: skip
+        },
     }
 
 
 def median_and_range(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3), "per_seed": [round(v, 3) for v in values]}  # fmt: skip
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+        "per_seed": [round(v, 3) for v in values],
+    }
 
 
 def print_speed(speed, names, args) -> None:
     naive, _, packed = names
     table = speed["per_strategy"]
-    print(f"\n3. Speed over the seeds (median [min-max]); a step is {args.batch_size} samples "
-          f"padded, or packs of {args.max_length} holding about as many:")  # fmt: skip
-    print(f"   {'strategy':<17} {'useful tok/s':>22} {'steps':>6} {'steps/epoch':>12} "
-          f"{'s/epoch':>8}")  # fmt: skip
+    print(
+        f"\n3. Speed over the seeds (median [min-max]); a step is {args.batch_size} samples "
+        f"padded, or packs of {args.max_length} holding about as many:"
+    )
+    print(f"   {'strategy':<17} {'real tok/s':>22} {'steps':>6} {'steps/epoch':>12} {'s/epoch':>8}")
     for n in names:
         s = table[n]
-        rate = s["per_seed"]["useful_tokens_per_s"]
-        print(f"   {n:<17} {s['useful_tokens_per_s']:>8,.0f} [{min(rate):,.0f}-{max(rate):,.0f}] "
-              f"{s['steps']:>6} {s['steps_per_epoch']:>12} {s['seconds_per_epoch']:>8.1f}")  # fmt: skip
+        rate = s["per_seed"]["real_tokens_per_s"]
+        print(
+            f"   {n:<17} {s['real_tokens_per_s']:>8,.0f} [{min(rate):,.0f}-{max(rate):,.0f}] "
+            f"{s['steps']:>6} {s['steps_per_epoch']:>12} {s['seconds_per_epoch']:>8.1f}"
+        )
     gain = speed["gain"]
 
     def spread(k):
         return f"{gain[k]['median']:.2f}x [{gain[k]['min']:.2f}-{gain[k]['max']:.2f}]"
 
-    print(f"   {packed} / naive useful tokens per second: {spread('useful_tokens_per_s')}; "
-          f"naive padding computes {spread('waste')} its useful tokens; recovered "
-          f"{gain['recovered']['median']:.0%} [{gain['recovered']['min']:.0%}-"
-          f"{gain['recovered']['max']:.0%}] of that waste")  # fmt: skip
+    print(
+        f"   {packed} / naive real tokens per second: {spread('real_tokens_per_s')}; "
+        f"naive padding computes {spread('waste')} its real tokens; recovered "
+        f"{gain['recovered']['median']:.0%} [{gain['recovered']['min']:.0%}-"
+        f"{gain['recovered']['max']:.0%}] of that waste"
+    )
     parts, computed = speed["time_per_part"], speed["computed_tokens"]
     print("   where the time goes (seconds over a run, median over seeds):")
     print(f"   {'part':<25} {naive:>8} {names[1]:>12} {packed:>17} {'naive/' + packed:>24}")
@@ -551,40 +684,61 @@ def print_speed(speed, names, args) -> None:
     rows.append(("computed tokens", computed))
     for label, values in rows:
         ratio = values[naive] / values[packed] if values[packed] else float("nan")
-        number = "{:>8,.0f} {:>12,.0f} {:>17,.0f}" if label == "computed tokens" else \
-            "{:>8.2f} {:>12.2f} {:>17.2f}"  # fmt: skip
+        number = (
+            "{:>8,.0f} {:>12,.0f} {:>17,.0f}"
+            if label == "computed tokens"
+            else "{:>8.2f} {:>12.2f} {:>17.2f}"
+        )
         print(f"   {label:<25} " + number.format(*values.values()) + f" {ratio:>23.2f}x")
     cost = speed["logits_us_per_position"]
-    print("   logits + loss, forward and backward, per position: "
-          + ", ".join(f"{shape}: {us:,.0f} us" for shape, us in cost.items()))  # fmt: skip
+    print(
+        "   logits + loss, forward and backward, per position: "
+        + ", ".join(f"{shape}: {us:,.0f} us" for shape, us in cost.items())
+    )
     load = speed["load_average"]
     busy = max(load["before"], load["after"]) > load["cores"]
-    print(f"   load average of this machine ({load['cores']} cores, this run's threads included): "
-          f"{load['before']:.1f} before training, {load['after']:.1f} after"
-          + ("; above the core count, other processes compete and timings are noisy"
-             if busy else ""))  # fmt: skip
+    print(
+        f"   load average of this machine ({load['cores']} cores, this run's threads included): "
+        f"{load['before']:.1f} before training, {load['after']:.1f} after"
+        + ("; above the core count, other processes compete and timings are noisy" if busy else "")
+    )
 
 
 # 4. Same gradient under DDP ----------------------------------------------------------------------
 
 
 def check_ddp_gradient(args) -> dict:
-    """mmdp.ddp under torchrun: two ranks (gloo, CPU), two micro-steps each, of stage 5's packed
+    """mmdp.training.ddp under torchrun: two ranks (gloo, CPU), two micro-steps each, of stage 5's packed
     batches; each normalisation's gradient against one process's over the same batches."""
     if args.skip_ddp:
-        return {"grad_rel_diff_global_tokens": None, "grad_rel_diff_per_rank_mean": None,
-                "reason": "skipped (--skip-ddp)"}  # fmt: skip
-    data_args = [f"--{name}={value}" for name, value in
-                 (("dataset", args.dataset), ("subset", args.subset), ("split", args.split))
-                 if value is not None]  # fmt: skip
+        return {
+            "grad_rel_diff_global_tokens": None,
+            "grad_rel_diff_per_rank_mean": None,
+            "reason": "skipped (--skip-ddp)",
+        }
+    data_args = [
+        f"--{name}={value}"
+        for name, value in (
+            ("dataset", args.dataset),
+            ("subset", args.subset),
+            ("split", args.split),
+        )
+        if value is not None
+    ]
     started = time.perf_counter()
     try:
         result = run_torchrun("--max-length", str(args.max_length), *data_args)
     except RuntimeError as error:
-        return {"grad_rel_diff_global_tokens": None, "grad_rel_diff_per_rank_mean": None,
-                "reason": str(error)}  # fmt: skip
-    return {**result, "seconds": round(time.perf_counter() - started, 1),
-            "command": "torchrun --standalone --nproc_per_node 2 -m mmdp.ddp"}  # fmt: skip
+        return {
+            "grad_rel_diff_global_tokens": None,
+            "grad_rel_diff_per_rank_mean": None,
+            "reason": str(error),
+        }
+    return {
+        **result,
+        "seconds": round(time.perf_counter() - started, 1),
+        "command": "torchrun --standalone --nproc_per_node 2 -m mmdp.training.ddp",
+    }
 
 
 def print_ddp(ddp) -> None:
@@ -592,9 +746,11 @@ def print_ddp(ddp) -> None:
     if ddp["grad_rel_diff_global_tokens"] is None:
         print(f"   {ddp['reason']}")
         return
-    print(f"   {ddp['world_size']} ranks x {ddp['micro_steps']} micro-steps of "
-          f"{ddp['packs_per_batch']} packs; label tokens per micro-batch, rank by rank: "
-          f"{ddp['label_tokens_per_micro_batch']}")  # fmt: skip
+    print(
+        f"   {ddp['world_size']} ranks x {ddp['micro_steps']} micro-steps of "
+        f"{ddp['packs_per_batch']} packs; label tokens per micro-batch, rank by rank: "
+        f"{ddp['label_tokens_per_micro_batch']}"
+    )
     same = ddp["grad_rel_diff_global_tokens"] < 1e-5
     weight = ddp["token_weight_per_rank_mean"]
     print("   gradient against one process on the same batches (relative difference):")
@@ -602,9 +758,11 @@ def print_ddp(ddp) -> None:
         f"   summed loss / label tokens all-reduced over ranks and micro-steps: "
         f"{ddp['grad_rel_diff_global_tokens']:.1e} ({'the same' if same else 'NOT the same'})"
     )
-    print(f"   each micro-batch's own mean / micro-steps, DDP's average of ranks: "
-          f"{ddp['grad_rel_diff_per_rank_mean']:.1e} (a token weighs {weight['min']:.2f}x to "
-          f"{weight['max']:.2f}x what it weighs in one process)")  # fmt: skip
+    print(
+        f"   each micro-batch's own mean / micro-steps, DDP's average of ranks: "
+        f"{ddp['grad_rel_diff_per_rank_mean']:.1e} (a token weighs {weight['min']:.2f}x to "
+        f"{weight['max']:.2f}x what it weighs in one process)"
+    )
 
 
 # 5. Every strategy on one epoch ------------------------------------------------------------------
@@ -613,18 +771,27 @@ def print_ddp(ddp) -> None:
 def compare_every_strategy(data, args) -> dict:
     # the rows were weighed once, in load_data
     results = compare_strategies(
-        data["weights"], max_length=args.max_length, max_images=args.max_images,
-        batch_size=args.batch_size, seed=args.seed,
-    )  # fmt: skip
-    print(f"\n5. One epoch of {len(data['samples']):,} samples, max_length {args.max_length}, "
-          f"batch size {args.batch_size}:")  # fmt: skip
-    print(f"   {'strategy':<17} {'utilization':>11} {'batches':>8} {'dropped':>8} "
-          f"{'tokens/row':>16} {'images/row':>11} {'samples/row':>12}")  # fmt: skip
+        data["weights"],
+        max_length=args.max_length,
+        max_images=args.max_images,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    print(
+        f"\n5. One epoch of {len(data['samples']):,} samples, max_length {args.max_length}, "
+        f"batch size {args.batch_size}:"
+    )
+    print(
+        f"   {'strategy':<17} {'utilization':>11} {'batches':>8} {'dropped':>8} "
+        f"{'tokens/row':>16} {'images/row':>11} {'samples/row':>12}"
+    )
     for name, r in results.items():
         tokens, images, per_row = r["tokens_per_row"], r["images_per_row"], r["samples_per_row"]
-        print(f"   {name:<17} {r['utilization']:>11.1%} {r['batches']:>8} "
-              f"{sum(r['dropped'].values()):>8} {tokens['mean']:>9.0f} ± {tokens['std']:<4.0f} "
-              f"{images['mean']:>6.1f} ± {images['std']:<3.1f} {per_row['mean']:>7.1f} ± {per_row['std']:<3.1f}")  # fmt: skip
+        print(
+            f"   {name:<17} {r['utilization']:>11.1%} {r['batches']:>8} "
+            f"{sum(r['dropped'].values()):>8} {tokens['mean']:>9.0f} ± {tokens['std']:<4.0f} "
+            f"{images['mean']:>6.1f} ± {images['std']:<3.1f} {per_row['mean']:>7.1f} ± {per_row['std']:<3.1f}"
+        )
     fig = plot_strategies(
         results,
         f"Every strategy on one epoch ({len(data['samples']):,} samples, rows of {args.max_length})",

@@ -33,13 +33,13 @@ import torch
 from datasets import concatenate_datasets
 from torch.utils.data import DataLoader
 
-from mmdp.data import load_vqa_dataset
-from mmdp.images import load_image
-from mmdp.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.planner import Weights, plan_epoch
-from mmdp.tokenizer import get_tokenizer
-from mmdp.vqa_dataset import VQADataset
-from mmdp.weighing import weigh_rows
+from mmdp.data.images import load_image
+from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.tokenizer import get_tokenizer
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.planner import Weights, plan_epoch
+from mmdp.packing.weighing import weigh_rows
 
 BASE_ROWS = 2_000
 SETTINGS = {"max_length": 512, "max_images": 18, "packs_per_batch": 8}
@@ -116,9 +116,11 @@ def child_floor(size: int, rows_seen: list[int]) -> dict:
     the first batch on (the workers have started), over the batches after it."""
     rows = replicated(size)
     loader = DataLoader(
-        ImagesOnly(rows, rows_seen), batch_size=32, num_workers=2,
+        ImagesOnly(rows, rows_seen),
+        batch_size=32,
+        num_workers=2,
         collate_fn=lambda images: (len(images), torch.cat(images)),
-    )  # fmt: skip
+    )
     batches = iter(loader)
     next(batches)
     samples, start = 0, time.perf_counter()
@@ -150,8 +152,9 @@ def run_child(kind: str, *values) -> dict:
     """Run child_<kind>(*values) in a fresh process; returns what it measured."""
     out = subprocess.run(
         [sys.executable, __file__, "--child", kind, *map(json.dumps, values)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     if out.returncode:
         raise RuntimeError(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -163,9 +166,13 @@ def main():
     parser.add_argument("--plan-rows", type=int, default=24_000_000)
     parser.add_argument("--batches", type=int, default=150, help="batches timed per loader run")
     parser.add_argument("--repeats", type=int, default=3, help="loader and floor runs (median)")
-    parser.add_argument("--pretokenized-up-to", type=int, default=200_000,
-                        help="time the pre-tokenized loader up to this many rows (pre-tokenizing "
-                        "is a slower weighing, once per size)")  # fmt: skip
+    parser.add_argument(
+        "--pretokenized-up-to",
+        type=int,
+        default=200_000,
+        help="time the pre-tokenized loader up to this many rows (pre-tokenizing "
+        "is a slower weighing, once per size)",
+    )
     parser.add_argument("--child", nargs="+", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

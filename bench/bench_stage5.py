@@ -31,11 +31,11 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from mmdp.data import load_vqa_dataset
-from mmdp.images import load_image
-from mmdp.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.tokenizer import get_tokenizer
-from mmdp.vqa_dataset import VQADataset
+from mmdp.data.images import load_image
+from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.tokenizer import get_tokenizer
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 
 
 class ImagesOnly(Dataset):
@@ -93,11 +93,18 @@ def child(size: int, workers: int):
     weigh, epoch, samples = stage5_epoch(rows, get_tokenizer(), workers)
     seconds = weigh + epoch
     kib = 1024  # ru_maxrss is in KiB on Linux
-    print(json.dumps({
-        "size": size, "samples": samples, "seconds": seconds,
-        "main_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / kib,
-        "largest_worker_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / kib,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "size": size,
+                "samples": samples,
+                "seconds": seconds,
+                "main_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / kib,
+                "largest_worker_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+                / kib,
+            }
+        )
+    )
 
 
 def main():
@@ -117,8 +124,10 @@ def main():
         load_vqa_dataset(num_rows=size)  # generate the cache first, outside the measurement
         out = subprocess.run(
             [sys.executable, __file__, "--child", str(size), "--workers", str(args.workers)],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(
             f"| {r['samples']:,} of {size:,} | {r['seconds']:.1f} | "

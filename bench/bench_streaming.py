@@ -1,4 +1,4 @@
-"""Benchmark stage 5 from a stream (mmdp.streaming) against the planned loader (mmdp.packed_dataset).
+"""Benchmark stage 5 from a stream (mmdp.packing.streaming) against the planned loader (mmdp.packing.packed_dataset).
 
     uv run bench/bench_streaming.py                      # 2,000, 10,000 and 20,000 rows
     uv run bench/bench_streaming.py --sizes 2000 --repeats 1
@@ -30,11 +30,11 @@ from pathlib import Path
 
 from datasets import load_dataset
 
-from mmdp.data import cache_dir, load_vqa_dataset
-from mmdp.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.streaming import StreamingDataLoader, StreamingPackedDataset
-from mmdp.tokenizer import get_tokenizer
-from mmdp.vqa_dataset import VQADataset
+from mmdp.data.sources import cache_dir, load_vqa_dataset
+from mmdp.data.tokenizer import get_tokenizer
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 
 BUFFER_SIZE = 4096
 SHARDS = 8
@@ -76,16 +76,18 @@ def planned_epoch(rows, tokenizer, workers: int) -> dict:
 
 
 def epoch_of(loader, start: float, weighed: float) -> dict:
-    samples = useful = computed = 0
+    samples = real = computed = 0
     for batch in loader:
         samples += len(batch["sample_index"])
-        useful += int(batch["real_token_mask"].sum())
+        real += int(batch["real_token_mask"].sum())
         computed += batch["real_token_mask"].numel()
     end = time.perf_counter()
     return {
-        "samples": samples, "utilization": useful / computed,
-        "seconds": end - start, "epoch_seconds": end - weighed,
-    }  # fmt: skip
+        "samples": samples,
+        "utilization": real / computed,
+        "seconds": end - start,
+        "epoch_seconds": end - weighed,
+    }
 
 
 LOADERS = {
@@ -99,11 +101,16 @@ def child(loader: str, size: int, workers: int):
     """One full epoch of one loader in this process; prints its figures and peak memory."""
     result = LOADERS[loader](load_vqa_dataset(num_rows=size), get_tokenizer(), workers)
     kib = 1024  # ru_maxrss is in KiB on Linux
-    print(json.dumps({
-        **result,
-        "main_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / kib,
-        "largest_worker_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / kib,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                **result,
+                "main_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / kib,
+                "largest_worker_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+                / kib,
+            }
+        )
+    )
 
 
 def cpu_seconds() -> float:
@@ -130,10 +137,19 @@ def main():
         parquet_files(load_vqa_dataset(num_rows=size))  # written once, outside the measurement
         for loader in LOADERS:
             out = subprocess.run(
-                [sys.executable, __file__, "--child", loader, str(size), "--workers",
-                 str(args.workers)],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    loader,
+                    str(size),
+                    "--workers",
+                    str(args.workers),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             r = json.loads(out.stdout.strip().splitlines()[-1])
             print(
                 f"| {loader} | {size:,} | {r['samples']:,} | {r['utilization']:.4f} | "

@@ -33,14 +33,14 @@ def pytest_unconfigure(config):
 
 def image_cell(image) -> dict:
     """A PIL image as a row of the_cauldron's schema stores it: {"bytes": PNG, "path": None}."""
-    from mmdp.synthetic import encode_png
+    from mmdp.data.synthetic import encode_png
 
     return {"bytes": encode_png(image), "path": None}
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from mmdp.tokenizer import get_tokenizer
+    from mmdp.data.tokenizer import get_tokenizer
 
     return get_tokenizer()
 
@@ -78,17 +78,22 @@ def tiny_llama(vocab_size: int, attn_implementation: str = "sdpa"):
 
     Large initial weights (initializer_range=0.5) make attention matter, so a sample that sees
     another one shows in the loss. flash_attention_2 only runs inside
-    mmdp.attention.flash_attention_on_cpu() (transformers' routing, reference kernels).
+    mmdp.models.attention.flash_attention_on_cpu() (transformers' routing, reference kernels).
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from mmdp.attention import use_attention
+    from mmdp.models.attention import use_attention
 
     model_config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
         initializer_range=0.5,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(model_config).eval()
     return use_attention(model, attn_implementation)
@@ -97,20 +102,25 @@ def tiny_llama(vocab_size: int, attn_implementation: str = "sdpa"):
 def tiny_vlm_losses(batch, sample_of_row, tokenizer, attention: str) -> tuple[float, float]:
     """(packed, one at a time): the summed loss of a packed batch on a TinyVLM with 32-pixel
     images and large weights, under `attention`, and of its samples run alone (eager)."""
-    from mmdp.attention import use_attention
-    from mmdp.model import TinyVLM, TinyVLMConfig, summed_loss, vlm_inputs
+    from mmdp.models.attention import use_attention
+    from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
+    from mmdp.training.loss import summed_loss
 
     torch.manual_seed(0)
     vlm_config = TinyVLMConfig(
-        len(tokenizer), tokenizer.image_token_id, image_size=32, vit_patch_size=4,
-        initializer_range=0.5, attn_implementation="eager",
-    )  # fmt: skip
+        len(tokenizer),
+        tokenizer.image_token_id,
+        image_size=32,
+        vit_patch_size=4,
+        initializer_range=0.5,
+        attn_implementation="eager",
+    )
     model = TinyVLM(vlm_config).eval()
     with torch.no_grad():
         alone = 0.0
         for row in batch["sample_index"].tolist():
             s = sample_of_row(row)
-            logits = model(input_ids=s["input_ids"][None], images=s["images"]).logits
+            logits = model(input_ids=s["input_ids"][None], pixel_values=s["pixel_values"]).logits
             alone += float(summed_loss(logits, s["labels"][None]))
         use_attention(model.lm, attention)  # the packed language model; images are not packed
         packed = float(summed_loss(model(**vlm_inputs(batch)).logits, batch["labels"]))
@@ -124,7 +134,7 @@ def attention(request):
     for static shapes (torch 2.15's CPU code for dynamic shapes does not compile)."""
     import torch._dynamo
 
-    from mmdp.attention import flash_attention_on_cpu
+    from mmdp.models.attention import flash_attention_on_cpu
 
     implementation = request.param
     if implementation.startswith("flash"):

@@ -9,12 +9,17 @@ from conftest import ATTENTION_IMPLEMENTATIONS, tiny_llama, tiny_vlm_losses
 from transformers import DataCollatorWithFlattening
 
 from mmdp import config
-from mmdp.attention import MIN_TRANSFORMERS, check_transformers
-from mmdp.data import load_vqa_dataset
-from mmdp.model import summed_loss
-from mmdp.packed_batch import collate_packs, layout_pack, model_inputs
-from mmdp.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.vqa_dataset import VQADataset
+from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.packing.batch import (
+    MIN_TRANSFORMERS,
+    check_transformers,
+    collate_packs,
+    layout_pack,
+    model_inputs,
+)
+from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.training.loss import summed_loss
 
 VOCAB = 97
 # Samples of these lengths, pack by pack. Without a padding tail every pack is exactly full.
@@ -29,7 +34,13 @@ def random_sample(row: int, length: int, generator: torch.Generator) -> dict:
     trained = torch.rand(length, generator=generator) < 0.5
     labels = torch.where(trained, input_ids, config.IGNORE_INDEX)
     images = torch.zeros(0, 3, 8, 8)
-    return {"row": row, "input_ids": input_ids, "labels": labels, "images": images, "converted": {}}
+    return {
+        "row": row,
+        "input_ids": input_ids,
+        "labels": labels,
+        "pixel_values": images,
+        "converted": {},
+    }
 
 
 def packed_batch(num_packs: int, max_length: int) -> tuple[dict, list[dict]]:
@@ -111,7 +122,7 @@ def test_tiny_vlm_with_images_keeps_packed_samples_apart(attention, image_sample
     batch = next(
         iter(PackedDataLoader(PackedDataset(image_samples, packs_per_batch=3), num_workers=0))
     )
-    assert len(batch["images"]) >= 2 and len(batch["samples_per_pack"]) == 3
+    assert len(batch["pixel_values"]) >= 2 and len(batch["samples_per_row"]) == 3
     packed, alone = tiny_vlm_losses(batch, image_samples.__getitem__, tokenizer, attention)
     assert relative_difference(packed, alone) < 1e-5
 

@@ -5,8 +5,8 @@ import time
 import pytest
 from torch.utils.data import DataLoader
 
-from mmdp.background import iterate_in_background
-from mmdp.toy import ToyPackingDataset
+from mmdp.packing.background import iterate_in_background
+from mmdp.packing.toy import ToyPackingDataset
 
 
 def producer_threads():

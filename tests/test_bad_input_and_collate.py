@@ -8,8 +8,9 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from mmdp import config
-from mmdp.collate import ConstrainedPadCollator, NaivePadCollator
-from mmdp.data import FEATURES
+from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
+from mmdp.data.sources import FEATURES
+from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import (
     EMPTY_REPLY,
     IMAGE_TOO_LARGE,
@@ -17,8 +18,7 @@ from mmdp.drop_reasons import (
     TOO_LONG,
     UNDECODABLE_IMAGE,
 )
-from mmdp.metrics import EpochReport
-from mmdp.vqa_dataset import VQADataset
+from mmdp.report.metrics import EpochReport
 
 
 def turn(user="What is shown?", assistant="Shapes."):
@@ -57,10 +57,10 @@ def test_odd_image_modes_are_converted_to_rgb(dataset):
     for index, mode in ((4, "L"), (5, "RGBA"), (6, "P")):
         item = dataset[index]
         assert item["converted"] == {mode: 1}
-        assert item["images"].shape == (1, 3, config.IMAGE_SIZE, config.IMAGE_SIZE)
-        assert item["images"].dtype == torch.float32
+        assert item["pixel_values"].shape == (1, 3, config.IMAGE_SIZE, config.IMAGE_SIZE)
+        assert item["pixel_values"].dtype == torch.float32
     # a fully transparent pixel becomes white, not black
-    assert torch.allclose(dataset[5]["images"], torch.ones(1))
+    assert torch.allclose(dataset[5]["pixel_values"], torch.ones(1))
 
 
 def test_epoch_through_workers_counts_every_row(dataset, tokenizer):
@@ -99,7 +99,7 @@ def test_naive_collator_pads_to_longest_with_explicit_mask(dataset, tokenizer):
     assert batch["sample_index"].tolist() == [0, 8]
     assert batch["dropped"] == {UNDECODABLE_IMAGE: 1}
     # three images, in sample order, each mapped to its row of the batch
-    assert batch["images"].shape[0] == 3 and batch["sample_of_image"].tolist() == [0, 1, 1]
+    assert batch["pixel_values"].shape[0] == 3 and batch["sample_of_image"].tolist() == [0, 1, 1]
     padding = batch["attention_mask"] == 0
     assert (batch["labels"][padding] == config.IGNORE_INDEX).all()
     assert (batch["input_ids"][padding] == tokenizer.pad_token_id).all()

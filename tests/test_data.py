@@ -7,9 +7,9 @@ from datasets import Dataset
 from PIL import Image
 
 from mmdp import config
-from mmdp.data import FEATURES, load_vqa_dataset
+from mmdp.data.sources import FEATURES, load_vqa_dataset
+from mmdp.data.synthetic import BACKGROUND, COLOURS, GRID, generate_row
 from mmdp.errors import UserError
-from mmdp.synthetic import BACKGROUND, COLOURS, GRID, generate_row
 
 
 def test_rows_are_deterministic_by_seed_and_index():
@@ -23,7 +23,7 @@ def test_rows_are_deterministic_by_seed_and_index():
 
 
 def test_mixture_has_many_tasks_and_a_long_tail(tokenizer):
-    from mmdp.conversation import count_tokens
+    from mmdp.data.conversation import count_tokens
 
     rows = [generate_row(i) for i in range(400)]
     sources = {turn["source"] for row in rows for turn in row["texts"]}
@@ -150,22 +150,22 @@ def test_hub_dataset_offline_fails_with_one_sentence(run_script):
 
 
 def test_unreachable_hub_fails_fast_without_retries(monkeypatch):
-    import mmdp.hub
+    import mmdp.data.hub
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(mmdp.hub, "hub_offline_reason", lambda timeout=3.0: "cannot connect")
+    monkeypatch.setattr(mmdp.data.hub, "hub_offline_reason", lambda timeout=3.0: "cannot connect")
     start = time.perf_counter()
     with pytest.raises(UserError, match="out of reach"):
         load_vqa_dataset("HuggingFaceM4/the_cauldron", "ai2d")
     with pytest.raises(UserError, match="SmolLM2 tokenizer shipped in the repo"):
-        from mmdp.tokenizer import get_tokenizer
+        from mmdp.data.tokenizer import get_tokenizer
 
         get_tokenizer("HuggingFaceTB/SmolLM2-360M-Instruct")
     assert time.perf_counter() - start < 5
 
 
 def test_local_tokenizer_path_loads(tmp_path, tokenizer):
-    from mmdp.tokenizer import get_tokenizer
+    from mmdp.data.tokenizer import get_tokenizer
 
     tokenizer.save_pretrained(tmp_path / "tok")
     other = get_tokenizer(str(tmp_path / "tok"))

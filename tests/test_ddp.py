@@ -1,11 +1,11 @@
-"""Packed DDP, same gradient as one process: a torchrun run of mmdp.ddp (two ranks, gloo, CPU)."""
+"""Packed DDP, same gradient as one process: a torchrun run of mmdp.training.ddp (two ranks, gloo, CPU)."""
 
-from mmdp.ddp import run_torchrun
+from mmdp.training.ddp import run_torchrun
 
 
 def test_packed_ddp_matches_one_process_only_with_tokens_counted_over_all_ranks():
     # two ranks x two gradient-accumulation micro-steps x two packs of 512 tokens
-    result = run_torchrun("--num-samples", "64", "--micro-steps", "2", "--packs-per-batch", "2")
+    result = run_torchrun("--num-rows", "64", "--micro-steps", "2", "--packs-per-batch", "2")
     assert result["world_size"] == 2 and result["micro_steps"] == 2
     tokens = result["label_tokens_per_rank"]
     assert tokens[0] != tokens[1]  # packs hold as many tokens, not as many label tokens

@@ -6,26 +6,23 @@ import torch
 from torch.utils.data import DataLoader
 
 from mmdp import config
-from mmdp.collate import ConstrainedPadCollator, NaivePadCollator, real_token_mask
-from mmdp.data import load_vqa_dataset
-from mmdp.metrics import EpochReport
-from mmdp.model import (
-    TinyVLM,
-    TinyVLMConfig,
+from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
+from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
+from mmdp.packing.batch import collate_packs, layout_pack, real_token_mask, sample_ids
+from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packers import STRATEGIES
+from mmdp.packing.weighing import weigh_rows
+from mmdp.report.metrics import EpochReport
+from mmdp.training.loop import PARTS
+from mmdp.training.loss import (
     mean_over_samples,
     mean_over_tokens,
-    sample_ids,
     summed_loss,
     summed_sample_means,
-    vlm_inputs,
 )
-from mmdp.packed_batch import collate_packs, layout_pack
-from mmdp.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing import STRATEGIES
-from mmdp.strategies import compare_strategies
-from mmdp.training import PARTS
-from mmdp.vqa_dataset import VQADataset
-from mmdp.weighing import weigh_rows
+from mmdp.training.strategies import compare_strategies
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +40,7 @@ def model(tokenizer):
 def test_packed_padded_and_alone_give_the_same_loss_with_images(samples, model, tokenizer):
     batch = next(iter(PackedDataLoader(PackedDataset(samples, packs_per_batch=3), num_workers=0)))
     rows = batch["sample_index"].tolist()
-    assert len(batch["images"]) >= 2
+    assert len(batch["pixel_values"]) >= 2
     padded = NaivePadCollator(tokenizer.pad_token_id)([samples[r] for r in rows])
     with torch.no_grad():
         packed = summed_loss(model(**vlm_inputs(batch)).logits, batch["labels"])
@@ -53,11 +50,13 @@ def test_packed_padded_and_alone_give_the_same_loss_with_images(samples, model, 
             s = samples[row]
             labels = s["labels"].clone()
             labels[0] = config.IGNORE_INDEX  # as in a pack: the first token has no label
-            logits = model(input_ids=s["input_ids"][None], images=s["images"]).logits
+            logits = model(input_ids=s["input_ids"][None], pixel_values=s["pixel_values"]).logits
             alone += summed_loss(logits, labels[None])
         # the same batch with every image moved onto another sample's image tokens
         wrong = summed_loss(
-            model(**vlm_inputs({**batch, "images": batch["images"].roll(1, dims=0)})).logits,
+            model(
+                **vlm_inputs({**batch, "pixel_values": batch["pixel_values"].roll(1, dims=0)})
+            ).logits,
             batch["labels"],
         )
     assert abs(packed - alone) / alone < 1e-5
@@ -68,13 +67,13 @@ def test_packed_padded_and_alone_give_the_same_loss_with_images(samples, model, 
 def test_image_count_must_match_the_image_tokens(samples, model):
     batch = next(iter(PackedDataLoader(PackedDataset(samples, packs_per_batch=2), num_workers=0)))
     with pytest.raises(ValueError, match="image tokens"):
-        model(**vlm_inputs({**batch, "images": batch["images"][1:]}))
+        model(**vlm_inputs({**batch, "pixel_values": batch["pixel_values"][1:]}))
 
 
 def test_both_reductions_are_the_same_for_padded_and_packed_batches(samples, model, tokenizer):
     batch = next(iter(PackedDataLoader(PackedDataset(samples, packs_per_batch=3), num_workers=0)))
     rows = batch["sample_index"].tolist()
-    assert (batch["samples_per_pack"] > 1).all()
+    assert (batch["samples_per_row"] > 1).all()
     padded = NaivePadCollator(tokenizer.pad_token_id)([samples[r] for r in rows])
     with torch.no_grad():
         packed_logits = model(**vlm_inputs(batch)).logits
@@ -117,10 +116,13 @@ def tiny_pack_and_padding() -> tuple[dict, dict, torch.Tensor, torch.Tensor]:
     """
     ignored = config.IGNORE_INDEX
     a = {"row": 0, "input_ids": torch.tensor([0, 1, 2]), "labels": torch.tensor([ignored, 1, 2])}
-    b = {"row": 1, "input_ids": torch.tensor([3, 3, 0, 1]),
-         "labels": torch.tensor([ignored, 3, 0, 1])}  # fmt: skip
+    b = {
+        "row": 1,
+        "input_ids": torch.tensor([3, 3, 0, 1]),
+        "labels": torch.tensor([ignored, 3, 0, 1]),
+    }
     for s in (a, b):
-        s.update(images=torch.zeros(0, 3, 8, 8), converted={})
+        s.update(pixel_values=torch.zeros(0, 3, 8, 8), converted={})
     pack = collate_packs([{**layout_pack([a, b], 8, 0, 8), "batch_index": 0, "dropped": {}}])
     padded = NaivePadCollator(0)([{**a, "drop_reason": None}, {**b, "drop_reason": None}])
     packed_logits = torch.zeros(1, 8, 4)  # uniform: each of B's tokens costs log 4
@@ -148,9 +150,12 @@ def test_sample_ids_and_both_means_by_hand():
 
 def loader_report(samples, collate):
     loader = DataLoader(
-        samples, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0),
+        samples,
+        batch_size=8,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
         collate_fn=collate,
-    )  # fmt: skip
+    )
     report = EpochReport()
     for batch in loader:
         report.add_batch(batch)
@@ -164,13 +169,13 @@ def test_strategy_comparison_matches_the_stages_own_loaders(samples, tokenizer):
     naive = loader_report(samples, NaivePadCollator(tokenizer.pad_token_id))
     constrained = loader_report(samples, ConstrainedPadCollator(tokenizer.pad_token_id, 512))
     for name, report in (("naive", naive), ("constrained", constrained)):
-        assert results[name]["useful_tokens"] == report.useful_tokens
+        assert results[name]["real_tokens"] == report.real_tokens
         assert results[name]["computed_tokens"] == report.computed_tokens
         assert results[name]["batches"] == report.batches
     packed = PackedDataset(samples, max_length=512, packs_per_batch=8)
     batches = list(PackedDataLoader(packed, num_workers=0))
     assert results["images_first_bfd"]["batches"] == len(batches)
-    assert results["images_first_bfd"]["useful_tokens"] == sum(
+    assert results["images_first_bfd"]["real_tokens"] == sum(
         int(real_token_mask(b).sum()) for b in batches
     )
     assert results["greedy"]["utilization"] < results["binpack"]["utilization"]
@@ -179,11 +184,27 @@ def test_strategy_comparison_matches_the_stages_own_loaders(samples, tokenizer):
 def test_stage6_runs_and_reports(run_script, tmp_path):
     metrics = tmp_path / "m.json"
     result = run_script(
-        "06_packing_pays_off.py", "--num-samples", "120", "--check-samples", "16", "--seeds", "2",
-        "--train-samples", "16", "--eval-every", "8", "--eval-samples", "8", "--skip-ddp",
-        "--attn-implementation", "flash_attention_2",
-        "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
-    )  # fmt: skip
+        "06_packing_pays_off.py",
+        "--num-rows",
+        "120",
+        "--check-samples",
+        "16",
+        "--seeds",
+        "2",
+        "--train-samples",
+        "16",
+        "--eval-every",
+        "8",
+        "--eval-samples",
+        "8",
+        "--skip-ddp",
+        "--attn-implementation",
+        "flash_attention_2",
+        "--out-dir",
+        str(tmp_path),
+        "--metrics-json",
+        str(metrics),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     # no GPU: FlashAttention's routing in transformers, with mmdp's reference kernels
     assert "reference kernels, correctness only, not speed" in result.stdout
@@ -207,14 +228,14 @@ def test_stage6_runs_and_reports(run_script, tmp_path):
     for name in names:
         speed = report["speed"][name]
         assert {
-            "useful_tokens",
+            "real_tokens",
             "computed_tokens",
             "seconds",
-            "useful_tokens_per_s",
+            "real_tokens_per_s",
             "steps",
         } <= set(speed)
-        assert speed["useful_tokens"] <= speed["computed_tokens"]
-        assert len(speed["per_seed"]["useful_tokens_per_s"]) == 2
+        assert speed["real_tokens"] <= speed["computed_tokens"]
+        assert len(speed["per_seed"]["real_tokens_per_s"]) == 2
     assert set(report["time_per_part"]["naive"]) == set(PARTS)
     assert report["ddp"] == {
         "grad_rel_diff_global_tokens": None,

@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmdp import packing
-from mmdp.packing import (
+from mmdp.packing import packers as packing
+from mmdp.packing.packers import (
     STRATEGIES,
     lower_bound,
     pack,
@@ -23,8 +23,11 @@ def values(packs, items):
 
 def test_greedy_reproduces_the_blog():
     assert values(pack(BLOG_ITEMS, 100, "greedy"), BLOG_ITEMS) == [
-        list(range(1, 14)), list(range(14, 20)), list(range(20, 24)), [24],
-    ]  # fmt: skip
+        list(range(1, 14)),
+        list(range(14, 20)),
+        list(range(20, 24)),
+        [24],
+    ]
 
 
 @pytest.mark.parametrize("strategy", ["binpack", "bfd", "images_first_bfd"])
@@ -101,8 +104,9 @@ def test_images_first_bfd_is_not_binpack():
     # left, tie -> the lowest number, A
     assert pack([6, 4, 4], 10, "images_first_bfd", [0, 2, 2], 2) == [[1, 0], [2]]
     assert reference_fit_decreasing([6, 4, 4], 10, [0, 2, 2], 2, fit="images_first") == [
-        [1, 0], [2],
-    ]  # fmt: skip
+        [1, 0],
+        [2],
+    ]
     with pytest.raises(ValueError, match="unknown fit rule"):
         reference_fit_decreasing([6, 4, 4], 10, fit="images_first_bfd")
 

@@ -3,16 +3,17 @@
 import numpy as np
 import pytest
 
-from mmdp.drop_reasons import NO_TEXTS, RANK_REMAINDER, TOO_LONG, TOO_MANY_IMAGES
-from mmdp.planner import (
+from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS, NO_TEXTS, TOO_LONG, TOO_MANY_IMAGES
+from mmdp.packing.planner import (
     Weights,
+    batch_loads,
     deal_steps,
     filter_rows,
     pack_buffers,
     plan_epoch,
     ranges,
-    rank_balance,
 )
+from mmdp.report.metrics import rank_balance
 
 
 def test_filter_counts_every_row_it_leaves_out():
@@ -97,7 +98,7 @@ def test_plan_accounts_for_every_row_and_ranks_get_equal_batches():
     assert len(used) == len(set(used))
     assert plan.dropped[TOO_LONG] == plan.dropped[NO_TEXTS] == 1
     assert len(used) + sum(plan.dropped.values()) == 11
-    assert plan.dropped[RANK_REMAINDER] in (1, 2)
+    assert plan.dropped[LEFT_OUT_TO_EQUALISE_RANKS] in (1, 2)
 
 
 def test_same_seed_same_plan_another_epoch_another_order():
@@ -122,12 +123,14 @@ def test_a_rank_plan_holds_exactly_that_ranks_batches():
             assert [p.tolist() for p in mine.batch(step)] == expected
 
 
-def test_rank_balance_reports_the_spread_per_step():
+def test_batch_loads_give_each_ranks_tokens_and_images_per_step():
     # the plan of test_dealing_evens_out_images_between_ranks, through plan_epoch: 4 rows of 8
     # tokens with 3, 0, 2, 1 images, one row a pack, 2 ranks x 2 packs
     weights = Weights.from_lists([8, 8, 8, 8], [3, 0, 2, 1])
     plan = plan_epoch(weights, max_length=8, max_images=3, packs_per_batch=2, world_size=2)
-    balance = rank_balance(plan, weights)
+    tokens, images = batch_loads(plan, weights)
+    assert tokens.tolist() == [[16, 16]] and images.tolist() == [[3, 3]]  # 3 + 0, 2 + 1
+    balance = rank_balance(tokens, images, world_size=2)
     assert balance["batches_per_rank"] == [1, 1]
     assert balance["image_spread_per_step"]["max"] == 0  # 3 images each
     assert balance["token_spread_per_step"]["max"] == 0

@@ -1,4 +1,4 @@
-from mmdp.plots import plot_padding, waste
+from mmdp.report.plots import plot_padding, waste
 
 
 def test_padding_figure_lists_every_element_in_its_legend():
@@ -7,7 +7,7 @@ def test_padding_figure_lists_every_element_in_its_legend():
     assert ax.get_title() == "Naive Padding: 54% padding"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "max length (8)",
-        "content",
+        "real tokens",
         "padding",
     ]
     assert [round(bar.get_width()) for bar in ax.patches] == [3, 6, 2, 5, 2, 6]
@@ -19,7 +19,7 @@ def test_waste_is_the_padding_share():
 
 
 def test_pack_figure_shows_items_and_unused_room():
-    from mmdp.plots import plot_packs
+    from mmdp.report.plots import plot_packs
 
     fig = plot_packs([[6, 2], [5, 3]], max_length=10, title="Knapsack toy, binpack")
     ax = fig.axes[0]

@@ -4,7 +4,7 @@ import pytest
 
 from mmdp.drop_reasons import TOO_LONG
 
-KEYS = {"samples", "dropped", "batches", "useful_tokens", "computed_tokens", "utilization"}
+KEYS = {"samples", "dropped", "batches", "real_tokens", "computed_tokens", "utilization"}
 
 
 def test_stage1_saves_the_sample_figure(run_script, tmp_path):
@@ -25,7 +25,7 @@ def test_padding_stages_write_figure_and_consistent_metrics(run_script, tmp_path
     metrics = tmp_path / "m.json"
     result = run_script(
         script,
-        "--num-samples",
+        "--num-rows",
         "96",
         "--batch-size",
         "8",
@@ -42,7 +42,7 @@ def test_padding_stages_write_figure_and_consistent_metrics(run_script, tmp_path
     assert KEYS <= set(report)
     assert report["samples"] + sum(report["dropped"].values()) == 96
     assert report["utilization"] == pytest.approx(
-        report["useful_tokens"] / report["computed_tokens"], abs=1e-6
+        report["real_tokens"] / report["computed_tokens"], abs=1e-6
     )
     if script.startswith("03"):
         assert report["computed_tokens"] == report["batches"] * 8 * 256 - 256 * sum(
@@ -60,11 +60,16 @@ def test_stage4_prints_the_blogs_packs_and_saves_both_figures(run_script, tmp_pa
     greedy = lines[lines.index("=== Strategy: GREEDY ===") + 1 :][:4]
     binpack = lines[lines.index("=== Strategy: BINPACK ===") + 1 :][:3]
     assert [line.split(": ", 1)[1] for line in greedy] == [
-        " ".join(map(str, range(1, 14))), "14 15 16 17 18 19", "20 21 22 23", "24",
-    ]  # fmt: skip
+        " ".join(map(str, range(1, 14))),
+        "14 15 16 17 18 19",
+        "20 21 22 23",
+        "24",
+    ]
     assert [line.split(": ", 1)[1] for line in binpack] == [
-        "24 23 22 21 10", "20 19 18 17 16 9 1", "15 14 13 12 11 8 7 6 5 4 3 2",
-    ]  # fmt: skip
+        "24 23 22 21 10",
+        "20 19 18 17 16 9 1",
+        "15 14 13 12 11 8 7 6 5 4 3 2",
+    ]
     for name in ("04_greedy.png", "04_binpack.png"):
         assert (tmp_path / name).stat().st_size > 10_000
 
@@ -73,26 +78,31 @@ def test_stage5_default_run_packs_at_least_98_percent(run_script, tmp_path):
     metrics = tmp_path / "m.json"
     batch = tmp_path / "batch.pt"
     result = run_script(
-        "05_knapsack_multimodal.py", "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
-        "--save-batch", str(batch),
-    )  # fmt: skip
+        "05_knapsack_multimodal.py",
+        "--out-dir",
+        str(tmp_path),
+        "--metrics-json",
+        str(metrics),
+        "--save-batch",
+        str(batch),
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(metrics.read_text())
     assert KEYS <= set(report)
     assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"] == 2000
     assert report["utilization"] >= 0.98
     assert len(report["sample_index"]) == len(set(report["sample_index"])) == report["samples"]
-    for name in ("tokens_per_pack", "images_per_pack", "samples_per_pack"):
+    for name in ("tokens_per_row", "images_per_row", "samples_per_row"):
         assert set(report[name]) == {"min", "max", "mean", "std"}
-    assert report["images_per_pack"]["max"] <= 18
+    assert report["images_per_row"]["max"] <= 18
     for name in ("05.png", "05_vs_03.png", "05_samples.png"):
         assert (tmp_path / name).stat().st_size > 10_000
     import torch
 
-    from mmdp.packed_batch import model_inputs
+    from mmdp.packing.batch import model_inputs
 
     saved = torch.load(batch)
-    assert {"real_token_mask", "sample_index", "images", "sample_of_image"} <= set(saved)
+    assert {"real_token_mask", "sample_index", "pixel_values", "sample_of_image"} <= set(saved)
     inputs = model_inputs(saved)
     assert inputs["input_ids"].shape == (8, 512)
     # the four FlashAttention kwargs, as transformers takes them
@@ -106,11 +116,24 @@ def test_stage5_default_run_packs_at_least_98_percent(run_script, tmp_path):
 def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
     metrics = tmp_path / "m.json"
     result = run_script(
-        "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        "05_knapsack_multimodal.py", "--num-samples", "300", "--num-workers", "2",
-        "--pretokenize", "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
-        python_args=True, env={"MMDP_CACHE": str(tmp_path / "fresh-cache")},
-    )  # fmt: skip
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "05_knapsack_multimodal.py",
+        "--num-rows",
+        "300",
+        "--num-workers",
+        "2",
+        "--pretokenize",
+        "--out-dir",
+        str(tmp_path),
+        "--metrics-json",
+        str(metrics),
+        python_args=True,
+        env={"MMDP_CACHE": str(tmp_path / "fresh-cache")},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(metrics.read_text())
     # every rank yielded the same number of batches: no DDP hang at the end of the epoch
@@ -128,11 +151,11 @@ def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
 @pytest.mark.parametrize(
     ("script", "args", "says"),
     [
-        ("01_check_dataset.py", ["--num-samples", "0"], "--num-samples: must be a positive"),
+        ("01_check_dataset.py", ["--num-rows", "0"], "--num-rows: must be a positive"),
         (
             "02_naive_pad_dataloader.py",
-            ["--num-samples", "-5"],
-            "--num-samples: must be a positive",
+            ["--num-rows", "-5"],
+            "--num-rows: must be a positive",
         ),
         ("02_naive_pad_dataloader.py", ["--batch-size", "0"], "--batch-size: must be a positive"),
         ("02_naive_pad_dataloader.py", ["--dataset", "/nonexistent/x.parquet"], "no such file"),
@@ -152,10 +175,17 @@ def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
     ],
 )
 def test_impossible_settings_get_one_sentence_and_status_2(run_main, tmp_path, script, args, says):
-    status, _, stderr = run_main(script, "--out-dir", str(tmp_path), *args, *(
-        ["--num-samples", "40"] if "--num-samples" not in args and script != "04_knapsack_toy.py"
-        else []
-    ))  # fmt: skip
+    status, _, stderr = run_main(
+        script,
+        "--out-dir",
+        str(tmp_path),
+        *args,
+        *(
+            ["--num-rows", "40"]
+            if "--num-rows" not in args and script != "04_knapsack_toy.py"
+            else []
+        ),
+    )
     assert status == 2
     last = stderr.strip().splitlines()[-1]
     assert "error:" in last and says in last

@@ -1,4 +1,4 @@
-"""Stage 5 from a stream (mmdp.streaming): every row yielded once or counted, ranks and workers
+"""Stage 5 from a stream (mmdp.packing.streaming): every row yielded once or counted, ranks and workers
 without repeats, ranks that stop together, exact resume, and samples kept apart in a pack.
 
 The rows say who they are: row i's first question starts with "Row i:", so a test finds each row
@@ -15,24 +15,26 @@ import torch
 from conftest import tiny_vlm_losses
 from datasets import Dataset, load_dataset
 
-from mmdp.data import FEATURES, load_vqa_dataset
+from mmdp.data.sources import FEATURES, load_vqa_dataset
+from mmdp.data.vqa_dataset import make_sample
 from mmdp.drop_reasons import (
-    HELD_AT_STOP,
+    HELD_WHEN_RANKS_STOPPED,
     NO_TEXTS,
     TOO_LONG,
     TOO_MANY_IMAGES,
     UNDECODABLE_IMAGE,
 )
-from mmdp.metrics import PackReport
-from mmdp.packed_batch import model_inputs
-from mmdp.packing import STRATEGIES
-from mmdp.streaming import (
+from mmdp.packing.batch import model_inputs
+from mmdp.packing.packers import STRATEGIES
+from mmdp.packing.planner import Weights
+from mmdp.packing.streaming import (
+    ReaderState,
     StreamingDataLoader,
     StreamingPackedDataset,
     in_turns,
     pack_buffer,
 )
-from mmdp.vqa_dataset import make_sample
+from mmdp.report.metrics import PackReport
 
 IMAGE_SIZE = 16  # tiny images keep these tests fast; nothing here depends on the size
 MAX_LENGTH = 512
@@ -100,9 +102,13 @@ def parquet_stream(table: Dataset, sizes: list[int], folder) -> Dataset:
 
 def streamed(rows, tokenizer, **kwargs) -> StreamingPackedDataset:
     kwargs = {
-        "max_length": MAX_LENGTH, "max_images": MAX_IMAGES, "packs_per_batch": 3,
-        "buffer_size": 40, "image_size": IMAGE_SIZE, **kwargs,
-    }  # fmt: skip
+        "max_length": MAX_LENGTH,
+        "max_images": MAX_IMAGES,
+        "packs_per_batch": 3,
+        "buffer_size": 40,
+        "image_size": IMAGE_SIZE,
+        **kwargs,
+    }
     return StreamingPackedDataset(rows, tokenizer, **kwargs)
 
 
@@ -132,9 +138,12 @@ def test_pack_buffer_worked_example():
     # 5 (no room in A: new pack B), 3 (A has 2 left, B has 3: the first with room is B),
     # 2 (A) -> A = rows [2, 3], B = rows [4, 0]
     packs, dropped = pack_buffer(
-        [3, 9, 6, 2, 5], [0] * 5, [None] * 5, np.random.default_rng(0),
-        max_length=8, max_images=0, strategy="binpack",
-    )  # fmt: skip
+        Weights.from_lists([3, 9, 6, 2, 5], [0] * 5),
+        np.random.default_rng(0),
+        max_length=8,
+        max_images=0,
+        strategy="binpack",
+    )
     assert sorted(sorted(p.tolist()) for p in packs) == [[0, 4], [2, 3]]
     assert dropped == {TOO_LONG: 1}
 
@@ -142,10 +151,10 @@ def test_pack_buffer_worked_example():
 def test_pack_buffer_counts_each_reason_once():
     # row 0: no conversation (its length does not matter); row 1: 3 images, budget 2;
     # row 2: too long AND too many images: counted once, as too long
+    weights = Weights.from_lists([0, 5, 20, 4, 4], [0, 3, 3, 1, 1], [NO_TEXTS] + [None] * 4)
     packs, dropped = pack_buffer(
-        [0, 5, 20, 4, 4], [0, 3, 3, 1, 1], [NO_TEXTS, None, None, None, None],
-        np.random.default_rng(0), max_length=8, max_images=2, strategy="greedy",
-    )  # fmt: skip
+        weights, np.random.default_rng(0), max_length=8, max_images=2, strategy="greedy"
+    )
     assert dropped == {NO_TEXTS: 1, TOO_MANY_IMAGES: 1, TOO_LONG: 1}
     assert [sorted(p.tolist()) for p in packs] == [[3, 4]]  # 4 + 4 tokens, 1 + 1 images
 
@@ -156,25 +165,24 @@ def test_pack_buffer_places_every_usable_row_once_under_both_budgets(strategy):
     lengths = rng.integers(1, 700, size=300)
     images = rng.integers(0, 5, size=300)
     problems = [NO_TEXTS if i % 37 == 0 else None for i in range(300)]
+    weights = Weights.from_lists(lengths, images, problems)
     packs, dropped = pack_buffer(
-        lengths, images, problems, np.random.default_rng(1),
-        max_length=512, max_images=3, strategy=strategy,
-    )  # fmt: skip
+        weights, np.random.default_rng(1), max_length=512, max_images=3, strategy=strategy
+    )
     placed = np.concatenate(packs)
     usable = [i for i in range(300) if problems[i] is None and lengths[i] <= 512 and images[i] <= 3]
     assert sorted(placed.tolist()) == usable
     assert len(placed) + sum(dropped.values()) == 300
     assert all(lengths[p].sum() <= 512 and images[p].sum() <= 3 for p in packs)
     again, _ = pack_buffer(
-        lengths, images, problems, np.random.default_rng(1),
-        max_length=512, max_images=3, strategy=strategy,
-    )  # fmt: skip
+        weights, np.random.default_rng(1), max_length=512, max_images=3, strategy=strategy
+    )
     assert [p.tolist() for p in again] == [p.tolist() for p in packs]  # same buffer, same seed
 
 
 def test_workers_take_turns_and_resume_in_the_same_order():
     def item(worker, n):
-        return {"stream_state": {"worker": worker}, "n": n}
+        return {"reader_state": ReaderState(worker), "n": n}
 
     def end(worker):
         return {"end_of_stream": True, "worker": worker}
@@ -216,8 +224,8 @@ def test_epoch_yields_every_row_once_or_counts_it(
         assert ids == found
     assert [b["batch_index"] for b in batches] == list(range(len(batches)))
     for worker in range(max(workers, 1)):  # only a worker's last batch may be short
-        mine = [b for b in batches if b["stream_state"]["worker"] == worker]
-        assert all(len(b["samples_per_pack"]) == 3 for b in mine[:-1])
+        mine = [b for b in batches if b["reader_state"].worker == worker]
+        assert all(len(b["samples_per_row"]) == 3 for b in mine[:-1])
 
 
 def test_buffers_without_a_pack_still_report_their_drops(rows, tokenizer):
@@ -321,7 +329,7 @@ def test_resume_mid_epoch_yields_exactly_the_rest(workers, table, tokenizer, tmp
             if len(seen) == cut:
                 state = interrupted.state_dict()
                 break
-        held += [w["rows_held"] for w in state["workers"] if w is not None]
+        held += [s["rows_held"] for s in state["reader_states"] if s is not None]
         # a checkpoint goes through torch.save
         torch.save(state, tmp_path / "state.pt")
         resumed = loader()
@@ -333,7 +341,7 @@ def test_resume_mid_epoch_yields_exactly_the_rest(workers, table, tokenizer, tmp
         # after the epoch the position resets: iterating again gives the whole epoch
         assert [b["sample_index"].tolist() for b in run_epoch(resumed)[0]] == full
     assert max(held) > 0  # some cuts were in the middle of a buffer, with packs left in it
-    assert any(w is not None and w["buffer"] > 0 for w in state["workers"])
+    assert any(s is not None and s["buffer"] > 0 for s in state["reader_states"])
 
 
 def test_resume_needs_the_same_workers_ranks_and_packing(table, tokenizer):
@@ -363,7 +371,9 @@ def test_when_another_rank_runs_out_this_rank_counts_what_it_held(monkeypatch, r
         steps.append(have_one)
         return have_one and len(steps) < 5
 
-    monkeypatch.setattr("mmdp.streaming.all_ranks_have_a_batch", other_rank_runs_out_at_step_5)
+    monkeypatch.setattr(
+        "mmdp.packing.streaming.all_ranks_have_a_batch", other_rank_runs_out_at_step_5
+    )
     dataset = streamed(rows, tokenizer, rank=1, world_size=2, buffer_size=20)
     loader = StreamingDataLoader(dataset, num_workers=2, stop_together=True)
     in_hand, count_held = [], loader.count_held
@@ -375,29 +385,29 @@ def test_when_another_rank_runs_out_this_rank_counts_what_it_held(monkeypatch, r
     monkeypatch.setattr(loader, "count_held", keep_the_batch_in_hand)
     batches, report = run_epoch(loader)
     assert len(batches) == 4 and len(in_hand) == 1
-    held = loader.dropped_at_end[HELD_AT_STOP]
+    held = loader.dropped_at_end[HELD_WHEN_RANKS_STOPPED]
     assert held > len(in_hand[0]["sample_index"]) > 0  # the batch in hand, and more
     # Rows read: every buffer a yielded batch (or the batch in hand) came from. Rank 1's readers
     # (2 ranks x 2 workers: readers 2 and 3 of 4) take the rows 2, 6, 10... and 3, 7, 11...
     share = [len(range(reader, len(rows), 4)) for reader in (2, 3)]
-    states = [b["stream_state"] for b in batches + in_hand]
-    last_buffer = [max(s["buffer"] for s in states if s["worker"] == w) for w in (0, 1)]
+    states = [b["reader_state"] for b in batches + in_hand]
+    last_buffer = [max(s.buffer for s in states if s.worker == w) for w in (0, 1)]
     assert report.rows_read == sum(min(20 * (b + 1), n) for b, n in zip(last_buffer, share))
     assert report.samples + sum(report.dropped.values()) == report.rows_read
-    assert loader.state_dict()["workers"] == [None, None]  # the epoch is over
+    assert loader.state_dict()["reader_states"] == [None, None]  # the epoch is over
 
 
 # The batches a model takes ---------------------------------------------------------------------
 
 
-# Streamed batches have the planned ones' layout (mmdp.packed_batch), which tests/test_attention.py
+# Streamed batches have the planned ones' layout (mmdp.packing.batch), which tests/test_attention.py
 # checks under every attention implementation; two of them are enough here.
 @pytest.mark.parametrize("attention", ["eager", "sdpa"], indirect=True)
 def test_streamed_batches_keep_samples_apart(attention, rows, tokenizer):
     """The summed loss of a streamed batch equals that of its samples one at a time."""
     dataset = streamed(rows[:40], tokenizer, image_size=32, buffer_size=40)
     batch = next(iter(StreamingDataLoader(dataset, num_workers=0)))
-    assert len(batch["images"]) >= 2 and len(batch["samples_per_pack"]) == 3
+    assert len(batch["pixel_values"]) >= 2 and len(batch["samples_per_row"]) == 3
     assert set(model_inputs(batch)) <= set(batch)
     packed, alone = tiny_vlm_losses(
         batch,
@@ -416,29 +426,40 @@ def test_stage5_streaming_has_the_planned_report_keys(run_main, tmp_path):
     for mode in ("planned", "streaming"):
         metrics = tmp_path / f"{mode}.json"
         status, out, err = run_main(
-            "05_knapsack_multimodal.py", "--num-samples", "120", "--out-dir", str(tmp_path),
-            "--metrics-json", str(metrics), *(["--streaming"] if mode == "streaming" else []),
-        )  # fmt: skip
+            "05_knapsack_multimodal.py",
+            "--num-rows",
+            "120",
+            "--out-dir",
+            str(tmp_path),
+            "--metrics-json",
+            str(metrics),
+            *(["--streaming"] if mode == "streaming" else []),
+        )
         assert status == 0, err
         reports[mode] = json.loads(metrics.read_text())
     planned, streaming = reports["planned"], reports["streaming"]
-    # the same keys, but the planned run's weighing (a stream is weighed as it arrives) and the
-    # rows a stream still held when it stopped
-    assert set(streaming) - {"rows_held_at_end"} == set(planned) - {"weighing"}
+    # the same keys, but the planned run's weighing (a stream is weighed as it arrives)
+    assert set(streaming) == set(planned) - {"weighing"}
     assert set(streaming["rank_balance"]) == set(planned["rank_balance"])
     assert streaming["samples"] + sum(streaming["dropped"].values()) == streaming["rows_read"]
-    assert streaming["rows_read"] == 120 and streaming["rows_held_at_end"] == 0
+    assert streaming["rows_read"] == 120
+    assert HELD_WHEN_RANKS_STOPPED not in streaming["dropped"]  # one rank: nothing held
     assert streaming["samples"] == planned["samples"]  # the same rows made it, packed otherwise
-    assert "held at the end:  0 rows" in out
     for name in ("05.png", "05_vs_03.png", "05_samples.png"):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
 def test_stage5_streaming_says_when_nothing_is_left(run_main, tmp_path):
     status, _, err = run_main(
-        "05_knapsack_multimodal.py", "--streaming", "--num-samples", "40", "--max-length", "10",
-        "--out-dir", str(tmp_path),
-    )  # fmt: skip
+        "05_knapsack_multimodal.py",
+        "--streaming",
+        "--num-rows",
+        "40",
+        "--max-length",
+        "10",
+        "--out-dir",
+        str(tmp_path),
+    )
     assert status == 2
     assert "nothing to do: none of the 40 rows read" in err.strip().splitlines()[-1]
 
@@ -450,12 +471,27 @@ def test_stage5_streaming_under_torchrun_unequal_shards(run_script, table, tmp_p
     parquet_stream(table, [60, 20, 52, 20], tmp_path)
     metrics = tmp_path / "m.json"
     result = run_script(
-        "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        "05_knapsack_multimodal.py", "--streaming", "--dataset", str(tmp_path),
-        "--num-workers", "2", "--buffer-size", "30", "--batch-size", "2",
-        "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "05_knapsack_multimodal.py",
+        "--streaming",
+        "--dataset",
+        str(tmp_path),
+        "--num-workers",
+        "2",
+        "--buffer-size",
+        "30",
+        "--packs-per-batch",
+        "2",
+        "--out-dir",
+        str(tmp_path),
+        "--metrics-json",
+        str(metrics),
         python_args=True,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(metrics.read_text())
     yielded = report["batches_per_rank_yielded"]
@@ -464,5 +500,5 @@ def test_stage5_streaming_under_torchrun_unequal_shards(run_script, table, tmp_p
     rows = report["sample_index"]
     assert len(rows) == len(set(rows)) == report["samples"]
     assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"]
-    assert report["rows_held_at_end"] == report["dropped"][HELD_AT_STOP] > 0
+    assert report["dropped"][HELD_WHEN_RANKS_STOPPED] > 0
     assert report["rows_read"] <= len(table)

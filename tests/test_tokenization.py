@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from mmdp import config
-from mmdp.conversation import BadConversation, count_tokens, tokenize_conversation
+from mmdp.data.conversation import BadConversation, count_tokens, tokenize_conversation
+from mmdp.data.tokenizer import get_tokenizer
 from mmdp.drop_reasons import EMPTY_REPLY, IMAGE_TOKEN_IN_TEXT, NO_TEXTS
 from mmdp.errors import UserError
-from mmdp.tokenizer import get_tokenizer
 
 
 def test_shipped_tokenizer_is_smollm2_with_image_token(tokenizer):
@@ -113,8 +113,14 @@ def test_a_tokenizer_without_chatml_keeps_its_own_template_when_it_marks_replies
     texts = [{"user": "What?", "assistant": "This."}]
     input_ids, labels = tokenize_conversation(texts, 1, tokenizer, image_token_length=2)
     assert tokenizer.convert_ids_to_tokens(input_ids.tolist()) == [
-        "[INST]", "<|image|>", "<|image|>", "What?", "[/INST]", "This.", "</s>",
-    ]  # fmt: skip
+        "[INST]",
+        "<|image|>",
+        "<|image|>",
+        "What?",
+        "[/INST]",
+        "This.",
+        "</s>",
+    ]
     trained = labels != config.IGNORE_INDEX
     assert tokenizer.convert_ids_to_tokens(labels[trained].tolist()) == ["This.", "</s>"]
 

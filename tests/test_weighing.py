@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from mmdp import weighing
-from mmdp.conversation import count_tokens_batch, tokenize_conversation
-from mmdp.data import load_vqa_dataset
+from mmdp.data.conversation import count_tokens_batch, tokenize_conversation
+from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import CODE
-from mmdp.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.vqa_dataset import VQADataset
-from mmdp.weighing import weigh_rows
+from mmdp.packing import weighing
+from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.weighing import weigh_rows
 
 
 @pytest.fixture(scope="module")

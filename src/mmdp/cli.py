@@ -3,6 +3,7 @@ loop, and printing a batch."""
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -48,7 +49,27 @@ def int_value(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
 
 
-def add_data_args(parser: argparse.ArgumentParser, num_samples: int = config.DEFAULT_NUM_ROWS):
+class Renamed(argparse.Action):
+    """A flag's old name, kept for one release: it still works, and says once what it is now.
+
+    parser.add_argument("--num-samples", dest="num_rows", type=positive_int,
+                        action=Renamed, new_name="--num-rows")
+    """
+
+    def __init__(self, option_strings, dest, new_name: str, **kwargs):
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+        self.new_name = new_name
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(
+            f"warning: {option_string} is now {self.new_name}; {option_string} will be removed "
+            "in the next release",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def add_data_args(parser: argparse.ArgumentParser, num_rows: int = config.DEFAULT_NUM_ROWS):
     parser.add_argument(
         "--dataset",
         default=None,
@@ -59,10 +80,13 @@ def add_data_args(parser: argparse.ArgumentParser, num_samples: int = config.DEF
     parser.add_argument("--subset", default=None, help="Hub subset (config), e.g. ai2d")
     parser.add_argument("--split", default="train", help="dataset split (default: train)")
     parser.add_argument(
-        "--num-samples",
+        "--num-rows",
         type=positive_int,
-        default=num_samples,
-        help=f"rows to use (default: {num_samples})",
+        default=num_rows,
+        help=f"rows of the dataset to read (default: {num_rows:,})",
+    )
+    parser.add_argument(
+        "--num-samples", dest="num_rows", type=positive_int, action=Renamed, new_name="--num-rows"
     )
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
     parser.add_argument(
@@ -70,17 +94,13 @@ def add_data_args(parser: argparse.ArgumentParser, num_samples: int = config.DEF
     )
 
 
-def add_loader_args(parser: argparse.ArgumentParser, batch_size: int = config.BATCH_SIZE):
+def add_loader_args(parser: argparse.ArgumentParser):
+    """--tokenizer, --num-workers, --metrics-json; each stage adds how big a batch is (samples
+    per padded batch: --batch-size; packs per packed batch: --packs-per-batch)."""
     parser.add_argument(
         "--tokenizer",
         default=None,
         help="tokenizer name or path (default: the SmolLM2 tokenizer shipped in the repo)",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=batch_size,
-        help=f"batch size (default: {batch_size})",
     )
     parser.add_argument(
         "--num-workers",
@@ -93,12 +113,21 @@ def add_loader_args(parser: argparse.ArgumentParser, batch_size: int = config.BA
     )
 
 
+def add_batch_size_arg(parser: argparse.ArgumentParser, default: int = config.BATCH_SIZE):
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=default,
+        help=f"samples per padded batch (default: {default})",
+    )
+
+
 def print_settings(args: argparse.Namespace) -> None:
     settings = ", ".join(f"{key}={value}" for key, value in vars(args).items())
     print(f"settings: {settings}")
 
 
-def run_epoch(loader, report, keep_batch=None, hint="raise --num-samples") -> tuple[dict, float]:
+def run_epoch(loader, report, keep_batch=None, hint="raise --num-rows") -> tuple[dict, float]:
     """Go through one epoch, adding every batch to `report` (an EpochReport).
 
     Returns the batch to show (the first one, or the first for which keep_batch(batch) is true,

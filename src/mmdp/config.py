@@ -7,7 +7,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 ASSETS_DIR = REPO_ROOT / "assets"
 
 # The tokenizer shipped in the repo: SmolLM2's (same for the 135M and 360M models the blog uses).
-DEFAULT_TOKENIZER = Path(__file__).resolve().parent / "smollm2_tokenizer"
+DEFAULT_TOKENIZER = Path(__file__).resolve().parent / "data" / "smollm2_tokenizer"
 HUB_TOKENIZER = "HuggingFaceTB/SmolLM2-360M-Instruct"  # what the blog loads, for users online
 
 # The special token that stands for one image embedding, and how many stand for each image
@@ -50,6 +50,7 @@ DEFAULT_NUM_ROWS = 2_000
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "mmdp"
 
 # Stage defaults.
-BATCH_SIZE = 8  # the blog's batch for the padding figures
+BATCH_SIZE = 8  # samples per padded batch: the blog's batch for the padding figures
+PACKS_PER_BATCH = 8  # packs per packed batch (stage 5): one pack is one row of the batch
 MAX_LENGTH = 512  # stage 3's fixed length and stage 5's token budget per pack (max_length)
 MAX_IMAGES = 18  # stage 5's image budget per pack (the blog's max_images_per_knapsack)

@@ -4,12 +4,12 @@ Every loader counts the rows it drops by these reasons, so that an epoch report 
 samples + sum(dropped.values()) == rows read. A new reason belongs here, nowhere else.
 """
 
-# The conversation cannot be tokenized (mmdp.conversation).
+# The conversation cannot be tokenized (mmdp.data.conversation).
 NO_TEXTS = "no_texts"  # the row has no conversation
 EMPTY_REPLY = "empty_reply"  # an assistant reply is empty: nothing to learn from
 IMAGE_TOKEN_IN_TEXT = "image_token_in_text"  # the text holds <|image|> itself: images would shift
 
-# An image cannot be used (mmdp.images); found when the image is decoded.
+# An image cannot be used (mmdp.data.images); found when the image is decoded.
 UNDECODABLE_IMAGE = "undecodable_image"
 IMAGE_TOO_LARGE = "image_too_large"  # over config.MAX_IMAGE_PIXELS, read from the header
 
@@ -18,14 +18,14 @@ TOO_LONG = "too_long"  # more tokens than max_length
 TOO_MANY_IMAGES = "too_many_images"  # more images than max_images
 
 # Left out by stage 5 so that every rank yields the same number of batches (DDP would hang).
-RANK_REMAINDER = "left_out_to_equalise_ranks"
+LEFT_OUT_TO_EQUALISE_RANKS = "left_out_to_equalise_ranks"
 
 # Read from a stream by one rank but not yielded, because another rank's share ran out first and
-# every rank stops at the same step (mmdp.streaming): the batch in hand and the rest of its buffer.
-HELD_AT_STOP = "held_when_ranks_stopped"
+# every rank stops at the same step (mmdp.packing.streaming): the batch in hand and the rest of its buffer.
+HELD_WHEN_RANKS_STOPPED = "held_when_ranks_stopped"
 
 # Every reason, in the order reports list them. A row's reason is stored as its position in this
-# tuple (mmdp.planner keeps millions of them as one byte each); 0 means "not dropped".
+# tuple (mmdp.packing.planner keeps millions of them as one byte each); 0 means "not dropped".
 REASONS = (
     None,
     NO_TEXTS,
@@ -35,7 +35,7 @@ REASONS = (
     IMAGE_TOO_LARGE,
     TOO_LONG,
     TOO_MANY_IMAGES,
-    RANK_REMAINDER,
-    HELD_AT_STOP,
+    LEFT_OUT_TO_EQUALISE_RANKS,
+    HELD_WHEN_RANKS_STOPPED,
 )
 CODE = {reason: code for code, reason in enumerate(REASONS)}

@@ -1,6 +1,6 @@
 """Weigh every row of a dataset once: its tokens, images and drop reason, in parallel, cached.
 
-Planning an epoch (mmdp.planner) needs each row's weight: tokens (text + 64 per image) and image
+Planning an epoch (mmdp.packing.planner) needs each row's weight: tokens (text + 64 per image) and image
 count, without decoding a single image. Tokenizing the text of millions of rows takes minutes, so
 it is done once and kept:
 
@@ -33,10 +33,10 @@ import torch
 from datasets import Dataset, Features, List, Value, load_from_disk
 
 from mmdp import config
-from mmdp.conversation import BadConversation, count_tokens_batch, tokenize_conversation
-from mmdp.data import cache_dir
+from mmdp.data.conversation import BadConversation, count_tokens_batch, tokenize_conversation
+from mmdp.data.sources import cache_dir
 from mmdp.drop_reasons import CODE
-from mmdp.planner import Weights
+from mmdp.packing.planner import Weights
 
 # Bump when what a weight means changes (the chat template rendering, how images are counted...),
 # so that older caches are not reused.

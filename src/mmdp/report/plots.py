@@ -15,9 +15,9 @@ import numpy as np  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from mmdp.metrics import pack_of_image  # noqa: E402
+from mmdp.report.metrics import row_of_image  # noqa: E402
 
-CONTENT_COLOUR = "skyblue"
+REAL_COLOUR = "skyblue"
 PADDING_COLOUR = "lightgrey"
 LIMIT_COLOUR = "red"
 # Colours for items / samples: matplotlib's tab20 without its two greys (grey means padding).
@@ -62,7 +62,7 @@ def plot_sample(images: list, texts: list[dict], title: str) -> Figure:
 
 
 def plot_padding(lengths: list[int], width: int, title: str, limit: int | None = None) -> Figure:
-    """Stages 2, 3 and 5: one bar per row of the batch, content in blue and padding in grey.
+    """Stages 2, 3 and 5: one bar per row of the batch, real tokens in blue and padding in grey.
 
     `lengths` are the real tokens of each row, `width` the padded length of the batch; `limit`,
     if given, draws the fixed max length as a dashed line.
@@ -85,7 +85,7 @@ def plot_padding_side_by_side(left: dict, right: dict, title: str) -> Figure:
 def draw_padding(ax, lengths, width: int, title: str, limit: int | None = None) -> None:
     lengths = np.asarray(lengths)
     rows = np.arange(len(lengths))
-    ax.barh(rows, lengths, color=CONTENT_COLOUR, label="content")
+    ax.barh(rows, lengths, color=REAL_COLOUR, label="real tokens")
     ax.barh(rows, width - lengths, left=lengths, color=PADDING_COLOUR, label="padding")
     if limit is not None:
         ax.axvline(limit, color=LIMIT_COLOUR, linestyle="--", label=f"max length ({limit})")
@@ -101,7 +101,7 @@ def draw_padding(ax, lengths, width: int, title: str, limit: int | None = None) 
 def plot_pack_samples(batch: dict, image_token_id: int, title: str) -> Figure:
     """Stage 5: each pack's tokens coloured by the sample they belong to, image tokens hatched.
 
-    Shows what a flat "content vs padding" bar hides: where each sample starts and ends, how
+    Shows what a flat "real tokens vs padding" bar hides: where each sample starts and ends, how
     many samples and images each pack holds.
     """
     input_ids = batch["input_ids"]
@@ -110,10 +110,10 @@ def plot_pack_samples(batch: dict, image_token_id: int, title: str) -> Figure:
     sample = 0
     offsets = batch["cu_seq_lens_q"].tolist()
     segment = 0
-    image_pack = pack_of_image(batch)
+    image_row = row_of_image(batch)
     for row in range(rows):
         left = 0
-        for _ in range(int(batch["samples_per_pack"][row])):
+        for _ in range(int(batch["samples_per_row"][row])):
             length = offsets[segment + 1] - offsets[segment]
             colour = ITEM_COLOURS[sample % len(ITEM_COLOURS)]
             ax.barh(row, length, left=left, color=colour, edgecolor="white", linewidth=0.8)
@@ -134,8 +134,8 @@ def plot_pack_samples(batch: dict, image_token_id: int, title: str) -> Figure:
         if left < width:
             ax.barh(row, width - left, left=left, color=PADDING_COLOUR)
             segment += 1
-        images = int((image_pack == row).sum())
-        samples = int(batch["samples_per_pack"][row])
+        images = int((image_row == row).sum())
+        samples = int(batch["samples_per_row"][row])
         label = f"{samples} sample{'s' * (samples != 1)}, {images} image{'s' * (images != 1)}"
         ax.text(width * 1.01, row, label, va="center", fontsize=8)
     ax.set_yticks(range(rows), [f"pack {i + 1}" for i in range(rows)])
@@ -205,10 +205,14 @@ def plot_packs(packs: list[list[int]], max_length: int, title: str) -> Figure:
 
 
 STRATEGY_COLOURS = {
-    "naive": "tab:grey", "constrained": "tab:brown", "greedy": "tab:orange",
-    "binpack": "tab:green", "bfd": "tab:cyan", "images_first_bfd": "tab:blue",
+    "naive": "tab:grey",
+    "constrained": "tab:brown",
+    "greedy": "tab:orange",
+    "binpack": "tab:green",
+    "bfd": "tab:cyan",
+    "images_first_bfd": "tab:blue",
     "balanced_greedy": "tab:purple",
-}  # fmt: skip
+}
 
 
 def plot_learning_curves(
@@ -228,20 +232,46 @@ def plot_learning_curves(
     for name, per_run in eval_loss.items():
         losses = np.asarray(per_run, dtype=np.float64)  # [runs, checkpoints]
         colour = STRATEGY_COLOURS.get(name)
-        held_out.fill_between(samples_seen, losses.min(axis=0), losses.max(axis=0),
-                              color=colour, alpha=0.2, linewidth=0)  # fmt: skip
-        held_out.plot(samples_seen, losses.mean(axis=0), marker="o", markersize=4, color=colour,
-                      linestyle=styles[name],
-                      label=f"{name} (mean, min-max over {len(losses)} runs)")  # fmt: skip
+        held_out.fill_between(
+            samples_seen,
+            losses.min(axis=0),
+            losses.max(axis=0),
+            color=colour,
+            alpha=0.2,
+            linewidth=0,
+        )
+        held_out.plot(
+            samples_seen,
+            losses.mean(axis=0),
+            marker="o",
+            markersize=4,
+            color=colour,
+            linestyle=styles[name],
+            label=f"{name} (mean, min-max over {len(losses)} runs)",
+        )
         for i, (steps, run) in enumerate(zip(eval_steps[name], per_run)):
-            per_step.plot(steps, run, marker="o", markersize=3, color=colour, alpha=0.7,
-                          linewidth=1, linestyle=styles[name],
-                          label=f"{name} (one line per run)" if i == 0 else None)  # fmt: skip
+            per_step.plot(
+                steps,
+                run,
+                marker="o",
+                markersize=3,
+                color=colour,
+                alpha=0.7,
+                linewidth=1,
+                linestyle=styles[name],
+                label=f"{name} (one line per run)" if i == 0 else None,
+            )
     for name, runs in training.items():
         for i, (seen, losses) in enumerate(runs):
-            train.plot(seen, losses, color=STRATEGY_COLOURS.get(name), alpha=0.6, linewidth=1,
-                       linestyle=styles[name],
-                       label=f"{name} (one line per run)" if i == 0 else None)  # fmt: skip
+            train.plot(
+                seen,
+                losses,
+                color=STRATEGY_COLOURS.get(name),
+                alpha=0.6,
+                linewidth=1,
+                linestyle=styles[name],
+                label=f"{name} (one line per run)" if i == 0 else None,
+            )
     held_out.set_title("held-out loss against samples seen")
     held_out.set_xlabel("samples seen")
     held_out.set_ylabel("loss (mean over reply tokens)")
@@ -274,8 +304,10 @@ def plot_strategies(results: dict, title: str) -> Figure:
     bars = ax.bar([f"{n}\n{d} dropped" for n, d in zip(names, dropped)], values, color=colours)
     ax.bar_label(bars)
     ax.set_title("batches per epoch (and samples dropped)")
-    for ax, key, label in ((axes[1, 0], "tokens", "real tokens per row"),
-                           (axes[1, 1], "images", "images per row")):  # fmt: skip
+    for ax, key, label in (
+        (axes[1, 0], "tokens", "real tokens per row"),
+        (axes[1, 1], "images", "images per row"),
+    ):
         ax.boxplot([results[n]["per_row"][key] for n in names], tick_labels=names, showfliers=False)
         ax.set_title(f"{label} (padded row or pack)")
     for ax in axes.flat:  # long strategy names side by side

@@ -21,8 +21,9 @@ import time
 import torch
 
 from mmdp import config
-from mmdp.collate import real_token_mask
-from mmdp.model import TinyVLM, label_tokens, mean_over_tokens, summed_loss, vlm_inputs
+from mmdp.models.tiny_vlm import TinyVLM, vlm_inputs
+from mmdp.packing.batch import real_token_mask
+from mmdp.training.loss import label_tokens, mean_over_tokens, summed_loss
 
 PARTS = (
     "vision + embeddings",
@@ -66,7 +67,7 @@ def train_step(model: TinyVLM, batch: dict, optimizer) -> tuple[float, dict]:
     inputs = vlm_inputs(to_device(batch, device))
     timer = PartTimer(device)
     with autocast(device):
-        embeds = model.embed(inputs.pop("input_ids"), inputs.pop("images"))
+        embeds = model.embed(inputs.pop("input_ids"), inputs.pop("pixel_values"))
         timer.lap("vision + embeddings")
         labels = inputs.pop("labels")
         hidden = model.hidden_states(embeds, **inputs)
@@ -108,11 +109,12 @@ def train(model: TinyVLM, batches: list[dict], *, lr: float, checkpoints, evalua
     A checkpoint is evaluated after the first step that reaches it (a packed step may pass it by
     a few samples; `eval_samples_seen` says by how many), and the ones the batches never reach
     (samples dropped as too long) after the last step, so every run has one loss per checkpoint.
-    Returns per step: samples_seen, loss, useful/computed/label tokens, seconds per part;
+    Returns per step: samples_seen, loss, real/computed/label tokens, seconds per part;
     per checkpoint: eval_loss, eval_samples_seen and eval_steps (optimizer steps done).
     """
-    return train_in_turns({"run": (model, batches)}, lr=lr, checkpoints=checkpoints,
-                          evaluate_on=evaluate_on)["run"]  # fmt: skip
+    return train_in_turns(
+        {"run": (model, batches)}, lr=lr, checkpoints=checkpoints, evaluate_on=evaluate_on
+    )["run"]
 
 
 def train_in_turns(runs: dict, *, lr: float, checkpoints, evaluate_on) -> dict:
@@ -123,9 +125,17 @@ def train_in_turns(runs: dict, *, lr: float, checkpoints, evaluate_on) -> dict:
     logs = {}
     turns = []
     for name, (model, batches) in runs.items():
-        logs[name] = {"samples_seen": [], "loss": [], "useful_tokens": [], "computed_tokens": [],
-                      "label_tokens": [], "seconds": {part: [] for part in PARTS},
-                      "eval_loss": [], "eval_samples_seen": [], "eval_steps": []}  # fmt: skip
+        logs[name] = {
+            "samples_seen": [],
+            "loss": [],
+            "real_tokens": [],
+            "computed_tokens": [],
+            "label_tokens": [],
+            "seconds": {part: [] for part in PARTS},
+            "eval_loss": [],
+            "eval_samples_seen": [],
+            "eval_steps": [],
+        }
         turns.append(steps(model, batches, logs[name], lr, sorted(checkpoints), evaluate_on))
     while turns:
         turns = [turn for turn in turns if next(turn, False)]
@@ -153,7 +163,7 @@ def steps(model, batches, log: dict, lr: float, checkpoints: list, evaluate_on):
         seen += len(batch["sample_index"])
         log["samples_seen"].append(seen)
         log["loss"].append(loss)
-        log["useful_tokens"].append(int(mask.sum()))
+        log["real_tokens"].append(int(mask.sum()))
         log["computed_tokens"].append(mask.numel())
         log["label_tokens"].append(label_tokens(batch["labels"]))
         for part, value in seconds.items():

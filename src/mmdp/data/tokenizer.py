@@ -5,8 +5,8 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from mmdp import config
+from mmdp.data.hub import looks_like_a_path, require_hub
 from mmdp.errors import UserError
-from mmdp.hub import looks_like_a_path, require_hub
 
 CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
 GENERATION_MARKER = "{% generation %}"  # marks the assistant replies in a chat template

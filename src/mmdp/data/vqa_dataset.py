@@ -6,18 +6,18 @@ import torch
 from torch.utils.data import Dataset
 
 from mmdp import config
-from mmdp.conversation import BadConversation, tokenize_conversation
-from mmdp.images import BadImage, load_image
+from mmdp.data.conversation import BadConversation, tokenize_conversation
+from mmdp.data.images import BadImage, load_image
 
 
 class VQADataset(Dataset):
-    """Wraps a dataset in the_cauldron's schema (see mmdp.data) for training.
+    """Wraps a dataset in the_cauldron's schema (see mmdp.data.sources) for training.
 
     `dataset[i]` returns a dict:
         row        the index i in the wrapped dataset (stays attached through collation)
         input_ids  int64 [T]: chat-templated conversation, image_token_length image tokens per image
         labels     int64 [T]: the reply tokens, -100 elsewhere
-        images     float32 [N, 3, S, S] in [0, 1]: the N images in order (N may be 0)
+        pixel_values  float32 [N, 3, S, S] in [0, 1]: the N images in order (N may be 0)
         converted  Counter of image modes converted to RGB (e.g. {"RGBA": 1})
         drop_reason  None, or why this row cannot be used (mmdp.drop_reasons: a broken image,
                    no reply...); a dropped row has no tensors. __getitem__ never raises for bad data, because
@@ -57,7 +57,7 @@ def make_sample(
     """One row in the_cauldron's schema -> one sample, as VQADataset's docstring describes it.
 
     `index` is the row's position in its dataset (or stream); the sample carries it as "row".
-    `tokenized`: the row's (input_ids, labels) when they were computed ahead (mmdp.weighing with
+    `tokenized`: the row's (input_ids, labels) when they were computed ahead (mmdp.packing.weighing with
     pretokenize=True); then the row needs no "texts", and only its images are decoded here.
     """
     images = row["images"] or []
@@ -76,7 +76,9 @@ def make_sample(
         "row": index,
         "input_ids": input_ids,
         "labels": labels,
-        "images": torch.stack(pixels) if pixels else torch.zeros(0, 3, image_size, image_size),
+        "pixel_values": torch.stack(pixels)
+        if pixels
+        else torch.zeros(0, 3, image_size, image_size),
         "converted": converted,
         "drop_reason": None,
     }

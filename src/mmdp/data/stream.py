@@ -1,8 +1,8 @@
-"""Load a VQA dataset in the_cauldron's schema as a stream: mmdp.data's sources, read row by row.
+"""Load a VQA dataset in the_cauldron's schema as a stream: mmdp.data.sources's sources, read row by row.
 
 Nothing is downloaded or loaded ahead: a Hub dataset is read with `streaming=True`, parquet files
 one after the other. The stream's shards are what ranks and DataLoader workers share out
-(mmdp.streaming): a Hub dataset or a folder of parquet files has one shard per file; the
+(mmdp.packing.streaming): a Hub dataset or a folder of parquet files has one shard per file; the
 embedded dataset (and a `save_to_disk` folder) is cut into `num_shards`.
 """
 
@@ -11,10 +11,9 @@ from pathlib import Path
 import datasets
 from datasets import load_dataset
 
-from mmdp.data import check_schema, load_local, load_vqa_dataset
+from mmdp.data.hub import looks_like_a_path, require_hub
+from mmdp.data.sources import check_schema, load_local, load_vqa_dataset, with_undecoded_images
 from mmdp.errors import UserError
-from mmdp.hub import looks_like_a_path, require_hub
-from mmdp.streaming import with_undecoded_images
 
 # Shards the embedded dataset is cut into when read as a stream: enough for 2 ranks x 4 workers.
 EMBEDDED_SHARDS = 8
@@ -27,7 +26,7 @@ def load_vqa_stream(
     num_rows: int | None = None,
     num_shards: int = EMBEDDED_SHARDS,
 ) -> datasets.IterableDataset:
-    """The dataset a stage runs on (see mmdp.data.load_vqa_dataset), as a datasets.IterableDataset.
+    """The dataset a stage runs on (see mmdp.data.sources.load_vqa_dataset), as a datasets.IterableDataset.
 
     - `None`: the embedded synthetic dataset (`num_rows` rows), in `num_shards` shards;
     - a local path: parquet file(s), streamed from disk, one shard per file; or a folder written

@@ -1,7 +1,7 @@
 """Attention implementations and packed batches: which transformers keeps samples apart, and a
 CPU stand-in for FlashAttention so that its routing can be tested without a GPU.
 
-What keeps the samples of a packed batch apart (see mmdp.packed_batch and the README):
+What keeps the samples of a packed batch apart (see mmdp.packing.batch and docs/use-in-your-trainer.md):
 
     eager, sdpa, flex_attention   the per-sample causal mask transformers builds from restarting
                                   position_ids (masking_utils.find_packed_sequence_indices),
@@ -10,28 +10,10 @@ What keeps the samples of a packed batch apart (see mmdp.packed_batch and the RE
                                   from position_ids alone only when the batch has ONE row
 """
 
-import functools
 from contextlib import contextmanager
 
 import torch
 import transformers
-from packaging.version import Version
-
-# The first transformers whose eager and sdpa masks honour restarting position_ids (the packed
-# sequence detection of huggingface/transformers#39194). Measured: 4.53.0 mixes samples, 4.53.1
-# does not (the same check as tests/test_attention.py).
-MIN_TRANSFORMERS = "4.53.1"
-
-
-@functools.cache
-def check_transformers(version: str = transformers.__version__) -> None:
-    """Raise if this transformers would let the samples of a packed batch attend to each other."""
-    if Version(version) < Version(MIN_TRANSFORMERS):
-        raise RuntimeError(
-            f"transformers {version} ignores restarting position_ids in its eager and sdpa "
-            f"attention masks, so packed samples would attend to each other; upgrade to "
-            f"transformers>={MIN_TRANSFORMERS}"
-        )
 
 
 def attend(q, k, v, causal: bool, scale: float | None) -> torch.Tensor:
@@ -92,8 +74,14 @@ def flash_attention_on_cpu(implementation: str = "flash_attention_2"):
     """
     from transformers import modeling_flash_attention_utils as fa
 
-    names = ("_loaded_implementation", "_flash_fn", "_flash_varlen_fn", "_pad_fn", "_unpad_fn",
-             "_process_flash_kwargs_fn")  # fmt: skip
+    names = (
+        "_loaded_implementation",
+        "_flash_fn",
+        "_flash_varlen_fn",
+        "_pad_fn",
+        "_unpad_fn",
+        "_process_flash_kwargs_fn",
+    )
     if not all(hasattr(fa, name) for name in names):
         raise RuntimeError(
             f"transformers {transformers.__version__} routes FlashAttention differently; the CPU "

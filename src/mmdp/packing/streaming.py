@@ -1,20 +1,21 @@
 """Stage 5 from a stream: pack a dataset you cannot (or will not) download first.
 
 This is the blog's stage 5 as it tells it: read samples into a buffer, pack the buffer with
-knapsacks, yield the packs, refill. `mmdp.packed_dataset` plans a whole epoch from lengths
+knapsacks, yield the packs, refill. `mmdp.packing.packed_dataset` plans a whole epoch from lengths
 instead, which packs a little better when the dataset is on disk; this module is for
 `load_dataset(..., streaming=True)` (the_cauldron's 50 subsets, FineVision's ~24 M rows) or any
-other stream of rows in the_cauldron's schema. Same batches (mmdp.packed_batch), same strategies,
-same two budgets.
+other stream of rows in the_cauldron's schema. Same batches (mmdp.packing.batch), same
+strategies, same two budgets, the same filter and packing steps as the planner
+(mmdp.packing.planner), applied to one buffer at a time.
 
 Every DataLoader worker of every rank is a *reader* with its own share of the stream. A reader:
 
 1. Fills a buffer with the next `buffer_size` rows of its share and weighs them without decoding
-   an image: text tokens + 64 per image (mmdp.conversation.count_tokens_batch).
+   an image: text tokens + 64 per image (mmdp.data.conversation.count_tokens_batch).
 2. Skips, and counts by reason, the rows that are too long for `max_length`, have more images
    than `max_images`, or have no usable conversation.
-3. Shuffles the buffer, packs it under both budgets (mmdp.packing.pack_flat) and shuffles the
-   packs: the buffer is the shuffle window.
+3. Shuffles the buffer, packs it under both budgets and shuffles the packs: the buffer is the
+   shuffle window.
 4. Builds the packs, `packs_per_batch` at a time, into batches (tokenize, decode and resize the
    images, lay out) in a producer thread, and goes back to 1. A batch may take its first packs
    from one buffer and its last from the next; only a reader's last batch may be short.
@@ -28,18 +29,19 @@ What a stream makes hard, and how it is done here:
   worker its own shards of the rank's share (mmdp never splits again: doing both would skip
   rows). Every row is read by exactly one reader. With too few shards datasets falls back to a
   correct but slower split (every rank reads every row and keeps 1 in world_size; a worker with
-  no shard stays idle), and the loader warns. A plain Python iterable has no shards: every
-  reader reads all of it and keeps 1 row in (ranks x workers).
+  no shard stays idle), and the loader warns (`sharding_warning`). A plain Python iterable has
+  no shards: every reader reads all of it and keeps 1 row in (ranks x workers).
 - **Ranks end together, nothing lost silently.** No rank knows how many batches its share
   makes. StreamingDataLoader all-reduces "I have a batch" at every step and every rank stops at
   the first step where some rank has none: no DDP hang. What the other ranks still held (the
   batch in hand, and the rest of the buffer it came from) is counted as dropped,
   `held_when_ranks_stopped`, in `loader.dropped_at_end`.
-- **Resume exactly.** Every batch carries its reader's position as of producing it
-  (`stream_state`): where its buffer starts in the stream, and how many of that buffer's packs
-  are yielded with it. The loader keeps the latest per worker. On resume each reader goes back
-  to the start of its buffer, reads and packs it again (the same packs: packing is
-  deterministic given the buffer and the seed), skips the packs already yielded and goes on.
+- **Resume exactly.** Every batch carries its reader's state as of producing it
+  (`reader_state`, a ReaderState): the position in the stream where its buffer starts, and how
+  many of that buffer's packs are yielded with it. The loader keeps the latest per worker. On
+  resume each reader goes back to the start of its buffer, reads and packs it again (the same
+  packs: packing is deterministic given the buffer and the seed), skips the packs already
+  yielded and goes on.
 
 Rows read: a reader counts the rows of every buffer a yielded batch came from. `samples +
 sum(dropped) == rows read` holds for every epoch, on one rank or many, once
@@ -47,6 +49,7 @@ sum(dropped) == rows read` holds for every epoch, on one rank or many, once
 """
 
 import copy
+import dataclasses
 import warnings
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
@@ -54,29 +57,26 @@ from itertools import islice
 
 import datasets
 import numpy as np
-import torch
 import torch.distributed as dist
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mmdp import config
-from mmdp.background import iterate_in_background
-from mmdp.conversation import count_tokens_batch
-from mmdp.data import UNDECODED_IMAGES
-from mmdp.drop_reasons import HELD_AT_STOP, TOO_LONG, TOO_MANY_IMAGES
-from mmdp.metrics import spread
-from mmdp.packed_batch import collate_packs, layout_pack
-from mmdp.packed_dataset import rank_and_world_size
-from mmdp.packing import Strategy, pack_flat
-from mmdp.vqa_dataset import make_sample
+from mmdp.data.conversation import count_tokens_batch
+from mmdp.data.sources import with_undecoded_images
+from mmdp.data.vqa_dataset import make_sample
+from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
+from mmdp.packing.background import iterate_in_background
+from mmdp.packing.batch import build_pack, collate_packs
+from mmdp.packing.packers import Strategy
+from mmdp.packing.planner import Weights, filter_rows, shuffle_and_pack
+from mmdp.packing.sharding import all_ranks_have_a_batch, rank_and_world_size
 
 # 2-3. Pack one buffer (pure: weights in, packs out) --------------------------------------------
 
 
 def pack_buffer(
-    lengths,
-    image_counts,
-    problems: list[str | None],
+    weights: Weights,
     rng: np.random.Generator,
     *,
     max_length: int,
@@ -85,23 +85,23 @@ def pack_buffer(
 ) -> tuple[list[np.ndarray], Counter]:
     """Steps 2-3 for one buffer: its packs (positions in the buffer) and its drops, by reason.
 
-    `problems[i]` is why row i has no usable conversation, or None. Same buffer, same rng state:
-    same packs. Example: lengths [3, 9, 6, 2, 5], no images, max_length 8, "binpack": row 1 is
-    too long; FFD takes 6, 5, 3, 2 and makes the packs [2, 3] (6 + 2) and [4, 0] (5 + 3), in a
-    shuffled order; dropped {"too_long": 1}.
+    The planner's own steps (filter_rows, shuffle_and_pack) on the buffer's weights. Same buffer,
+    same rng state: same packs. Example: lengths [3, 9, 6, 2, 5], no images, max_length 8,
+    "binpack": row 1 is too long; FFD takes 6, 5, 3, 2 and makes the packs [2, 3] (6 + 2) and
+    [4, 0] (5 + 3), in a shuffled order; dropped {"too_long": 1}.
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    image_counts = np.asarray(image_counts, dtype=np.int64)
-    dropped = Counter(reason for reason in problems if reason is not None)
-    usable = np.array([reason is None for reason in problems], dtype=bool)
-    too_long = usable & (lengths > max_length)
-    too_many_images = usable & ~too_long & (image_counts > max_images)
-    dropped[TOO_LONG] += int(too_long.sum())
-    dropped[TOO_MANY_IMAGES] += int(too_many_images.sum())
-    rows = rng.permutation(np.flatnonzero(usable & ~too_long & ~too_many_images))
-    items, starts = pack_flat(lengths[rows], max_length, strategy, image_counts[rows], max_images)
-    packs = [rows[items[a:b]] for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
-    return [packs[i] for i in rng.permutation(len(packs))], +dropped
+    rows, dropped = filter_rows(weights, max_length, max_images)
+    packed_rows, pack_starts, order = shuffle_and_pack(
+        rows,
+        weights,
+        rng,
+        max_length=max_length,
+        max_images=max_images,
+        strategy=strategy,
+        buffer_size=max(len(weights), 1),
+    )
+    starts = pack_starts.tolist()
+    return [packed_rows[starts[p] : starts[p + 1]] for p in order.tolist()], dropped
 
 
 # 1. Read a reader's share of the stream -------------------------------------------------------
@@ -110,29 +110,29 @@ END = object()  # the end of a plain iterable
 
 
 class ReaderStream:
-    """One reader's rows, as (row id, row) pairs, and where it is in the stream.
+    """One reader's rows, as (row id, row) pairs, and its position in the stream.
 
-    `start` is a `position()` to continue from (None: the start of the epoch). Row ids are unique
-    in an epoch: for a plain iterable, the row's position in it; for a datasets.IterableDataset,
-    (rows this reader read before it) * readers + reader.
+    `position` is what `position()` returned earlier, to continue from (None: the start of the
+    epoch). Row ids are unique in an epoch: for a plain iterable, the row's place in it; for a
+    datasets.IterableDataset, (rows this reader took before it) * readers + reader.
     """
 
-    def __init__(self, rows: Iterable[dict], reader: int, readers: int, start: dict | None):
+    def __init__(self, rows: Iterable[dict], reader: int, readers: int, position: dict | None):
         self.reader, self.readers = reader, readers
-        self.pulled = start["rows"] if start else 0  # rows taken from the stream so far
+        self.rows_taken = position["rows"] if position else 0  # rows read from the stream so far
         if isinstance(rows, datasets.IterableDataset):
             # A copy, so that the resume point stays with this reader (copy.copy of a
             # datasets.IterableDataset shares its attributes: give it its own). Iterated inside
             # a DataLoader worker, datasets gives the worker its own shards.
             self.stream = copy.copy(rows)
             self.stream.__dict__ = dict(rows.__dict__)
-            if start is not None:
-                self.stream.load_state_dict(start["stream"])
+            if position is not None:
+                self.stream.load_state_dict(position["stream"])
             self.iterator = iter(self.stream)
         else:
             self.stream = None
             self.iterator = iter(rows)
-            for _ in islice(self.iterator, self.pulled):  # read again up to where we were
+            for _ in islice(self.iterator, self.rows_taken):  # read again up to where we were
                 pass
 
     def take(self, n: int) -> list[tuple[int, dict]]:
@@ -140,26 +140,94 @@ class ReaderStream:
         taken = []
         if self.stream is not None:
             for row in islice(self.iterator, n):
-                taken.append((self.pulled * self.readers + self.reader, row))
-                self.pulled += 1
+                taken.append((self.rows_taken * self.readers + self.reader, row))
+                self.rows_taken += 1
             return taken
         while len(taken) < n:  # a plain iterable: keep 1 row in `readers`
             row = next(self.iterator, END)
             if row is END:
                 break
-            if self.pulled % self.readers == self.reader:
-                taken.append((self.pulled, row))
-            self.pulled += 1
+            if self.rows_taken % self.readers == self.reader:
+                taken.append((self.rows_taken, row))
+            self.rows_taken += 1
         return taken
 
     def position(self) -> dict:
+        """Where this reader is: rows taken, and the datasets stream's own state."""
         stream = self.stream.state_dict() if self.stream is not None else None
-        return {"rows": self.pulled, "stream": stream}
+        return {"rows": self.rows_taken, "stream": stream}
 
     def close(self) -> None:
         """Close the underlying generator now (a parquet reader, say), not at interpreter exit."""
         if hasattr(self.iterator, "close"):
             self.iterator.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderState:
+    """A reader's state as of producing a batch: what a resume starts from.
+
+    buffer_position  where the batch's last buffer starts in the stream (None: at the start)
+    buffer           that buffer's number in the reader's epoch (it seeds the buffer's shuffle)
+    packs_done       how many of that buffer's packs are yielded with this batch
+    rows_held        rows of that buffer's packs still to come (counted if the ranks stop now)
+    ended            the reader has nothing more (its end of stream was seen)
+    """
+
+    worker: int
+    buffer_position: dict | None = None
+    buffer: int = 0
+    packs_done: int = 0
+    rows_held: int = 0
+    ended: bool = False
+
+
+def sharding_warning(
+    total_shards: int | None, rank_shards: int | None, world_size: int, num_workers: int, kind: str
+) -> str | None:
+    """Why a stream is read more slowly than it could be by ranks x workers, or None.
+
+    `total_shards`: the stream's shards (None for a plain iterable, `kind` its type name);
+    `rank_shards`: the shards of this rank's share.
+
+    >>> sharding_warning(8, 4, world_size=2, num_workers=4, kind="IterableDataset") is None
+    True
+    >>> note = sharding_warning(3, 3, world_size=1, num_workers=4, kind="IterableDataset")
+    >>> print(note)  # doctest: +NORMALIZE_WHITESPACE
+    the stream has too few shards for ranks x workers: a rank has 3 shard(s) for 4 DataLoader
+    workers, so 1 worker(s) per rank stay idle. Correct, but slower: use a multiple of 4 shards
+    (more parquet files, or IterableDataset.reshard())
+    """
+    workers = max(num_workers, 1)
+    readers = world_size * workers
+    if total_shards is None:
+        if readers == 1:
+            return None
+        return (
+            f"a {kind} has no shards: each of the {readers} readers ({world_size} rank(s) x "
+            f"{workers} worker(s)) reads every row and keeps 1 in {readers}. Correct, but the "
+            f"stream is read {readers} times; a datasets.IterableDataset with a multiple of "
+            f"{readers} shards is read once"
+        )
+    notes = []
+    if world_size > 1 and total_shards % world_size:
+        notes.append(
+            f"its {total_shards} shard(s) are not a multiple of the {world_size} ranks, so every "
+            f"rank reads every row and keeps 1 in {world_size}"
+        )
+    if rank_shards < workers:
+        notes.append(
+            f"a rank has {rank_shards} shard(s) for {workers} DataLoader workers, so "
+            f"{workers - rank_shards} worker(s) per rank stay idle"
+        )
+    if not notes:
+        return None
+    return (
+        "the stream has too few shards for ranks x workers: "
+        + "; ".join(notes)
+        + f". Correct, but slower: use a multiple of {readers} shards (more parquet files, or "
+        "IterableDataset.reshard())"
+    )
 
 
 # 1-4. The dataset: what every reader runs ----------------------------------------------------
@@ -183,7 +251,7 @@ class StreamingPackedDataset(IterableDataset):
         *,
         max_length: int = config.MAX_LENGTH,
         max_images: int = config.MAX_IMAGES,
-        packs_per_batch: int = config.BATCH_SIZE,
+        packs_per_batch: int = config.PACKS_PER_BATCH,
         strategy: Strategy = "images_first_bfd",
         buffer_size: int = 4096,
         seed: int = 0,
@@ -220,9 +288,9 @@ class StreamingPackedDataset(IterableDataset):
                 rows = split_dataset_by_node(rows, self.rank, self.world_size)
         self.rows = rows  # this rank's share
         self.epoch = 0
-        # Where each worker starts (None: at the start of the epoch); set by StreamingDataLoader,
-        # it reaches the workers with the dataset.
-        self.start_positions = None
+        # Each worker's ReaderState to resume from (None: the start of the epoch); set by
+        # StreamingDataLoader, it reaches the workers with the dataset.
+        self.resume_states = None
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
@@ -233,106 +301,79 @@ class StreamingPackedDataset(IterableDataset):
 
     def sharding_note(self, num_workers: int) -> str | None:
         """A warning when the stream has too few shards for ranks x workers, else None."""
-        workers = max(num_workers, 1)
-        readers = self.world_size * workers
-        if self.total_shards is None:
-            if readers == 1:
-                return None
-            return (
-                f"a {type(self.rows).__name__} has no shards: each of the {readers} readers "
-                f"({self.world_size} rank(s) x {workers} worker(s)) reads every row and keeps 1 in "
-                f"{readers}. Correct, but the stream is read {readers} times; a "
-                f"datasets.IterableDataset with a multiple of {readers} shards is read once"
-            )
-        notes = []
-        if self.world_size > 1 and self.total_shards % self.world_size:
-            notes.append(
-                f"its {self.total_shards} shard(s) are not a multiple of the {self.world_size} "
-                f"ranks, so every rank reads every row and keeps 1 in {self.world_size}"
-            )
-        if self.rows.num_shards < workers:
-            notes.append(
-                f"a rank has {self.rows.num_shards} shard(s) for {workers} DataLoader workers, so "
-                f"{workers - self.rows.num_shards} worker(s) per rank stay idle"
-            )
-        if not notes:
-            return None
-        return (
-            "the stream has too few shards for ranks x workers: "
-            + "; ".join(notes)
-            + f". Correct, but slower: use a multiple of {readers} shards (more parquet files, "
-            "or IterableDataset.reshard())"
+        rank_shards = None if self.total_shards is None else self.rows.num_shards
+        return sharding_warning(
+            self.total_shards, rank_shards, self.world_size, num_workers, type(self.rows).__name__
         )
 
     def __iter__(self):
         worker = get_worker_info()
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
-        start = self.start_positions[worker_id] if self.start_positions else None
+        resume = self.resume_states[worker_id] if self.resume_states else None
         produced = iterate_in_background(
-            lambda: self.produce(worker_id, num_workers, start), max_queued=self.max_queued_batches
+            lambda: self.produce(worker_id, num_workers, resume), max_queued=self.max_queued_batches
         )
         # Collate here, while the producer thread builds the next packs (as a DataLoader does
         # with its batches in the worker's main thread).
         for item in produced:
             yield item if "end_of_stream" in item else collate(item)
 
-    def produce(self, worker: int, num_workers: int, start: dict | None):
+    def produce(self, worker: int, num_workers: int, resume: ReaderState | None):
         """Steps 1-4 for one reader: the packs of each batch with the reader's state, then an
-        end-of-stream item with the rows dropped after its last batch. `start` is a batch's
-        `stream_state` to continue after."""
-        if start is not None and start["ended"]:
+        end-of-stream item with the rows dropped after its last batch. `resume`: the state of
+        the last batch yielded before a restart (None: the start of the epoch)."""
+        resume = resume or ReaderState(worker)
+        if resume.ended:
             yield {"end_of_stream": True, "worker": worker, "dropped": Counter()}
             return
         reader = self.rank * num_workers + worker
-        stream = ReaderStream(self.rows, reader, self.world_size * num_workers, start_of(start))
-        buffer_start = start_of(start)  # where the current buffer starts in the stream
-        buffer_number = start["buffer"] if start else 0
-        skip = start["packs_done"] if start else 0  # packs of this buffer yielded before a resume
+        stream = ReaderStream(
+            self.rows, reader, self.world_size * num_workers, resume.buffer_position
+        )
+        buffer = dataclasses.replace(resume, rows_held=0)  # the buffer being read
         not_reported = Counter()  # rows dropped that no yielded pack has reported yet
         packs, state = [], None
         try:
-            while buffer := stream.take(self.buffer_size):
-                plan, dropped, lengths = self.pack_rows(buffer, reader, buffer_number)
-                if skip == 0:  # else the first pack, yielded before the resume, reported them
+            while rows := stream.take(self.buffer_size):
+                plan, dropped, lengths = self.pack_rows(rows, reader, buffer.buffer)
+                if buffer.packs_done == 0:  # else the packs yielded before a resume reported them
                     not_reported.update(dropped)
-                for k in range(skip, len(plan)):
-                    pack = self.build_pack([buffer[i] for i in plan[k]], lengths[plan[k]])
+                for k in range(buffer.packs_done, len(plan)):
+                    pack = self.build_pack([rows[i] for i in plan[k]], lengths[plan[k]])
                     pack["dropped"].update(not_reported)
                     not_reported.clear()
                     packs.append(pack)
-                    state = {
-                        "worker": worker, "ended": False, "position": buffer_start,
-                        "buffer": buffer_number, "packs_done": k + 1,
-                        "rows_held": sum(len(p) for p in plan[k + 1 :]),
-                    }  # fmt: skip
+                    held = sum(len(p) for p in plan[k + 1 :])
+                    state = dataclasses.replace(buffer, packs_done=k + 1, rows_held=held)
                     if len(packs) == self.packs_per_batch:
-                        yield {"packs": packs, "stream_state": state}
+                        yield {"packs": packs, "reader_state": state}
                         packs = []
-                skip = 0
-                buffer_number += 1
-                buffer_start = stream.position()
+                buffer = ReaderState(worker, stream.position(), buffer.buffer + 1)
             if packs:  # the reader's last, short batch
-                yield {"packs": packs, "stream_state": state}
+                yield {"packs": packs, "reader_state": state}
             yield {"end_of_stream": True, "worker": worker, "dropped": not_reported}
         finally:
             stream.close()
 
-    def pack_rows(self, buffer: list[tuple[int, dict]], reader: int, buffer_number: int):
+    def pack_rows(self, rows: list[tuple[int, dict]], reader: int, buffer_number: int):
         """Steps 1-3: weigh the buffer's rows, filter, shuffle and pack them."""
-        image_counts = np.array([len(row["images"] or []) for _, row in buffer], dtype=np.int64)
+        image_counts = [len(row["images"] or []) for _, row in rows]
         lengths, problems = count_tokens_batch(
-            [row["texts"] for _, row in buffer],
+            [row["texts"] for _, row in rows],
             image_counts,
             self.tokenizer,
             self.image_token_length,
         )
-        lengths = np.asarray(lengths, dtype=np.int64)
+        weights = Weights.from_lists(lengths, image_counts, problems)
         rng = np.random.default_rng([self.seed, self.epoch, reader, buffer_number])
         plan, dropped = pack_buffer(
-            lengths, image_counts, problems, rng,
-            max_length=self.max_length, max_images=self.max_images, strategy=self.strategy,
-        )  # fmt: skip
-        return plan, dropped, lengths
+            weights,
+            rng,
+            max_length=self.max_length,
+            max_images=self.max_images,
+            strategy=self.strategy,
+        )
+        return plan, dropped, weights.lengths
 
     def build_pack(self, rows: list[tuple[int, dict]], lengths: np.ndarray) -> dict:
         """Tokenize the rows, decode their images, and lay them out in one padded row."""
@@ -340,44 +381,29 @@ class StreamingPackedDataset(IterableDataset):
             make_sample(row, row_id, self.tokenizer, self.image_size, self.image_token_length)
             for row_id, row in rows
         ]
-        for s, length in zip(samples, lengths.tolist()):
-            if s["drop_reason"] is None and len(s["input_ids"]) != length:
-                raise RuntimeError(
-                    f"row {s['row']}: weighed {length} tokens, tokenized {len(s['input_ids'])}; "
-                    "the tokenizer is not deterministic"
-                )
-        dropped = Counter(s["drop_reason"] for s in samples if s["drop_reason"] is not None)
-        samples = [s for s in samples if s["drop_reason"] is None]
-        pack = layout_pack(samples, self.max_length, self.tokenizer.pad_token_id, self.image_size)
-        # batch_index is set by the loader: the batch's position in this rank's epoch
-        return {**pack, "batch_index": -1, "dropped": dropped}
+        # batch_index is set by the loader: the batch's place in this rank's epoch
+        return build_pack(
+            samples,
+            lengths.tolist(),
+            max_length=self.max_length,
+            pad_token_id=self.tokenizer.pad_token_id,
+            image_size=self.image_size,
+            batch_index=-1,
+        )
 
 
 def collate(item: dict) -> dict:
     """A reader's packs, collated into a batch that carries its reader's state."""
-    return {**collate_packs(item["packs"]), "stream_state": item["stream_state"]}
+    return {**collate_packs(item["packs"]), "reader_state": item["reader_state"]}
 
 
-def start_of(state: dict | None) -> dict | None:
-    """The stream position a batch's reader state starts its buffer from (None: the start)."""
-    return None if state is None else state["position"]
-
-
-def with_undecoded_images(stream: datasets.IterableDataset) -> datasets.IterableDataset:
-    """Images as encoded bytes, as mmdp.data's loaders give them: counting them costs nothing."""
-    features = stream.features
-    if features is not None and features.get("images") not in (None, UNDECODED_IMAGES):
-        stream = stream.cast_column("images", UNDECODED_IMAGES)
-    return stream
-
-
-# The loader: order, positions, ranks that stop together --------------------------------------
+# The loader: order, reader states, ranks that stop together ---------------------------------
 
 
 class StreamingDataLoader(DataLoader):
-    """A DataLoader over a StreamingPackedDataset: yields its batches (mmdp.packed_batch, plus
-    `stream_state`), keeps every worker's position for `state_dict()`, and under torchrun stops
-    every rank at the same step.
+    """A DataLoader over a StreamingPackedDataset: yields its batches (mmdp.packing.batch, plus
+    `reader_state`), keeps every worker's latest reader state for `state_dict()`, and under
+    torchrun stops every rank at the same step.
 
         loader = StreamingDataLoader(StreamingPackedDataset(stream, tokenizer), num_workers=2)
         for batch in loader:
@@ -417,7 +443,7 @@ class StreamingDataLoader(DataLoader):
         self.start_epoch()
 
     def start_epoch(self) -> None:
-        self.workers = [None] * self.readers  # each worker's latest stream_state, None: not started
+        self.reader_states = [None] * self.readers  # each worker's latest; None: not started
         self.next_worker = 0  # whose batch comes next
         self.batches_done = 0
 
@@ -434,8 +460,8 @@ class StreamingDataLoader(DataLoader):
         if stop_together is None:
             distributed = dist.is_available() and dist.is_initialized()
             stop_together = distributed and dist.get_world_size(self.group) > 1
-        # Where each worker starts: travels to the workers with the dataset.
-        self.dataset.start_positions = list(self.workers)
+        # Where each worker resumes from: travels to the workers with the dataset.
+        self.dataset.resume_states = list(self.reader_states)
         items = in_turns(super().__iter__(), self.readers, self.next_worker)
         batches = self.follow(items)
         try:
@@ -450,17 +476,17 @@ class StreamingDataLoader(DataLoader):
             self.start_epoch()  # the epoch is over: state_dict() says so
         finally:
             batches.close()  # and with it the DataLoader's iterator: the workers stop now
-            self.dataset.start_positions = None
+            self.dataset.resume_states = None
 
     def follow(self, items):
-        """The batches of `items`, keeping each worker's position and the drops at the end."""
+        """The batches of `items`, keeping each worker's reader state and the drops at the end."""
         for item in items:
             worker = worker_of(item)
             if "end_of_stream" in item:
-                self.workers[worker] = {"worker": worker, "ended": True, "rows_held": 0}
+                self.reader_states[worker] = ReaderState(worker, ended=True)
                 self.dropped_at_end.update(item["dropped"])
                 continue
-            self.workers[worker] = item["stream_state"]
+            self.reader_states[worker] = item["reader_state"]
             self.next_worker = (worker + 1) % self.readers
             item["batch_index"] = self.batches_done
             self.batches_done += 1
@@ -469,33 +495,42 @@ class StreamingDataLoader(DataLoader):
     def count_held(self, in_hand: dict | None) -> None:
         """Count what this rank still held when the ranks stopped: the batch in hand, and the
         rows of the packs its workers had not yielded yet from their current buffers."""
-        held = sum(state["rows_held"] for state in self.workers if state is not None)
+        held = sum(state.rows_held for state in self.reader_states if state is not None)
         if in_hand is not None:
             held += len(in_hand["sample_index"])
             self.dropped_at_end.update(in_hand["dropped"])
         if held:
-            self.dropped_at_end[HELD_AT_STOP] += held
+            self.dropped_at_end[HELD_WHEN_RANKS_STOPPED] += held
 
     def settings(self) -> dict:
         """What decides which rows a reader reads and how it packs them: a resume needs the same."""
         d = self.dataset
         return {
-            "seed": d.seed, "rank": d.rank, "world_size": d.world_size,
-            "num_workers": self.num_workers, "buffer_size": d.buffer_size,
-            "packs_per_batch": d.packs_per_batch, "strategy": d.strategy,
-            "max_length": d.max_length, "max_images": d.max_images,
+            "seed": d.seed,
+            "rank": d.rank,
+            "world_size": d.world_size,
+            "num_workers": self.num_workers,
+            "buffer_size": d.buffer_size,
+            "packs_per_batch": d.packs_per_batch,
+            "strategy": d.strategy,
+            "max_length": d.max_length,
+            "max_images": d.max_images,
             "image_token_length": d.image_token_length,
-        }  # fmt: skip
+        }
 
     def state_dict(self) -> dict:
-        """Where this rank is in the epoch. Save it per rank: each rank reads its own share."""
+        """Where this rank is in the epoch, as plain Python values (torch.save and
+        torch.load(weights_only=True) take it). Save it per rank: each rank reads its own share."""
+        states = [None if s is None else dataclasses.asdict(s) for s in self.reader_states]
         return copy.deepcopy(
             {
-                **self.settings(), "epoch": self.dataset.epoch,
-                "batches_done": self.batches_done, "next_worker": self.next_worker,
-                "workers": self.workers,
+                **self.settings(),
+                "epoch": self.dataset.epoch,
+                "batches_done": self.batches_done,
+                "next_worker": self.next_worker,
+                "reader_states": states,
             }
-        )  # fmt: skip
+        )
 
     def load_state_dict(self, state: dict) -> None:
         """Continue an epoch: the next iteration yields exactly the rows not yet yielded.
@@ -507,11 +542,14 @@ class StreamingDataLoader(DataLoader):
         different = [f"{k} {state[k]} (now {v})" for k, v in now.items() if state[k] != v]
         if different:
             raise ValueError(
-                "cannot resume: the state was saved with " + ", ".join(different)
+                "cannot resume: the state was saved with "
+                + ", ".join(different)
                 + "; they decide which rows each reader reads and how it packs them"
-            )  # fmt: skip
+            )
         self.dataset.set_epoch(state["epoch"])
-        self.workers = copy.deepcopy(state["workers"])
+        self.reader_states = [
+            None if s is None else ReaderState(**copy.deepcopy(s)) for s in state["reader_states"]
+        ]
         self.next_worker = state["next_worker"]
         self.batches_done = state["batches_done"]
 
@@ -545,7 +583,7 @@ def in_turns(items, readers: int, first: int):
 
 def worker_of(item: dict) -> int:
     """The worker that produced a batch or an end-of-stream item."""
-    return item["worker"] if "end_of_stream" in item else item["stream_state"]["worker"]
+    return item["worker"] if "end_of_stream" in item else item["reader_state"].worker
 
 
 def next_active(turn: int, active: list[bool]) -> int:
@@ -553,27 +591,3 @@ def next_active(turn: int, active: list[bool]) -> int:
     readers = len(active)
     later = [(turn + step) % readers for step in range(1, readers + 1)]
     return next((worker for worker in later if active[worker]), turn)
-
-
-def all_ranks_have_a_batch(have_one: bool, group=None) -> bool:
-    """True when every rank has a batch for this step: one all-reduce (MIN) of a 0/1 flag."""
-    on_gpu = dist.get_backend(group) == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-    flag = torch.tensor([int(have_one)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return bool(flag.item())
-
-
-def rank_balance(steps: list[list[tuple[int, int]]]) -> dict:
-    """PackedDataset.rank_balance for batches already yielded: `steps[rank]` lists the (tokens,
-    images) of each of that rank's batches."""
-    token_spreads, image_spreads = [], []
-    for step in zip(*steps):
-        token_spreads.append(max(t for t, _ in step) - min(t for t, _ in step))
-        image_spreads.append(max(i for _, i in step) - min(i for _, i in step))
-    return {
-        "world_size": len(steps),
-        "batches_per_rank": [len(batches) for batches in steps],
-        "token_spread_per_step": spread(token_spreads),
-        "image_spread_per_step": spread(image_spreads),
-    }

@@ -318,9 +318,23 @@ def task_chart(rng):
 # ai2d-style diagrams: a food chain drawn as boxes and arrows, with a multiple-choice question
 
 ORGANISMS = (
-    "grass", "algae", "seeds", "leaves", "grasshopper", "caterpillar", "mouse", "rabbit",
-    "frog", "snake", "owl", "hawk", "fox", "small fish", "heron", "eagle",
-)  # fmt: skip
+    "grass",
+    "algae",
+    "seeds",
+    "leaves",
+    "grasshopper",
+    "caterpillar",
+    "mouse",
+    "rabbit",
+    "frog",
+    "snake",
+    "owl",
+    "hawk",
+    "fox",
+    "small fish",
+    "heron",
+    "eagle",
+)
 
 
 def draw_food_chain(chain: list[str]) -> Image.Image:

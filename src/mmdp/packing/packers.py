@@ -1,8 +1,8 @@
 """Packing as a knapsack problem: put items (samples) into packs under a token budget.
 
 Everything here is pure: lengths (and image counts) in, packs out, as lists of indices into
-`lengths`. The thread/queue plumbing that streams packs lives elsewhere (mmdp.background,
-mmdp.toy, mmdp.packed_dataset) and calls `pack`.
+`lengths`. The thread/queue plumbing that streams packs lives elsewhere (mmdp.packing.background,
+mmdp.packing.toy, mmdp.packing.packed_dataset) and calls `pack`.
 
 The budgets: a pack holds at most `max_length` tokens (the token budget: the blog's `max_length`
 in stage 4, its `seq_length` in stage 5) and, when image counts are given, at most `max_images`
@@ -94,7 +94,7 @@ def pack_flat(
     image_counts=None,
     max_images: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`pack` as two flat arrays, for callers that plan millions of items (mmdp.planner).
+    """`pack` as two flat arrays, for callers that plan millions of items (mmdp.packing.planner).
 
     Returns (items, starts): pack p holds items[starts[p] : starts[p + 1]], and
     len(starts) == packs + 1. Example: lengths [3, 6, 2, 5], max_length 8, binpack ->

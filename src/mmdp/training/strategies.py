@@ -3,7 +3,7 @@ assets/strategies.png.
 
 Naive and constrained padding batch `batch_size` samples in the order of a seeded shuffle (as
 stages 2 and 3 do, so the figures match); the packers plan the epoch as stage 5 does
-(mmdp.planner), and differ only in the strategy.
+(mmdp.packing.planner), and differ only in the strategy.
 """
 
 import numpy as np
@@ -11,9 +11,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from mmdp.drop_reasons import REASONS, TOO_LONG
-from mmdp.metrics import spread
-from mmdp.packing import STRATEGIES as PACKING_STRATEGIES
-from mmdp.planner import Weights, plan_epoch
+from mmdp.packing.packers import STRATEGIES as PACKING_STRATEGIES
+from mmdp.packing.planner import Weights, plan_epoch
+from mmdp.report.metrics import spread
 
 PADDING_STRATEGIES = ("naive", "constrained")
 
@@ -24,14 +24,16 @@ def padding_epoch(
     """Stage 2 (naive) or stage 3 (constrained) on weights: one row per sample."""
     # The very batches of stages 2 and 3: a DataLoader shuffled with the same seeded generator.
     order = DataLoader(
-        range(len(weights)), batch_size=batch_size, shuffle=True,
+        range(len(weights)),
+        batch_size=batch_size,
+        shuffle=True,
         generator=torch.Generator().manual_seed(seed),
-    )  # fmt: skip
+    )
     usable = weights.reasons == 0
     codes = np.bincount(weights.reasons, minlength=len(REASONS))
     dropped = {REASONS[code]: int(n) for code, n in enumerate(codes) if code and n}
     lengths = weights.lengths.astype(np.int64)
-    rows, useful, computed, batches = [], 0, 0, 0
+    rows, real, computed, batches = [], 0, 0, 0
     for indices in order:
         batch = indices.numpy()[usable[indices.numpy()]]
         if strategy == "constrained":
@@ -44,13 +46,18 @@ def padding_epoch(
             width = int(lengths[batch].max(initial=0))
         batches += 1
         rows.append(batch)
-        useful += int(lengths[batch].sum())
+        real += int(lengths[batch].sum())
         computed += width * len(batch)
     rows = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
     return summarize(
-        useful, computed, batches, dropped,
-        tokens=lengths[rows], images=weights.image_counts[rows], samples=np.ones(len(rows)),
-    )  # fmt: skip
+        real,
+        computed,
+        batches,
+        dropped,
+        tokens=lengths[rows],
+        images=weights.image_counts[rows],
+        samples=np.ones(len(rows)),
+    )
 
 
 def packing_epoch(
@@ -58,23 +65,32 @@ def packing_epoch(
 ) -> dict:
     """Stage 5's plan with one strategy: one row per pack."""
     plan = plan_epoch(
-        weights, max_length=max_length, max_images=max_images, packs_per_batch=batch_size,
-        strategy=strategy, seed=seed,
-    )  # fmt: skip
+        weights,
+        max_length=max_length,
+        max_images=max_images,
+        packs_per_batch=batch_size,
+        strategy=strategy,
+        seed=seed,
+    )
     pack_of_row = np.repeat(np.arange(len(plan.pack_starts) - 1), np.diff(plan.pack_starts))
     tokens = np.bincount(pack_of_row, weights.lengths[plan.rows]).astype(np.int64)
     images = np.bincount(pack_of_row, weights.image_counts[plan.rows]).astype(np.int64)
     return summarize(
-        int(tokens.sum()), len(tokens) * max_length, len(plan.batch_starts) - 1, plan.dropped,
-        tokens=tokens, images=images, samples=np.diff(plan.pack_starts),
-    )  # fmt: skip
+        int(tokens.sum()),
+        len(tokens) * max_length,
+        len(plan.batch_starts) - 1,
+        plan.dropped,
+        tokens=tokens,
+        images=images,
+        samples=np.diff(plan.pack_starts),
+    )
 
 
-def summarize(useful, computed, batches, dropped, *, tokens, images, samples) -> dict:
+def summarize(real, computed, batches, dropped, *, tokens, images, samples) -> dict:
     return {
-        "utilization": round(useful / computed, 6) if computed else 0.0,
+        "utilization": round(real / computed, 6) if computed else 0.0,
         "batches": batches,
-        "useful_tokens": useful,
+        "real_tokens": real,
         "computed_tokens": computed,
         "dropped": dict(sorted(dropped.items())),
         "tokens_per_row": spread(tokens),
@@ -88,7 +104,7 @@ def compare_strategies(
     weights: Weights, *, max_length: int, max_images: int, batch_size: int, seed: int = 0
 ) -> dict:
     """{strategy: epoch summary} for naive, constrained and every packing strategy, from the
-    same weights (mmdp.weighing); batch_size is samples per padded batch, packs per packed one."""
+    same weights (mmdp.packing.weighing); batch_size is samples per padded batch, packs per packed one."""
     budgets = {"max_length": max_length, "batch_size": batch_size, "seed": seed}
     results = {name: padding_epoch(weights, name, **budgets) for name in PADDING_STRATEGIES}
     for name in PACKING_STRATEGIES:

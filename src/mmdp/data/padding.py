@@ -5,9 +5,9 @@ Both take the list of dicts VQADataset returns and produce one dict of tensors:
     labels          int64 [B, L]   -100 on padding
     attention_mask  int64 [B, L]   1 on real tokens, 0 on padding: the only reliable padding
                                    marker, since SmolLM2's pad id is also its <|im_end|> token
-                                   (read it with `real_token_mask(batch)`)
-    images          float [N, 3, S, S]  every image of the batch, in sample order
-    sample_of_image    int64 [N]      which row of the batch each image belongs to
+                                   (read it with mmdp.packing.batch.real_token_mask(batch))
+    pixel_values    float [N, 3, S, S]  every image of the batch, in sample order
+    sample_of_image int64 [N]      which row of the batch each image belongs to
     sample_index    int64 [B]      the dataset row of each batch row
     dropped         {reason: count} rows left out of this batch, and why
     converted       {mode: count}  images converted to RGB
@@ -19,19 +19,6 @@ import torch
 
 from mmdp import config
 from mmdp.drop_reasons import TOO_LONG
-
-
-def real_token_mask(batch: dict) -> torch.Tensor:
-    """Which tokens of any mmdp batch are real (True) rather than padding: bool [B, L].
-
-    Every consumer (epoch reports, figures, tokens per second) asks this function, never a key:
-    padded batches (stages 2-3) mark real tokens with `attention_mask`, which the model takes;
-    packed batches (stage 5) with `real_token_mask`, because a 2-D attention_mask would undo
-    their per-sample masking (see mmdp.packed_dataset).
-    """
-    if "real_token_mask" in batch:
-        return batch["real_token_mask"]
-    return batch["attention_mask"].bool()
 
 
 def pad_batch(samples: list[dict], pad_token_id: int, length: int | None = None) -> dict:
@@ -49,8 +36,8 @@ def pad_batch(samples: list[dict], pad_token_id: int, length: int | None = None)
         input_ids[i, :n] = sample["input_ids"]
         labels[i, :n] = sample["labels"]
         attention_mask[i, :n] = 1
-    images = [s["images"] for s in samples]
-    image_size = config.IMAGE_SIZE if not images else images[0].shape[-1]
+    pixels = [s["pixel_values"] for s in samples]
+    image_size = config.IMAGE_SIZE if not pixels else pixels[0].shape[-1]
     converted = Counter()
     for s in samples:
         converted.update(s["converted"])
@@ -58,9 +45,9 @@ def pad_batch(samples: list[dict], pad_token_id: int, length: int | None = None)
         "input_ids": input_ids,
         "labels": labels,
         "attention_mask": attention_mask,
-        "images": torch.cat(images) if images else torch.zeros(0, 3, image_size, image_size),
+        "pixel_values": torch.cat(pixels or [torch.zeros(0, 3, image_size, image_size)]),
         "sample_of_image": torch.tensor(
-            [i for i, s in enumerate(samples) for _ in range(len(s["images"]))], dtype=torch.long
+            [i for i, s in enumerate(samples) for _ in s["pixel_values"]], dtype=torch.long
         ),
         "sample_index": torch.tensor([s["row"] for s in samples], dtype=torch.long),
         "dropped": dict(dropped),

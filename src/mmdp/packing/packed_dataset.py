@@ -4,8 +4,8 @@ How an epoch is made, in the blog's terms:
 
 1. Weigh every item without decoding it: a sample weighs its tokens (text + 64 per image) and
    carries its image count. Done once per dataset and machine, in parallel, and cached
-   (mmdp.weighing).
-2-4. Plan the epoch from the weights alone (mmdp.planner): filter and count what cannot be packed,
+   (mmdp.packing.weighing).
+2-4. Plan the epoch from the weights alone (mmdp.packing.planner): filter and count what cannot be packed,
    shuffle with (seed, epoch), pack buffer by buffer under a token budget and an image budget,
    shuffle the packs and deal them to ranks so that every rank gets the same number of batches
    and about the same number of images per step.
@@ -17,22 +17,20 @@ How an epoch is made, in the blog's terms:
 Steps 1-4 use only weights, so every rank and worker computes the same plan and no sample is
 yielded twice or lost. Images are decoded only for packs about to be yielded.
 
-The packs and batches it yields are described in mmdp.packed_batch.
+The packs and batches it yields are described in mmdp.packing.batch (the batch contract).
 """
-
-from collections import Counter
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mmdp import config
-from mmdp.background import iterate_in_background
-from mmdp.packed_batch import collate_packs, layout_pack, model_inputs  # noqa: F401
-from mmdp.planner import EpochPlan, plan_epoch, rank_balance
-from mmdp.vqa_dataset import VQADataset, make_sample
-from mmdp.weighing import weigh_rows
+from mmdp.data.vqa_dataset import VQADataset, make_sample
+from mmdp.packing.background import iterate_in_background
+from mmdp.packing.batch import build_pack, collate_packs
+from mmdp.packing.planner import EpochPlan, plan_epoch
+from mmdp.packing.sharding import rank_and_world_size
+from mmdp.packing.weighing import weigh_rows
 
 
 class PackedDataset(IterableDataset):
@@ -52,7 +50,7 @@ class PackedDataset(IterableDataset):
         *,
         max_length: int = config.MAX_LENGTH,
         max_images: int = config.MAX_IMAGES,
-        packs_per_batch: int = config.BATCH_SIZE,
+        packs_per_batch: int = config.PACKS_PER_BATCH,
         strategy: str = "images_first_bfd",
         buffer_size: int = 4096,
         seed: int = 0,
@@ -76,9 +74,12 @@ class PackedDataset(IterableDataset):
 
         # 1. Weigh every item (once: later runs and the other ranks load the cached weights)
         self.weighing = weigh_rows(
-            dataset.dataset, dataset.tokenizer, dataset.image_token_length,
-            pretokenize=pretokenize, num_proc=num_proc,
-        )  # fmt: skip
+            dataset.dataset,
+            dataset.tokenizer,
+            dataset.image_token_length,
+            pretokenize=pretokenize,
+            num_proc=num_proc,
+        )
         self.weights = self.weighing.weights
         self.tokens = (
             None if self.weighing.tokens is None else self.weighing.tokens.with_format("numpy")
@@ -97,10 +98,16 @@ class PackedDataset(IterableDataset):
             if self.weights is None:
                 raise RuntimeError("a DataLoader worker cannot plan: plan in the main process")
             plan = plan_epoch(
-                self.weights, max_length=self.max_length, max_images=self.max_images,
-                packs_per_batch=self.packs_per_batch, world_size=self.world_size,
-                strategy=self.strategy, buffer_size=self.buffer_size, seed=self.seed, epoch=epoch,
-            )  # fmt: skip
+                self.weights,
+                max_length=self.max_length,
+                max_images=self.max_images,
+                packs_per_batch=self.packs_per_batch,
+                world_size=self.world_size,
+                strategy=self.strategy,
+                buffer_size=self.buffer_size,
+                seed=self.seed,
+                epoch=epoch,
+            )
             mine = plan.for_rank(self.rank)
             self._plan = (epoch, plan)
             self._rank_plan = (epoch, mine, self.weights.lengths[mine.rows])
@@ -111,10 +118,6 @@ class PackedDataset(IterableDataset):
         if self._rank_plan is None or self._rank_plan[0] != self.epoch:
             self.plan(self.epoch)
         return self._rank_plan[1], self._rank_plan[2]
-
-    def rank_balance(self) -> dict:
-        """How evenly each step's tokens and images are shared between ranks (see the planner)."""
-        return rank_balance(self.plan(), self.weights)
 
     def __len__(self) -> int:
         """Packs this rank yields in the current epoch (so len(DataLoader) is its batch count)."""
@@ -165,21 +168,16 @@ class PackedDataset(IterableDataset):
         return iterate_in_background(produce, max_queued=self.max_queued_packs)
 
     def build_pack(self, rows: list[int], planned: list[int], batch_index: int) -> dict:
-        """Tokenize the rows (or slice their tokens), decode their images, and lay them out in
-        one padded row. `planned` are the rows' tokens in the plan, checked here."""
-        samples = self.samples(rows)
-        dropped = Counter(s["drop_reason"] for s in samples if s["drop_reason"] is not None)
-        for s, tokens in zip(samples, planned):
-            if s["drop_reason"] is None and len(s["input_ids"]) != tokens:
-                raise RuntimeError(
-                    f"row {s['row']}: planned {tokens} tokens, tokenized {len(s['input_ids'])}; "
-                    "the tokenizer is not deterministic"
-                )
-        samples = [s for s in samples if s["drop_reason"] is None]
-        pack = layout_pack(
-            samples, self.max_length, self.dataset.tokenizer.pad_token_id, self.dataset.image_size
+        """The samples of the rows (tokenized, or their tokens sliced; images decoded), laid out
+        in one padded row; `planned` are the rows' tokens in the plan (mmdp.packing.batch)."""
+        return build_pack(
+            self.samples(rows),
+            planned,
+            max_length=self.max_length,
+            pad_token_id=self.dataset.tokenizer.pad_token_id,
+            image_size=self.dataset.image_size,
+            batch_index=batch_index,
         )
-        return {**pack, "batch_index": batch_index, "dropped": dropped}
 
     def samples(self, rows: list[int]) -> list[dict]:
         """The rows' samples, from their pre-computed tokens when there are some (then the tokens
@@ -189,14 +187,20 @@ class PackedDataset(IterableDataset):
         tokens, images = self.tokens[rows], self.image_rows[rows]["images"]
         return [
             make_sample(
-                {"images": row_images}, row, self.dataset.tokenizer, self.dataset.image_size,
+                {"images": row_images},
+                row,
+                self.dataset.tokenizer,
+                self.dataset.image_size,
                 self.dataset.image_token_length,
-                tokenized=(torch.tensor(input_ids, dtype=torch.long),
-                           torch.tensor(labels, dtype=torch.long)),
+                tokenized=(
+                    torch.tensor(input_ids, dtype=torch.long),
+                    torch.tensor(labels, dtype=torch.long),
+                ),
             )
-            for row, row_images, input_ids, labels
-            in zip(rows, images, tokens["input_ids"], tokens["labels"])
-        ]  # fmt: skip
+            for row, row_images, input_ids, labels in zip(
+                rows, images, tokens["input_ids"], tokens["labels"]
+            )
+        ]
 
 
 class PackedDataLoader(DataLoader):
@@ -238,16 +242,3 @@ class PackedDataLoader(DataLoader):
 
     def load_state_dict(self, state: dict) -> None:
         self.dataset.load_state_dict(state)
-
-
-def rank_and_world_size(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """The rank and world size given, else torch.distributed's when it is initialised, else
-    (0, 1): a dataset works unchanged under torchrun."""
-    distributed = dist.is_available() and dist.is_initialized()
-    rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
-    world_size = (
-        world_size if world_size is not None else (dist.get_world_size() if distributed else 1)
-    )
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-    return rank, world_size

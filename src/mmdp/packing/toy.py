@@ -5,8 +5,8 @@ import math
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from mmdp.background import iterate_in_background
-from mmdp.packing import STRATEGIES, pack
+from mmdp.packing.background import iterate_in_background
+from mmdp.packing.packers import STRATEGIES, pack
 
 # The blog's two strategies for the toy: next fit in order, and first-fit decreasing.
 BLOG_TOY_STRATEGIES = ("greedy", "binpack")

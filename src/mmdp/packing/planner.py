@@ -6,9 +6,9 @@ computes the same plan and takes its share. In the blog's terms:
 
 1. Filter (`filter_rows`): rows whose text is unusable, longer than `max_length` tokens or with
    more than `max_images` images are dropped and counted by reason.
-2. Shuffle the rest with (seed, epoch), and pack them buffer by buffer (`pack_buffers`, with
-   mmdp.packing): a token budget and an image budget per pack.
-3. Shuffle the packs, and deal them to ranks a step at a time (`deal_steps`): a step is
+2. Shuffle the rest with (seed, epoch), pack them buffer by buffer (mmdp.packing.packers: a
+   token budget and an image budget per pack) and shuffle the packs (`shuffle_and_pack`).
+3. Deal the packs to ranks a step at a time (`deal_steps`): a step is
    world_size * packs_per_batch packs, and within a step each rank gets packs_per_batch of them,
    heaviest first to the rank with the fewest images (then tokens) so far. Every rank gets the
    same number of batches (DDP would hang otherwise): the last step is shared evenly, and the
@@ -33,8 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmdp.drop_reasons import CODE, RANK_REMAINDER, REASONS, TOO_LONG, TOO_MANY_IMAGES
-from mmdp.packing import pack_flat
+from mmdp.drop_reasons import (
+    CODE,
+    LEFT_OUT_TO_EQUALISE_RANKS,
+    REASONS,
+    TOO_LONG,
+    TOO_MANY_IMAGES,
+)
+from mmdp.packing.packers import pack_flat
 
 
 @dataclass(frozen=True)
@@ -102,8 +108,12 @@ class EpochPlan:
 def filter_rows(weights: Weights, max_length: int, max_images: int) -> tuple[np.ndarray, Counter]:
     """Step 1: the rows that can be packed, and the others counted by reason.
 
-    Example: lengths [3, 9, 0, 5] (row 2 unusable: no texts), images [1, 0, 0, 4], max_length 8,
-    max_images 3 -> rows [0], dropped {too_long: 1, no_texts: 1, too_many_images: 1}.
+    Example: row 2 has no texts, row 1 is too long, row 3 has too many images:
+
+    >>> weights = Weights.from_lists([3, 9, 0, 5], [1, 0, 0, 4], [None, None, "no_texts", None])
+    >>> rows, dropped = filter_rows(weights, max_length=8, max_images=3)
+    >>> rows.tolist(), sorted(dropped.items())
+    ([0], [('no_texts', 1), ('too_long', 1), ('too_many_images', 1)])
     """
     usable = weights.reasons == 0
     too_long = usable & (weights.lengths > max_length)
@@ -163,9 +173,8 @@ def deal_steps(
     num_packs = len(pack_images)
     last = num_packs % per_step
     left_out = last % world_size  # the last step must share evenly between ranks
-    steps = [
-        (0, num_packs - last, packs_per_batch)
-    ]  # (first pack, end, packs per rank): full steps
+    # (first pack, end, packs per rank): the full steps, then the last one, shared evenly
+    steps = [(0, num_packs - last, packs_per_batch)]
     if last - left_out:
         steps.append((num_packs - last, num_packs - left_out, (last - left_out) // world_size))
     orders, batch_sizes = [], []
@@ -234,13 +243,16 @@ def plan_epoch(
     """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed."""
     rows, dropped = filter_rows(weights, max_length, max_images)
     rng = np.random.default_rng([seed, epoch])
-    rows = rng.permutation(rows)
-    packed_rows, pack_starts = pack_buffers(
-        rows, weights, max_length=max_length, max_images=max_images,
-        strategy=strategy, buffer_size=buffer_size,
-    )  # fmt: skip
+    packed_rows, pack_starts, shuffled = shuffle_and_pack(
+        rows,
+        weights,
+        rng,
+        max_length=max_length,
+        max_images=max_images,
+        strategy=strategy,
+        buffer_size=buffer_size,
+    )
     num_packs = len(pack_starts) - 1
-    shuffled = rng.permutation(num_packs)
     pack_of_row = np.repeat(np.arange(num_packs), np.diff(pack_starts))
     pack_tokens = np.bincount(pack_of_row, weights.lengths[packed_rows], minlength=num_packs)
     pack_images = np.bincount(pack_of_row, weights.image_counts[packed_rows], minlength=num_packs)
@@ -249,10 +261,36 @@ def plan_epoch(
     )
     if left_out:
         remainder = shuffled[num_packs - left_out :]
-        dropped[RANK_REMAINDER] += int(np.diff(pack_starts)[remainder].sum())
-    packs = shuffled[order]
-    rows, pack_starts = gather_packs(packed_rows, pack_starts, packs)
+        dropped[LEFT_OUT_TO_EQUALISE_RANKS] += int(np.diff(pack_starts)[remainder].sum())
+    rows, pack_starts = gather_packs(packed_rows, pack_starts, shuffled[order])
     return EpochPlan(rows, pack_starts, batch_starts, world_size, dict(dropped))
+
+
+def shuffle_and_pack(
+    rows: np.ndarray,
+    weights: Weights,
+    rng: np.random.Generator,
+    *,
+    max_length: int,
+    max_images: int,
+    strategy: str,
+    buffer_size: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step 2: shuffle the rows, pack them buffer by buffer, and shuffle the packs.
+
+    Returns (rows in pack order, pack_starts, a shuffled order of the packs). The planned loader
+    packs a whole epoch this way, the streaming one each buffer it reads (buffer_size: all).
+    """
+    rows = rng.permutation(rows)
+    packed_rows, pack_starts = pack_buffers(
+        rows,
+        weights,
+        max_length=max_length,
+        max_images=max_images,
+        strategy=strategy,
+        buffer_size=buffer_size,
+    )
+    return packed_rows, pack_starts, rng.permutation(len(pack_starts) - 1)
 
 
 def gather_packs(rows, pack_starts, packs) -> tuple[np.ndarray, np.ndarray]:
@@ -264,32 +302,24 @@ def gather_packs(rows, pack_starts, packs) -> tuple[np.ndarray, np.ndarray]:
 def ranges(first: np.ndarray, end: np.ndarray) -> np.ndarray:
     """The integers first[0]..end[0]-1, then first[1]..end[1]-1, ... as one array.
 
-    Example: first [3, 0], end [5, 2] -> [3, 4, 0, 1].
+    >>> ranges(np.array([3, 0]), np.array([5, 2])).tolist()
+    [3, 4, 0, 1]
     """
     sizes = end - first
     starts = np.cumsum(sizes) - sizes  # where each range begins in the output
     return np.arange(int(sizes.sum())) + np.repeat(first - starts, sizes)
 
 
-def rank_balance(plan: EpochPlan, weights: Weights) -> dict:
-    """How evenly each step's tokens and images are shared between ranks.
-
-    For every step, the spread (max - min over ranks) of tokens and images; the worst step and
-    the mean, and the batches per rank (always equal).
-    """
-    from mmdp.metrics import spread
-
+def batch_loads(plan: EpochPlan, weights: Weights) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens and images of every rank's batch at every step: two arrays [steps, world_size]
+    (for mmdp.report.metrics.rank_balance)."""
     pack_of_row = np.repeat(np.arange(len(plan.pack_starts) - 1), np.diff(plan.pack_starts))
     batch_of_pack = np.repeat(np.arange(len(plan.batch_starts) - 1), np.diff(plan.batch_starts))
     batch_of_row = batch_of_pack[pack_of_row]
     num_batches = len(plan.batch_starts) - 1
     tokens = np.bincount(batch_of_row, weights.lengths[plan.rows], minlength=num_batches)
     images = np.bincount(batch_of_row, weights.image_counts[plan.rows], minlength=num_batches)
-    tokens = tokens.reshape(-1, plan.world_size)
-    images = images.reshape(-1, plan.world_size)
-    return {
-        "world_size": plan.world_size,
-        "batches_per_rank": [plan.num_steps()] * plan.world_size,
-        "token_spread_per_step": spread(tokens.max(axis=1) - tokens.min(axis=1)),
-        "image_spread_per_step": spread(images.max(axis=1) - images.min(axis=1)),
-    }
+    return (
+        tokens.astype(np.int64).reshape(-1, plan.world_size),
+        images.astype(np.int64).reshape(-1, plan.world_size),
+    )

@@ -6,7 +6,7 @@ Schema (one row = one training sample):
 
 Every loader returns a `datasets.Dataset` whose images are NOT decoded (`Image(decode=False)`):
 rows carry the encoded bytes, so counting images costs nothing, and decoding happens in one
-place (`mmdp.images.load_image`) where a broken file becomes a counted skip instead of a crash.
+place (`mmdp.data.images.load_image`) where a broken file becomes a counted skip instead of a crash.
 """
 
 import os
@@ -18,9 +18,9 @@ from datasets import Dataset, Features, List, Value, load_dataset, load_from_dis
 from tqdm.auto import tqdm
 
 from mmdp import config
+from mmdp.data.hub import looks_like_a_path, require_hub
+from mmdp.data.synthetic import encode_png, generate_row
 from mmdp.errors import UserError
-from mmdp.hub import looks_like_a_path, require_hub
-from mmdp.synthetic import encode_png, generate_row
 
 SYNTHETIC_VERSION = 3  # bump when generate_row changes, so old caches are not reused
 
@@ -126,6 +126,14 @@ def load_hub(name: str, subset: str | None, split: str) -> Dataset:
             + (f" (subset {subset!r})" if subset else "")
             + f" from the Hugging Face Hub ({error.__class__.__name__}); {default_hint}"
         ) from error
+
+
+def with_undecoded_images(stream: datasets.IterableDataset) -> datasets.IterableDataset:
+    """A stream whose images stay encoded bytes, as the loaders above give them."""
+    features = stream.features
+    if features is not None and features.get("images") not in (None, UNDECODED_IMAGES):
+        stream = stream.cast_column("images", UNDECODED_IMAGES)
+    return stream
 
 
 def check_schema(dataset: Dataset, source: str | None) -> None:

@@ -1,6 +1,6 @@
 """Packed batches under DDP: the loss that gives the same gradient as one process (stage 6).
 
-    uv run torchrun --standalone --nproc_per_node 2 -m mmdp.ddp --metrics-json /tmp/ddp.json
+    uv run torchrun --standalone --nproc_per_node 2 -m mmdp.training.ddp --metrics-json /tmp/ddp.json
 
 Each rank averages its loss over its own label tokens, ranks hold different numbers of them
 (more so with packing: a pack holds as many tokens, not as many samples), and DDP then averages
@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import copy
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,12 +38,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from mmdp import config
 from mmdp.cli import description, positive_int
-from mmdp.data import load_vqa_dataset
-from mmdp.metrics import write_json
-from mmdp.model import TinyVLM, TinyVLMConfig, label_tokens, summed_loss, vlm_inputs
-from mmdp.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.tokenizer import get_tokenizer
-from mmdp.vqa_dataset import VQADataset
+from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.tokenizer import get_tokenizer
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
+from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.report.metrics import write_json
+from mmdp.training.loss import label_tokens, summed_loss
 
 
 def parse_args(argv=None):
@@ -50,12 +52,17 @@ def parse_args(argv=None):
     parser.add_argument("--dataset", default=None, help="as in the stages (default: synthetic)")
     parser.add_argument("--subset", default=None)
     parser.add_argument("--split", default="train")
-    parser.add_argument("--num-samples", type=positive_int, default=64,
-                        help="rows to pack (default: 64)")  # fmt: skip
+    parser.add_argument(
+        "--num-rows", type=positive_int, default=64, help="rows to pack (default: 64)"
+    )
     parser.add_argument("--max-length", type=positive_int, default=config.MAX_LENGTH)
     parser.add_argument("--packs-per-batch", type=positive_int, default=2)
-    parser.add_argument("--micro-steps", type=positive_int, default=2,
-                        help="gradient-accumulation micro-steps per optimizer step (default: 2)")  # fmt: skip
+    parser.add_argument(
+        "--micro-steps",
+        type=positive_int,
+        default=2,
+        help="gradient-accumulation micro-steps per optimizer step (default: 2)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--metrics-json", default=None, help="rank 0 writes the results here")
     return parser.parse_args(argv)
@@ -64,12 +71,16 @@ def parse_args(argv=None):
 def rank_batches(samples: VQADataset, args, rank: int, world_size: int) -> list[dict]:
     """The first `micro_steps` batches stage 5's loader gives `rank`."""
     packed = PackedDataset(
-        samples, max_length=args.max_length, packs_per_batch=args.packs_per_batch,
-        seed=args.seed, rank=rank, world_size=world_size,
-    )  # fmt: skip
+        samples,
+        max_length=args.max_length,
+        packs_per_batch=args.packs_per_batch,
+        seed=args.seed,
+        rank=rank,
+        world_size=world_size,
+    )
     batches = list(PackedDataLoader(packed, num_workers=0))[: args.micro_steps]
     if len(batches) < args.micro_steps:
-        raise SystemExit(f"rank {rank} has {len(batches)} batches; raise --num-samples")
+        raise SystemExit(f"rank {rank} has {len(batches)} batches; raise --num-rows")
     return batches
 
 
@@ -115,7 +126,7 @@ def main(argv=None) -> None:
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     tokenizer = get_tokenizer()
-    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_samples)
+    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
     samples = VQADataset(rows, tokenizer)
 
     # The same initial weights on every rank and in the one-process reference
@@ -127,8 +138,9 @@ def main(argv=None) -> None:
     ddp_model = DistributedDataParallel(model, find_unused_parameters=True)
 
     mine = rank_batches(samples, args, rank, world_size)
-    gradients = {name: ddp_gradient(ddp_model, mine, name)
-                 for name in ("global_tokens", "per_rank_mean")}  # fmt: skip
+    gradients = {
+        name: ddp_gradient(ddp_model, mine, name) for name in ("global_tokens", "per_rank_mean")
+    }
     # label tokens of every micro-batch of every rank: [world_size, micro_steps]
     tokens = torch.tensor([label_tokens(b["labels"]) for b in mine])
     gathered = [torch.zeros_like(tokens) for _ in range(world_size)]
@@ -177,11 +189,21 @@ def run_torchrun(*args: str, nproc_per_node: int = 2, timeout: int = 600) -> dic
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/ddp.json"
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc_per_node", str(nproc_per_node), "-m", "mmdp.ddp", *args,
-            "--metrics-json", out,
-        ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc_per_node),
+            "-m",
+            "mmdp.training.ddp",
+            *args,
+            "--metrics-json",
+            out,
+        ]
+        # torchrun writes its own log folder (torchelastic_*) under the temp folder: this one
+        env = {**os.environ, "TMPDIR": tmp}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
         if done.returncode != 0:
             lines = [line for line in done.stderr.splitlines() if line.strip()]
             raise RuntimeError(f"torchrun failed: {lines[-1] if lines else 'no output'}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmdp.collate import real_token_mask
+from mmdp.packing.batch import real_token_mask
 
 
 class EpochReport:
@@ -19,7 +19,7 @@ class EpochReport:
         self.dropped = Counter()  # rows left out, by reason
         self.converted = Counter()  # images converted to RGB, by original mode
         self.batches = 0
-        self.useful_tokens = 0  # real tokens (padding excluded)
+        self.real_tokens = 0  # real tokens (padding excluded)
         self.computed_tokens = 0  # every position of every batch, padding included
 
     def add_batch(self, batch: dict) -> None:
@@ -27,7 +27,7 @@ class EpochReport:
         mask = real_token_mask(batch)
         self.batches += 1
         self.samples += len(batch["sample_index"])
-        self.useful_tokens += int(mask.sum())
+        self.real_tokens += int(mask.sum())
         self.computed_tokens += mask.numel()
         self.dropped.update(batch["dropped"])
         self.converted.update(batch["converted"])
@@ -38,7 +38,7 @@ class EpochReport:
 
     @property
     def utilization(self) -> float:
-        return self.useful_tokens / self.computed_tokens if self.computed_tokens else 0.0
+        return self.real_tokens / self.computed_tokens if self.computed_tokens else 0.0
 
     def as_dict(self) -> dict:
         return {
@@ -47,7 +47,7 @@ class EpochReport:
             "dropped": dict(sorted(self.dropped.items())),
             "converted": dict(sorted(self.converted.items())),
             "batches": self.batches,
-            "useful_tokens": self.useful_tokens,
+            "real_tokens": self.real_tokens,
             "computed_tokens": self.computed_tokens,
             "utilization": round(self.utilization, 6),
         }
@@ -61,7 +61,7 @@ class EpochReport:
             f"{'samples dropped:':<18}{sum(self.dropped.values()):,}"
             + (f" ({dropped})" if dropped else ""),
             f"{'batches:':<18}{self.batches:,}",
-            f"{'useful tokens:':<18}{self.useful_tokens:,}",
+            f"{'real tokens:':<18}{self.real_tokens:,}",
             f"{'computed tokens:':<18}{self.computed_tokens:,} (padding included)",
             f"{'utilization:':<18}{self.utilization:.1%} (waste {1 - self.utilization:.1%})",
         ]
@@ -77,10 +77,10 @@ def write_json(data: dict, path: str | Path) -> Path:
     return path
 
 
-def pack_of_image(batch: dict) -> np.ndarray:
-    """The pack (row of the batch) each image of a collated batch belongs to."""
-    pack_of_sample = np.repeat(np.arange(len(batch["samples_per_pack"])), batch["samples_per_pack"])
-    return pack_of_sample[batch["sample_of_image"].numpy()]
+def row_of_image(batch: dict) -> np.ndarray:
+    """The row (pack) of a packed batch each of its images belongs to."""
+    row_of_sample = np.repeat(np.arange(len(batch["samples_per_row"])), batch["samples_per_row"])
+    return row_of_sample[batch["sample_of_image"].numpy()]
 
 
 def spread(values) -> dict:
@@ -96,23 +96,43 @@ def spread(values) -> dict:
     }
 
 
+def rank_balance(tokens, images, world_size: int) -> dict:
+    """How evenly each step's tokens and images are shared between ranks.
+
+    `tokens[step][rank]` and `images[step][rank]`: what each rank's batch holds at each step.
+    Returns the batches per rank and, over the steps, the spread (max - min over ranks) of each.
+
+    >>> rank_balance([[8, 8], [7, 6]], [[2, 1], [0, 3]], world_size=2)["image_spread_per_step"]
+    {'min': 1, 'max': 3, 'mean': 2.0, 'std': 1.0}
+    """
+    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1, world_size)
+    images = np.asarray(images, dtype=np.int64).reshape(-1, world_size)
+    return {
+        "world_size": world_size,
+        "batches_per_rank": [len(tokens)] * world_size,
+        "token_spread_per_step": spread(tokens.max(axis=1) - tokens.min(axis=1)),
+        "image_spread_per_step": spread(images.max(axis=1) - images.min(axis=1)),
+    }
+
+
 class PackReport(EpochReport):
-    """EpochReport for packed batches: also tokens, images and samples per pack, and the rows."""
+    """EpochReport for packed batches: also tokens, images and samples per row (a row is a
+    pack), and the dataset rows of every batch."""
 
     def __init__(self):
         super().__init__()
-        self.tokens_per_pack = []
-        self.images_per_pack = []
-        self.samples_per_pack = []
+        self.tokens_per_row = []
+        self.images_per_row = []
+        self.samples_per_row = []
         self.batch_samples = []  # the dataset rows of each batch, in order
 
     def add_batch(self, batch: dict) -> None:
         super().add_batch(batch)
-        samples_per_pack = batch["samples_per_pack"]
-        images = np.bincount(pack_of_image(batch), minlength=len(samples_per_pack))
-        self.tokens_per_pack += real_token_mask(batch).sum(dim=1).tolist()
-        self.images_per_pack += images.tolist()
-        self.samples_per_pack += samples_per_pack.tolist()
+        samples_per_row = batch["samples_per_row"]
+        images = np.bincount(row_of_image(batch), minlength=len(samples_per_row))
+        self.tokens_per_row += real_token_mask(batch).sum(dim=1).tolist()
+        self.images_per_row += images.tolist()
+        self.samples_per_row += samples_per_row.tolist()
         self.batch_samples.append(batch["sample_index"].tolist())
 
     @property
@@ -124,11 +144,11 @@ class PackReport(EpochReport):
         """One report for all ranks; rows in step order (step 0 of rank 0, of rank 1, ...)."""
         total = cls()
         for report in reports:
-            for name in ("samples", "batches", "useful_tokens", "computed_tokens"):
+            for name in ("samples", "batches", "real_tokens", "computed_tokens"):
                 setattr(total, name, getattr(total, name) + getattr(report, name))
             total.dropped.update(report.dropped)
             total.converted.update(report.converted)
-            for name in ("tokens_per_pack", "images_per_pack", "samples_per_pack"):
+            for name in ("tokens_per_row", "images_per_row", "samples_per_row"):
                 getattr(total, name).extend(getattr(report, name))
         steps = max((len(r.batch_samples) for r in reports), default=0)
         total.batch_samples = [
@@ -142,19 +162,19 @@ class PackReport(EpochReport):
     def as_dict(self) -> dict:
         return {
             **super().as_dict(),
-            "packs": len(self.tokens_per_pack),
-            "tokens_per_pack": spread(self.tokens_per_pack),
-            "images_per_pack": spread(self.images_per_pack),
-            "samples_per_pack": spread(self.samples_per_pack),
+            "packs": len(self.tokens_per_row),
+            "tokens_per_row": spread(self.tokens_per_row),
+            "images_per_row": spread(self.images_per_row),
+            "samples_per_row": spread(self.samples_per_row),
             "sample_index": self.sample_index,
         }
 
     def summary(self) -> str:
-        lines = [super().summary(), f"{'packs:':<18}{len(self.tokens_per_pack):,}"]
+        lines = [super().summary(), f"{'packs (rows):':<18}{len(self.tokens_per_row):,}"]
         for name in ("tokens", "images", "samples"):
-            s = spread(getattr(self, f"{name}_per_pack"))
+            s = spread(getattr(self, f"{name}_per_row"))
             lines.append(
-                f"{name + ' per pack:':<18}min {s['min']}, max {s['max']}, "
+                f"{name + ' per row:':<18}min {s['min']}, max {s['max']}, "
                 f"mean {s['mean']:.1f}, std {s['std']:.1f}"
             )
         return "\n".join(lines)

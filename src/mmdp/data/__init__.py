@@ -1,0 +1,12 @@
+"""Stages 1-3: rows in the_cauldron's schema, turned into tokenized samples with their images.
+
+sources       load_vqa_dataset(): the synthetic default, a local copy, or the Hub
+stream        load_vqa_stream(): the same sources, read as a stream (stage 5 --streaming)
+synthetic     the generator behind the default dataset
+hub           is the Hub reachable? (one sentence, not minutes of retries)
+tokenizer     get_tokenizer(): SmolLM2's tokenizer shipped here, or any other
+conversation  tokenize_conversation(): input_ids + labels from the chat template
+images        load_image(): decode, convert to RGB, resize; bad images become named skips
+vqa_dataset   VQADataset: one row in, one sample out (stage 2's map-style dataset)
+padding       NaivePadCollator (stage 2), ConstrainedPadCollator (stage 3)
+"""

@@ -1,0 +1,224 @@
+"""The batch contract: what a packed batch holds, how one is built and collated, and the keys a
+model takes. Both loaders (mmdp.packing.packed_dataset, mmdp.packing.streaming) build their
+batches here, and every consumer reads them through the functions here.
+
+A batch of B packs, each a row of L = max_length tokens:
+
+    input_ids        [B, L]  the samples of each pack, one after the other, then padding
+    labels           [B, L]  -100 on padding, on non-reply tokens, and on the FIRST token of each
+                             sample (so no sample is trained to predict the start of the next one)
+    position_ids     [B, L]  restart at 0 for every sample (and for the padding run, a segment of
+                             its own): eager, sdpa and flex_attention build the per-sample
+                             (block-diagonal) causal mask from them
+    cu_seq_lens_q/k  [S + 1] int32: where each of the S segments (samples and padding runs) starts
+                             in the B * L tokens read as one flat row, then B * L. FlashAttention
+                             needs them: it reads restarting position_ids only when B == 1
+    max_length_q/k   int     the longest segment (a Python int, as FlashAttention takes it)
+    real_token_mask  [B, L]  bool, True on real tokens. Deliberately NOT called attention_mask: a
+                             2-D attention_mask makes transformers drop the per-sample mask, and
+                             samples would attend to each other. Read it with
+                             `real_token_mask(batch)`, as for padded batches.
+    sample_index     [n]     the dataset rows of the batch, in order; samples_per_row [B] how
+                             many in each row
+    pixel_values     [N, 3, S, S] every image, in sample order; sample_of_image [N]: the position
+                             in sample_index of the sample each image belongs to
+    batch_index, dropped, converted   where the batch is in the epoch; rows dropped while it was
+                             built, by reason; images converted to RGB, by mode
+
+Example: two packs of 8 tokens, samples of 3 and 4 tokens in the first, of 6 in the second
+(tests/test_batch.py builds it from fake samples):
+
+    position_ids   [[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 5, 0, 1]]
+    cu_seq_lens_q  [0, 3, 7, 8, 14, 16]        (the padding runs are the segments 7-8 and 14-16)
+    max_length_q   6
+
+For one pack without padding these are exactly what transformers' DataCollatorWithFlattening
+(return_flash_attn_kwargs=True, return_position_ids=True) returns for the same samples; a test
+checks it. Unlike it, mmdp keeps fixed-length rows (a padding tail, as its own segment) and
+several rows per batch.
+"""
+
+import functools
+from collections import Counter
+
+import numpy as np
+import torch
+import transformers
+from packaging.version import Version
+
+from mmdp import config
+
+# The keys of a packed batch that a Hugging Face causal LM takes, under every attention
+# implementation: eager, sdpa and flex_attention use position_ids and ignore the rest;
+# FlashAttention uses cu_seq_lens_* and max_length_* (its varlen kernels).
+MODEL_INPUTS = (
+    "input_ids",
+    "labels",
+    "position_ids",
+    "cu_seq_lens_q",
+    "cu_seq_lens_k",
+    "max_length_q",
+    "max_length_k",
+)
+
+# The first transformers whose eager and sdpa masks honour restarting position_ids (the packed
+# sequence detection of huggingface/transformers#39194). Measured: 4.53.0 mixes samples, 4.53.1
+# does not (tools/check_packed_masks.py, the same check as tests/test_attention.py).
+MIN_TRANSFORMERS = "4.53.1"
+
+
+def build_pack(
+    samples: list[dict],
+    planned_lengths: list[int],
+    *,
+    max_length: int,
+    pad_token_id: int,
+    image_size: int,
+    batch_index: int,
+) -> dict:
+    """One planned pack, from its samples (VQADataset items): the usable ones laid out in a row,
+    the others counted in `dropped` by reason (a broken image is found only now).
+
+    `planned_lengths` are the tokens the plan gave each sample; a sample built with another
+    length would break the plan's budget, so it is an error, not a drop.
+    """
+    for sample, planned in zip(samples, planned_lengths):
+        if sample["drop_reason"] is None and len(sample["input_ids"]) != planned:
+            raise RuntimeError(
+                f"row {sample['row']}: planned {planned} tokens, tokenized "
+                f"{len(sample['input_ids'])}; the tokenizer is not deterministic"
+            )
+    dropped = Counter(s["drop_reason"] for s in samples if s["drop_reason"] is not None)
+    usable = [s for s in samples if s["drop_reason"] is None]
+    pack = layout_pack(usable, max_length, pad_token_id, image_size)
+    return {**pack, "batch_index": batch_index, "dropped": dropped}
+
+
+def layout_pack(samples: list[dict], max_length: int, pad_token_id: int, image_size: int) -> dict:
+    """Lay out usable samples (VQADataset items) one after the other in a row of max_length tokens.
+
+    Returns one pack: the [L] tensors of the batch above, plus `seq_lens` (the segments' lengths,
+    the padding run included) and the pixels per sample, which `collate_packs` concatenates once.
+    """
+    seq_lens = [len(s["input_ids"]) for s in samples]
+    used = sum(seq_lens)
+    if used > max_length:
+        raise ValueError(f"{used} tokens do not fit in a pack of max_length {max_length}")
+    pad = max_length - used
+    labels = [s["labels"].clone() for s in samples]
+    for sample_labels in labels:
+        sample_labels[0] = config.IGNORE_INDEX  # never predict a sample from the one before
+    converted = Counter()
+    for s in samples:
+        converted.update(s["converted"])
+    padding = torch.full((pad,), pad_token_id)
+    return {
+        "input_ids": torch.cat([*(s["input_ids"] for s in samples), padding]),
+        "labels": torch.cat([*labels, torch.full((pad,), config.IGNORE_INDEX)]),
+        "position_ids": torch.cat([torch.arange(n) for n in seq_lens + [pad]]),
+        "real_token_mask": torch.arange(max_length) < used,
+        "seq_lens": seq_lens + ([pad] if pad else []),
+        "sample_index": [s["row"] for s in samples],
+        "pixel_values": [s["pixel_values"] for s in samples],
+        "sample_of_image": [i for i, s in enumerate(samples) for _ in s["pixel_values"]],
+        "image_size": image_size,
+        "converted": converted,
+    }
+
+
+def collate_packs(packs: list[dict]) -> dict:
+    """Stack packs (from build_pack, all of one planned batch) into a batch."""
+    batch_indices = {p["batch_index"] for p in packs}
+    assert len(batch_indices) == 1, f"packs of several planned batches collated: {batch_indices}"
+    max_length = len(packs[0]["input_ids"])
+    cu_seq_lens, sample_of_image, samples_before = [0], [], 0
+    for row, p in enumerate(packs):
+        cu_seq_lens += (row * max_length + np.cumsum(p["seq_lens"])).tolist()
+        sample_of_image += [samples_before + i for i in p["sample_of_image"]]
+        samples_before += len(p["sample_index"])
+    dropped, converted = Counter(), Counter()
+    for p in packs:
+        dropped.update(p["dropped"])
+        converted.update(p["converted"])
+    cu_seq_lens = torch.tensor(cu_seq_lens, dtype=torch.int32)
+    longest = max(max(p["seq_lens"]) for p in packs)
+    size = packs[0]["image_size"]
+    pixels = [pixels for p in packs for pixels in p["pixel_values"]]
+    return {
+        "input_ids": torch.stack([p["input_ids"] for p in packs]),
+        "labels": torch.stack([p["labels"] for p in packs]),
+        "position_ids": torch.stack([p["position_ids"] for p in packs]),
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens,
+        "max_length_q": longest,
+        "max_length_k": longest,
+        "real_token_mask": torch.stack([p["real_token_mask"] for p in packs]),
+        "sample_index": torch.tensor(
+            [r for p in packs for r in p["sample_index"]], dtype=torch.long
+        ),
+        "samples_per_row": torch.tensor([len(p["sample_index"]) for p in packs], dtype=torch.long),
+        "pixel_values": torch.cat(pixels or [torch.zeros(0, 3, size, size)]),
+        "sample_of_image": torch.tensor(sample_of_image, dtype=torch.long),
+        "batch_index": batch_indices.pop(),
+        "dropped": dict(dropped),
+        "converted": dict(converted),
+    }
+
+
+def model_inputs(batch: dict) -> dict:
+    """The keys of a packed batch that a Hugging Face causal LM takes. Call
+
+        model(**model_inputs(batch), use_cache=False)
+
+    and each sample sees only itself, under eager, sdpa, flex_attention and FlashAttention alike
+    (docs/use-in-your-trainer.md: why use_cache=False and no attention_mask). Raises on a
+    transformers too old to build the per-sample mask from position_ids.
+    """
+    check_transformers()
+    return {key: batch[key] for key in MODEL_INPUTS}
+
+
+@functools.cache
+def check_transformers(version: str = transformers.__version__) -> None:
+    """Raise if this transformers would let the samples of a packed batch attend to each other."""
+    if Version(version) < Version(MIN_TRANSFORMERS):
+        raise RuntimeError(
+            f"transformers {version} ignores restarting position_ids in its eager and sdpa "
+            f"attention masks, so packed samples would attend to each other; upgrade to "
+            f"transformers>={MIN_TRANSFORMERS}"
+        )
+
+
+def real_token_mask(batch: dict) -> torch.Tensor:
+    """Which tokens of any mmdp batch are real (True) rather than padding: bool [B, L].
+
+    Every consumer (epoch reports, figures, tokens per second) asks this function, never a key:
+    padded batches (stages 2-3) mark real tokens with `attention_mask`, which the model takes;
+    packed batches (stage 5) with `real_token_mask`, because a 2-D attention_mask would undo
+    their per-sample masking.
+    """
+    if "real_token_mask" in batch:
+        return batch["real_token_mask"]
+    return batch["attention_mask"].bool()
+
+
+def sample_ids(batch: dict) -> torch.Tensor:
+    """Which sample each token of any mmdp batch belongs to, [B, L]; -1 on padding.
+
+    A padded batch (stages 2-3) holds one sample per row; a packed batch (stage 5) several per
+    row, found from its segments (cu_seq_lens_q over the B * L tokens read as one flat row).
+    Ids are unique within the batch, not consecutive. Example, one pack of 8 tokens holding
+    samples of 3 and 4 tokens:
+
+    >>> mask = torch.tensor([[True] * 7 + [False]])
+    >>> sample_ids({"real_token_mask": mask, "cu_seq_lens_q": torch.tensor([0, 3, 7, 8])})
+    tensor([[ 0,  0,  0,  1,  1,  1,  1, -1]])
+    """
+    real = real_token_mask(batch)
+    if "cu_seq_lens_q" in batch:
+        flat = torch.arange(real.numel(), device=real.device)
+        bounds = batch["cu_seq_lens_q"][1:].to(device=real.device, dtype=torch.long)
+        ids = torch.searchsorted(bounds, flat, right=True).view(real.shape)
+    else:
+        ids = torch.arange(real.shape[0], device=real.device)[:, None].expand(real.shape)
+    return torch.where(real, ids, -1)
