@@ -209,9 +209,7 @@ def run_packed_epoch(packed: PackedDataset, args) -> dict:
         "reports": reports,
         "first_batch": first_batch,
         "seconds": seconds,
-        "rank_balance": rank_balance(
-            *batch_loads(packed.plan(), packed.weights), packed.world_size
-        ),
+        "rank_balance": rank_balance(batch_loads(packed.plan(), packed.weights), packed.world_size),
         "weighing": {
             "seconds": round(packed.weighing.seconds, 3),
             "weighed_here_per_rank": weighed_here,
@@ -240,7 +238,12 @@ def run_streaming_epoch(tokenizer, args) -> tuple[dict, VQADataset]:
 
     def batches():
         for batch in loader:
-            steps.append((int(real_token_mask(batch).sum()), len(batch["pixel_values"])))
+            loads = (
+                real_token_mask(batch).sum(),
+                batch["sample_of_image"].numel(),
+                batch["patches_per_row"].sum(),
+            )
+            steps.append(tuple(int(load) for load in loads))
             yield batch
         report.dropped.update(loader.dropped_at_end)  # read after the last batch, or held
 
@@ -252,14 +255,17 @@ def run_streaming_epoch(tokenizer, args) -> tuple[dict, VQADataset]:
         steps_per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(reports, report)
         dist.all_gather_object(steps_per_rank, steps)
-    # every rank stopped at the same step: [step][rank] (tokens, images)
-    loads = np.array(list(zip(*steps_per_rank)), dtype=np.int64).reshape(-1, len(reports), 2)
+    # every rank stopped at the same step: [step][rank] (tokens, images, patches)
+    loads = np.array(list(zip(*steps_per_rank)), dtype=np.int64).reshape(-1, len(reports), 3)
+    names = ("tokens", "images", "patches")
     epoch = {
         "report": PackReport.merged(reports),
         "reports": reports,
         "first_batch": first_batch,
         "seconds": seconds,
-        "rank_balance": rank_balance(loads[..., 0], loads[..., 1], len(reports)),
+        "rank_balance": rank_balance(
+            {name: loads[..., k] for k, name in enumerate(names)}, len(reports)
+        ),
     }
     # rows from the head of the stream, for the batch beside constrained padding (rank 0 draws)
     head = [] if dist.is_initialized() and dist.get_rank() > 0 else list(stream.take(FIGURE_ROWS))

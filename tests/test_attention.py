@@ -39,6 +39,8 @@ def random_sample(row: int, length: int, generator: torch.Generator) -> dict:
         "input_ids": input_ids,
         "labels": labels,
         "pixel_values": images,
+        "image_count": 0,
+        "patches": 0,
         "converted": {},
     }
 
@@ -50,7 +52,7 @@ def packed_batch(num_packs: int, max_length: int) -> tuple[dict, list[dict]]:
     for lengths in PACKS[:num_packs]:
         mine = [random_sample(len(samples) + i, n, generator) for i, n in enumerate(lengths)]
         samples += mine
-        pack = layout_pack(mine, max_length, pad_token_id=0, image_size=8)
+        pack = layout_pack(mine, max_length, pad_token_id=0)
         packs.append({**pack, "batch_index": 0, "dropped": {}})
     return collate_packs(packs), samples
 
@@ -133,7 +135,7 @@ def test_same_as_transformers_flattening_collator(image_samples):
     samples = [image_samples[row] for row in range(6)]
     samples = [s for s in samples if s["drop_reason"] is None][:4]
     total = sum(len(s["input_ids"]) for s in samples)
-    ours = collate_packs([{**layout_pack(samples, total, 0, 32), "batch_index": 0, "dropped": {}}])
+    ours = collate_packs([{**layout_pack(samples, total, 0), "batch_index": 0, "dropped": {}}])
     theirs = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_position_ids=True)(
         [{"input_ids": s["input_ids"], "labels": s["labels"]} for s in samples]
     )

@@ -24,6 +24,8 @@ def fake_sample(row: int, input_ids: list[int], labels: list[int], images: int) 
         "input_ids": torch.tensor(input_ids),
         "labels": torch.tensor(labels),
         "pixel_values": torch.full((images, 3, 2, 2), float(row)),
+        "image_count": images,
+        "patches": images * 4,
         "converted": {},
         "drop_reason": None,
     }
@@ -36,7 +38,7 @@ BROKEN = {"row": 13, "drop_reason": UNDECODABLE_IMAGE}
 
 
 def worked_example() -> dict:
-    budget = {"max_length": 8, "pad_token_id": PAD, "image_size": 2, "batch_index": 0}
+    budget = {"max_length": 8, "pad_token_id": PAD, "batch_index": 0}
     first = build_pack([A, BROKEN, B], [3, 5, 4], **budget)  # the broken one had 5 tokens
     second = build_pack([C], [6], **budget)
     return collate_packs([first, second])
@@ -74,8 +76,10 @@ def test_two_packs_of_8_laid_out_by_hand():
 def test_sample_ids_and_model_inputs_of_the_worked_example():
     batch = worked_example()
     assert sample_ids(batch).tolist() == [[0, 0, 0, 1, 1, 1, 1, -1], [3, 3, 3, 3, 3, 3, -1, -1]]
-    # what a model takes: no attention_mask (a 2-D mask would undo the per-sample masking)
+    # what a model takes: no attention_mask (a 2-D mask would undo the per-sample masking); the
+    # images, since the batch has some
     assert set(model_inputs(batch)) == {
+        "pixel_values",
         "input_ids",
         "labels",
         "position_ids",
@@ -89,11 +93,9 @@ def test_sample_ids_and_model_inputs_of_the_worked_example():
 
 def test_a_sample_with_another_length_than_planned_is_an_error_not_a_drop():
     with pytest.raises(RuntimeError, match="row 10: planned 4 tokens, tokenized 3"):
-        build_pack([A], [4], max_length=8, pad_token_id=PAD, image_size=2, batch_index=0)
+        build_pack([A], [4], max_length=8, pad_token_id=PAD, batch_index=0)
 
 
 def test_samples_over_the_budget_do_not_fit_a_pack():
     with pytest.raises(ValueError, match="13 tokens do not fit in a pack of max_length 8"):
-        build_pack(
-            [B, C, A], [4, 6, 3], max_length=8, pad_token_id=PAD, image_size=2, batch_index=0
-        )
+        build_pack([B, C, A], [4, 6, 3], max_length=8, pad_token_id=PAD, batch_index=0)

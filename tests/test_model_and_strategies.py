@@ -122,8 +122,8 @@ def tiny_pack_and_padding() -> tuple[dict, dict, torch.Tensor, torch.Tensor]:
         "labels": torch.tensor([ignored, 3, 0, 1]),
     }
     for s in (a, b):
-        s.update(pixel_values=torch.zeros(0, 3, 8, 8), converted={})
-    pack = collate_packs([{**layout_pack([a, b], 8, 0, 8), "batch_index": 0, "dropped": {}}])
+        s.update(pixel_values=torch.zeros(0, 3, 8, 8), image_count=0, patches=0, converted={})
+    pack = collate_packs([{**layout_pack([a, b], 8, 0), "batch_index": 0, "dropped": {}}])
     padded = NaivePadCollator(0)([{**a, "drop_reason": None}, {**b, "drop_reason": None}])
     packed_logits = torch.zeros(1, 8, 4)  # uniform: each of B's tokens costs log 4
     packed_logits[0, 0], packed_logits[0, 1] = certain(1, 4), certain(2, 4)  # A's: 0

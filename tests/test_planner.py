@@ -128,9 +128,11 @@ def test_batch_loads_give_each_ranks_tokens_and_images_per_step():
     # tokens with 3, 0, 2, 1 images, one row a pack, 2 ranks x 2 packs
     weights = Weights.from_lists([8, 8, 8, 8], [3, 0, 2, 1])
     plan = plan_epoch(weights, max_length=8, max_images=3, packs_per_batch=2, world_size=2)
-    tokens, images = batch_loads(plan, weights)
-    assert tokens.tolist() == [[16, 16]] and images.tolist() == [[3, 3]]  # 3 + 0, 2 + 1
-    balance = rank_balance(tokens, images, world_size=2)
+    loads = batch_loads(plan, weights)
+    assert loads["tokens"].tolist() == [[16, 16]] and loads["images"].tolist() == [
+        [3, 3]
+    ]  # 3 + 0, 2 + 1
+    balance = rank_balance(loads, world_size=2)
     assert balance["batches_per_rank"] == [1, 1]
     assert balance["image_spread_per_step"]["max"] == 0  # 3 images each
     assert balance["token_spread_per_step"]["max"] == 0

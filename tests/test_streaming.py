@@ -16,7 +16,6 @@ from conftest import tiny_vlm_losses
 from datasets import Dataset, load_dataset
 
 from mmdp.data.sources import FEATURES, load_vqa_dataset
-from mmdp.data.vqa_dataset import make_sample
 from mmdp.drop_reasons import (
     HELD_WHEN_RANKS_STOPPED,
     NO_TEXTS,
@@ -24,6 +23,7 @@ from mmdp.drop_reasons import (
     TOO_MANY_IMAGES,
     UNDECODABLE_IMAGE,
 )
+from mmdp.models.family import TinyFamily
 from mmdp.packing.batch import model_inputs
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.planner import Weights
@@ -74,7 +74,7 @@ def expected(rows, tokenizer) -> dict:
     """What an epoch must do with each row, found the slow way: tokenize it and decode its images."""
     used, dropped = set(), Counter()
     for i, row in enumerate(rows):
-        sample = make_sample(row, i, tokenizer, IMAGE_SIZE)
+        sample = TinyFamily(tokenizer, image_size=IMAGE_SIZE).make_sample(row, i)
         if sample["drop_reason"] is not None:
             dropped[sample["drop_reason"]] += 1
         elif len(sample["input_ids"]) > MAX_LENGTH:
@@ -411,7 +411,7 @@ def test_streamed_batches_keep_samples_apart(attention, rows, tokenizer):
     assert set(model_inputs(batch)) <= set(batch)
     packed, alone = tiny_vlm_losses(
         batch,
-        lambda row: make_sample(rows[row], row, tokenizer, image_size=32),
+        lambda row: TinyFamily(tokenizer, image_size=32).make_sample(rows[row], row),
         tokenizer,
         attention,
     )  # a list's ids are the rows' positions

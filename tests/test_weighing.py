@@ -14,6 +14,7 @@ from mmdp.data.conversation import count_tokens_batch, tokenize_conversation
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import CODE
+from mmdp.models.family import TinyFamily
 from mmdp.packing import weighing
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.weighing import weigh_rows
@@ -50,7 +51,7 @@ def test_a_second_weighing_loads_the_cache_and_any_change_weighs_again(
     assert again.path.parent.parent == fresh_cache
     # anything the weights depend on changes the cache entry
     assert weigh_rows(rows.select(range(100)), tokenizer).weighed_here  # other rows
-    assert weigh_rows(rows, tokenizer, image_token_length=32).weighed_here  # tokens per image
+    assert weigh_rows(rows, TinyFamily(tokenizer, image_token_length=32)).weighed_here  # per image
     template = tokenizer.chat_template
     tokenizer.chat_template = template + "{# another template #}"
     try:

@@ -12,10 +12,13 @@ IMAGE_TOKEN_IN_TEXT = "image_token_in_text"  # the text holds <|image|> itself: 
 # An image cannot be used (mmdp.data.images); found when the image is decoded.
 UNDECODABLE_IMAGE = "undecodable_image"
 IMAGE_TOO_LARGE = "image_too_large"  # over config.MAX_IMAGE_PIXELS, read from the header
+# The model's processor refuses the image's width and height (Qwen-VL: an aspect ratio over 200).
+IMAGE_SIZE_REFUSED = "image_size_refused"
 
 # Over a budget (stages 3, 5 and 6).
 TOO_LONG = "too_long"  # more tokens than max_length
 TOO_MANY_IMAGES = "too_many_images"  # more images than max_images
+TOO_MANY_PATCHES = "too_many_patches"  # more vision-encoder patches than max_patches
 
 # Left out by stage 5 so that every rank yields the same number of batches (DDP would hang).
 LEFT_OUT_TO_EQUALISE_RANKS = "left_out_to_equalise_ranks"
@@ -37,5 +40,7 @@ REASONS = (
     TOO_MANY_IMAGES,
     LEFT_OUT_TO_EQUALISE_RANKS,
     HELD_WHEN_RANKS_STOPPED,
+    TOO_MANY_PATCHES,
+    IMAGE_SIZE_REFUSED,
 )
 CODE = {reason: code for code, reason in enumerate(REASONS)}

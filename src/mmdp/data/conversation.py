@@ -1,5 +1,11 @@
 """Turn one sample's conversation into `input_ids` and `labels` with the chat template.
 
+Two ways to find the replies, the tokens that get labels:
+- mmdp's own ChatML template (TinyVLM, the default) marks them with {% generation %}, and
+  `tokenize_conversation` reads transformers' assistant mask;
+- a real model's template (Qwen-VL, SmolVLM, LLaVA-OneVision, Gemma 3) has no such markers, and
+  `reply_spans` finds them by rendering the conversation a turn at a time (see there).
+
 Example (SmolLM2 tokenizer, one image, image_token_length=2 to keep it short):
 
     texts = [{"user": "What colour?", "assistant": "Red."}]
@@ -17,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mmdp import config
 from mmdp.drop_reasons import EMPTY_REPLY, IMAGE_TOKEN_IN_TEXT, NO_TEXTS
+from mmdp.errors import UserError
 
 
 class BadConversation(Exception):
@@ -114,3 +121,83 @@ def count_tokens(texts, num_images: int, tokenizer, image_token_length: int) -> 
     if reasons[0] is not None:
         raise BadConversation(reasons[0], "see build_messages")
     return lengths[0]
+
+
+# Real chat templates ------------------------------------------------------------------------------
+
+
+def chat_turns(texts, reserved: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The (user, assistant) turns of a row, checked: a row with no turns, an empty reply, or a
+    `reserved` string (a model's image or turn tokens) in its text raises BadConversation."""
+    turns = normalize_texts(texts)
+    if not turns:
+        raise BadConversation(NO_TEXTS, "the sample has no conversation")
+    checked = []
+    for turn in turns:
+        user, assistant = turn.get("user") or "", turn.get("assistant") or ""
+        if not assistant.strip():
+            raise BadConversation(EMPTY_REPLY, f"empty reply to {user[:40]!r}")
+        for token in reserved:
+            if token in user or token in assistant:
+                raise BadConversation(IMAGE_TOKEN_IN_TEXT, f"the text contains {token!r} itself")
+        checked.append((user, assistant))
+    return checked
+
+
+def chat_messages(turns: list[tuple[str, str]], num_images: int) -> list[dict]:
+    """Messages in the structured form real chat templates take: the images first in the first
+    user message, then its text (the_cauldron's rows give no image positions)."""
+    messages = []
+    for user, assistant in turns:
+        messages.append({"role": "user", "content": [{"type": "text", "text": user}]})
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": assistant}]})
+    messages[0]["content"] = [{"type": "image"}] * num_images + messages[0]["content"]
+    return messages
+
+
+def reply_spans(
+    render, messages: list[dict], end_of_turn: str
+) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation, and the character spans of each reply and its end-of-turn token.
+
+    `render(messages)` is the model's own chat template (no generation prompt). A real template
+    has no {% generation %} markers, so the replies are found by rendering one turn at a time:
+    for assistant message i, render(messages[:i + 1]) must extend render(messages[:i]) (the
+    template is append-only), and the added text holds the reply (as it is, or trimmed, as
+    Gemma's template does) followed by `end_of_turn`. The span runs from the reply's first
+    character through `end_of_turn`; the newline after it is the template's, not the model's.
+    A template where this does not hold raises a UserError: mmdp never guesses labels.
+
+    >>> def chatml(messages):
+    ...     turns = [f"<|im_start|>{m['role']}:{m['content'][-1]['text']}<|im_end|>" for m in messages]
+    ...     return "".join(turns)
+    >>> text, spans = reply_spans(chatml, chat_messages([("Hi", "Hello.")], 0), "<|im_end|>")
+    >>> [text[a:b] for a, b in spans]
+    ['Hello.<|im_end|>']
+    """
+    text = render(messages)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before, upto = render(messages[:i]), render(messages[: i + 1])
+        if not (upto.startswith(before) and text.startswith(upto)):
+            raise UserError(
+                "this chat template rewrites earlier turns when a turn is added, so mmdp cannot "
+                "find the replies in it (labels would be guessed); use a template that only "
+                "appends each turn"
+            )
+        reply = message["content"][-1]["text"]
+        turn = upto[len(before) :]
+        for candidate in (reply, reply.strip()):
+            end = turn.rfind(candidate + end_of_turn)
+            if end >= 0:
+                break
+        else:
+            raise UserError(
+                f"this chat template does not render a reply as its text followed by "
+                f"{end_of_turn!r}, so mmdp cannot find the replies in it"
+            )
+        start = len(before) + end
+        spans.append((start, start + len(candidate) + len(end_of_turn)))
+    return text, spans

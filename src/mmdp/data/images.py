@@ -1,14 +1,30 @@
-"""Decode and resize images for the vision encoder, turning bad images into named outcomes."""
+"""Decode images for the vision encoder, turning bad images into named outcomes.
+
+Three steps, each usable alone:
+
+    image_size(image)    (width, height) from the encoded header, EXIF rotation applied: no pixel
+                         is decoded (weighing millions of rows reads only headers)
+    decode_image(image)  an RGB PIL image, upright (EXIF rotation applied), transparent pixels over
+                         white; what a model's own image processor takes
+    load_image(image)    decode_image, resized to a square float tensor in [0, 1]: TinyVLM's input
+
+A file that does not decode, or one larger than config.MAX_IMAGE_PIXELS (checked from the header,
+before any pixel is decoded) raises BadImage with its reason from mmdp.drop_reasons.
+"""
 
 import io
 import warnings
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 from mmdp import config
 from mmdp.drop_reasons import IMAGE_TOO_LARGE, UNDECODABLE_IMAGE
+
+# EXIF orientations 5 to 8 turn the image by 90 degrees: its width and height swap.
+EXIF_ORIENTATION = 0x0112
+SWAPS_SIDES = {5, 6, 7, 8}
 
 
 class BadImage(Exception):
@@ -33,12 +49,27 @@ def open_image(image) -> Image.Image:
     raise BadImage(UNDECODABLE_IMAGE, f"no image data in {type(image).__name__}")
 
 
-def load_image(image, size: int = config.IMAGE_SIZE) -> tuple[torch.Tensor, str | None]:
-    """Return (a float tensor [3, size, size] in [0, 1], the original mode if it was converted).
+def image_size(image) -> tuple[int, int]:
+    """(width, height) of the image as decode_image will return it, read from its header alone.
+
+    Raises BadImage for a header that does not parse and for an image over MAX_IMAGE_PIXELS.
+    """
+    pil = open_image(image)
+    width, height = pil.size
+    if width * height > config.MAX_IMAGE_PIXELS:
+        raise BadImage(IMAGE_TOO_LARGE, f"{width}x{height} pixels")
+    try:
+        orientation = pil.getexif().get(EXIF_ORIENTATION)
+    except (OSError, ValueError, SyntaxError):  # unreadable EXIF: decode_image ignores it too
+        orientation = None
+    return (height, width) if orientation in SWAPS_SIDES else (width, height)
+
+
+def decode_image(image) -> tuple[Image.Image, str | None]:
+    """Return (an upright RGB PIL image, the original mode if it was converted, else None).
 
     Grayscale (L), palette (P), RGBA and other modes are converted to RGB (transparent pixels over
-    white). Raises BadImage for a file that does not decode, or one larger than
-    config.MAX_IMAGE_PIXELS (checked from the header, before any pixel is decoded).
+    white); an EXIF orientation is applied, so that the image is upright as image_size says.
     """
     pil = open_image(image)
     width, height = pil.size
@@ -49,14 +80,26 @@ def load_image(image, size: int = config.IMAGE_SIZE) -> tuple[torch.Tensor, str 
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             pil.load()
         converted_from = None if pil.mode == "RGB" else pil.mode
+        if pil.getexif().get(EXIF_ORIENTATION, 1) != 1:
+            pil = ImageOps.exif_transpose(pil)
         if pil.mode in ("RGBA", "LA", "PA") or (pil.mode == "P" and "transparency" in pil.info):
             rgba = pil.convert("RGBA")
             pil = Image.new("RGB", rgba.size, (255, 255, 255))
             pil.paste(rgba, mask=rgba.getchannel("A"))
         elif pil.mode != "RGB":
             pil = pil.convert("RGB")
-        pil = pil.resize((size, size), Image.Resampling.BILINEAR)
     except (OSError, ValueError, SyntaxError) as error:
+        raise BadImage(UNDECODABLE_IMAGE, f"{error.__class__.__name__}: {error}") from error
+    return pil, converted_from
+
+
+def load_image(image, size: int = config.IMAGE_SIZE) -> tuple[torch.Tensor, str | None]:
+    """Return (a float tensor [3, size, size] in [0, 1], the original mode if it was converted):
+    TinyVLM's input, decode_image resized to a square."""
+    pil, converted_from = decode_image(image)
+    try:
+        pil = pil.resize((size, size), Image.Resampling.BILINEAR)
+    except (OSError, ValueError) as error:
         raise BadImage(UNDECODABLE_IMAGE, f"{error.__class__.__name__}: {error}") from error
     pixels = torch.from_numpy(np.asarray(pil, dtype=np.uint8).copy())
     return pixels.permute(2, 0, 1).float().div_(255), converted_from

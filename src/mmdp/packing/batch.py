@@ -19,7 +19,7 @@ A batch of B packs, each a row of L = max_length tokens:
                              samples would attend to each other. Read it with
                              `real_token_mask(batch)`, as for padded batches.
     sample_index     [n]     the dataset rows of the batch, in order; samples_per_row [B] how
-                             many in each row
+                             many in each row, patches_per_row [B] their vision-encoder patches
     pixel_values     [N, 3, S, S] every image, in sample order; sample_of_image [N]: the position
                              in sample_index of the sample each image belongs to
     batch_index, dropped, converted   where the batch is in the epoch; rows dropped while it was
@@ -61,6 +61,17 @@ MODEL_INPUTS = (
     "max_length_k",
 )
 
+# What a packed batch may carry for the images, under transformers' names (each family's
+# processor makes some of them: mmdp.models), and the per-token inputs some models take.
+VISION_INPUTS = (
+    "pixel_values",
+    "pixel_attention_mask",
+    "image_grid_thw",
+    "image_sizes",
+    "batch_num_images",
+)
+TOKEN_INPUTS = ("token_type_ids", "mm_token_type_ids")
+
 # The first transformers whose eager and sdpa masks honour restarting position_ids (the packed
 # sequence detection of huggingface/transformers#39194). Measured: 4.53.0 mixes samples, 4.53.1
 # does not (tools/check_packed_masks.py, the same check as tests/test_attention.py).
@@ -73,7 +84,6 @@ def build_pack(
     *,
     max_length: int,
     pad_token_id: int,
-    image_size: int,
     batch_index: int,
 ) -> dict:
     """One planned pack, from its samples (VQADataset items): the usable ones laid out in a row,
@@ -90,15 +100,16 @@ def build_pack(
             )
     dropped = Counter(s["drop_reason"] for s in samples if s["drop_reason"] is not None)
     usable = [s for s in samples if s["drop_reason"] is None]
-    pack = layout_pack(usable, max_length, pad_token_id, image_size)
+    pack = layout_pack(usable, max_length, pad_token_id)
     return {**pack, "batch_index": batch_index, "dropped": dropped}
 
 
-def layout_pack(samples: list[dict], max_length: int, pad_token_id: int, image_size: int) -> dict:
+def layout_pack(samples: list[dict], max_length: int, pad_token_id: int) -> dict:
     """Lay out usable samples (VQADataset items) one after the other in a row of max_length tokens.
 
-    Returns one pack: the [L] tensors of the batch above, plus `seq_lens` (the segments' lengths,
-    the padding run included) and the pixels per sample, which `collate_packs` concatenates once.
+    Returns one pack: the [L] tensors of the batch above (position_ids [4, L] for a model with
+    4-row positions), plus `seq_lens` (the segments' lengths, the padding run included) and
+    each sample's vision inputs, which the collator concatenates once per batch.
     """
     seq_lens = [len(s["input_ids"]) for s in samples]
     used = sum(seq_lens)
@@ -108,33 +119,48 @@ def layout_pack(samples: list[dict], max_length: int, pad_token_id: int, image_s
     labels = [s["labels"].clone() for s in samples]
     for sample_labels in labels:
         sample_labels[0] = config.IGNORE_INDEX  # never predict a sample from the one before
+    positions = [s.get("position_ids", torch.arange(n)) for s, n in zip(samples, seq_lens)]
+    rows = positions[0].shape[:-1] if positions else ()  # () for [L], (4,) for Qwen's [4, L]
+    positions.append(torch.arange(pad).expand(*rows, pad))  # the padding run: its own segment
     converted = Counter()
     for s in samples:
         converted.update(s["converted"])
-    padding = torch.full((pad,), pad_token_id)
     return {
-        "input_ids": torch.cat([*(s["input_ids"] for s in samples), padding]),
+        "input_ids": torch.cat(
+            [*(s["input_ids"] for s in samples), torch.full((pad,), pad_token_id)]
+        ),
         "labels": torch.cat([*labels, torch.full((pad,), config.IGNORE_INDEX)]),
-        "position_ids": torch.cat([torch.arange(n) for n in seq_lens + [pad]]),
+        "position_ids": torch.cat(positions, dim=-1),
+        **{
+            key: torch.cat([*(s[key] for s in samples), torch.zeros(pad, dtype=torch.long)])
+            for key in TOKEN_INPUTS
+            if samples and key in samples[0]
+        },
         "real_token_mask": torch.arange(max_length) < used,
         "seq_lens": seq_lens + ([pad] if pad else []),
         "sample_index": [s["row"] for s in samples],
-        "pixel_values": [s["pixel_values"] for s in samples],
-        "sample_of_image": [i for i, s in enumerate(samples) for _ in s["pixel_values"]],
-        "image_size": image_size,
+        "vision": [{key: s[key] for key in VISION_INPUTS if key in s} for s in samples],
+        "image_counts": [s["image_count"] for s in samples],
+        "patches": sum(s["patches"] for s in samples),
         "converted": converted,
     }
 
 
-def collate_packs(packs: list[dict]) -> dict:
-    """Stack packs (from build_pack, all of one planned batch) into a batch."""
+def collate_packs(packs: list[dict], family=None) -> dict:
+    """Stack packs (from build_pack, all of one planned batch) into a batch.
+
+    `family` (a mmdp.models.family.ModelFamily) collates the vision inputs its model takes, and
+    names itself in the batch (`model_family`); without one, each vision input is concatenated
+    along its first dimension, which is what TinyVLM, Qwen-VL, LLaVA-OneVision and Gemma 3 take.
+    """
     batch_indices = {p["batch_index"] for p in packs}
     assert len(batch_indices) == 1, f"packs of several planned batches collated: {batch_indices}"
     max_length = len(packs[0]["input_ids"])
     cu_seq_lens, sample_of_image, samples_before = [0], [], 0
     for row, p in enumerate(packs):
         cu_seq_lens += (row * max_length + np.cumsum(p["seq_lens"])).tolist()
-        sample_of_image += [samples_before + i for i in p["sample_of_image"]]
+        for i, count in enumerate(p["image_counts"]):
+            sample_of_image += [samples_before + i] * count
         samples_before += len(p["sample_index"])
     dropped, converted = Counter(), Counter()
     for p in packs:
@@ -142,12 +168,18 @@ def collate_packs(packs: list[dict]) -> dict:
         converted.update(p["converted"])
     cu_seq_lens = torch.tensor(cu_seq_lens, dtype=torch.int32)
     longest = max(max(p["seq_lens"]) for p in packs)
-    size = packs[0]["image_size"]
-    pixels = [pixels for p in packs for pixels in p["pixel_values"]]
+    positions = [p["position_ids"] for p in packs]
+    samples = [
+        {**vision, "image_count": count}
+        for p in packs
+        for vision, count in zip(p["vision"], p["image_counts"])
+    ]
     return {
         "input_ids": torch.stack([p["input_ids"] for p in packs]),
         "labels": torch.stack([p["labels"] for p in packs]),
-        "position_ids": torch.stack([p["position_ids"] for p in packs]),
+        # [B, L], or [4, B, L] for Qwen-VL's 4-row positions
+        "position_ids": torch.stack(positions, dim=positions[0].dim() - 1),
+        **{key: torch.stack([p[key] for p in packs]) for key in TOKEN_INPUTS if key in packs[0]},
         "cu_seq_lens_q": cu_seq_lens,
         "cu_seq_lens_k": cu_seq_lens,
         "max_length_q": longest,
@@ -157,25 +189,45 @@ def collate_packs(packs: list[dict]) -> dict:
             [r for p in packs for r in p["sample_index"]], dtype=torch.long
         ),
         "samples_per_row": torch.tensor([len(p["sample_index"]) for p in packs], dtype=torch.long),
-        "pixel_values": torch.cat(pixels or [torch.zeros(0, 3, size, size)]),
+        "patches_per_row": torch.tensor([p["patches"] for p in packs], dtype=torch.long),
+        **(family.collate_vision(samples) if family else concatenate_vision(samples)),
         "sample_of_image": torch.tensor(sample_of_image, dtype=torch.long),
         "batch_index": batch_indices.pop(),
         "dropped": dict(dropped),
         "converted": dict(converted),
+        **({"model_family": family.name} if family and family.name != "tiny" else {}),
     }
 
 
-def model_inputs(batch: dict) -> dict:
-    """The keys of a packed batch that a Hugging Face causal LM takes. Call
+def concatenate_vision(samples: list[dict]) -> dict:
+    """Each vision input of the samples that have it, concatenated along its first dimension."""
+    keys = [key for key in VISION_INPUTS if any(key in s for s in samples)]
+    return {key: torch.cat([s[key] for s in samples if key in s]) for key in keys}
+
+
+def model_inputs(batch: dict, model=None) -> dict:
+    """The keys of a packed batch that a Hugging Face model takes. Call
 
         model(**model_inputs(batch), use_cache=False)
 
     and each sample sees only itself, under eager, sdpa, flex_attention and FlashAttention alike
-    (docs/use-in-your-trainer.md: why use_cache=False and no attention_mask). Raises on a
-    transformers too old to build the per-sample mask from position_ids.
+    (docs/use-in-your-trainer.md: why use_cache=False and no attention_mask). A batch with images
+    adds its vision inputs; one without leaves them out (the models refuse empty pixel tensors).
+    Gemma 3 batches also need `model`: transformers 5.23 builds their sliding-window mask wrong
+    in packed rows, and mmdp builds both masks itself (mmdp.models.gemma3).
+
+    Raises on a transformers too old to build the per-sample mask from position_ids.
     """
     check_transformers()
-    return {key: batch[key] for key in MODEL_INPUTS}
+    inputs = {key: batch[key] for key in MODEL_INPUTS}
+    inputs.update({key: batch[key] for key in TOKEN_INPUTS if key in batch})
+    if len(batch.get("pixel_values", ())):
+        inputs.update({key: batch[key] for key in VISION_INPUTS if key in batch})
+    if batch.get("model_family") == "gemma3":
+        from mmdp.models.gemma3 import packed_attention_masks
+
+        inputs["attention_mask"] = packed_attention_masks(batch, model)
+    return inputs
 
 
 @functools.cache

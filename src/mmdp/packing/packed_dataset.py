@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mmdp import config
-from mmdp.data.vqa_dataset import VQADataset, make_sample
+from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
 from mmdp.packing.planner import EpochPlan, plan_epoch
@@ -34,10 +34,12 @@ from mmdp.packing.weighing import weigh_rows
 
 
 class PackedDataset(IterableDataset):
-    """Packs a VQADataset into fixed-length rows under a token and an image budget.
+    """Packs a VQADataset into fixed-length rows under a token budget (max_length) and two
+    vision budgets: images (max_images) and the vision encoder's patches (max_patches, None: no
+    patch budget).
 
     Use it with `PackedDataLoader` (or a DataLoader with batch_size=packs_per_batch and
-    collate_fn=collate_packs). Works unchanged under torchrun: rank and world size come from
+    collate_fn=dataset.collate). Works unchanged under torchrun: rank and world size come from
     torch.distributed when it is initialised.
 
     pretokenize=True keeps every sample's input_ids and labels from the weighing pass (cached
@@ -50,6 +52,7 @@ class PackedDataset(IterableDataset):
         *,
         max_length: int = config.MAX_LENGTH,
         max_images: int = config.MAX_IMAGES,
+        max_patches: int | None = None,
         packs_per_batch: int = config.PACKS_PER_BATCH,
         strategy: str = "images_first_bfd",
         buffer_size: int = 4096,
@@ -63,6 +66,7 @@ class PackedDataset(IterableDataset):
         self.dataset = dataset
         self.max_length = max_length
         self.max_images = max_images
+        self.max_patches = max_patches
         self.packs_per_batch = packs_per_batch
         self.strategy = strategy
         self.buffer_size = buffer_size
@@ -74,11 +78,7 @@ class PackedDataset(IterableDataset):
 
         # 1. Weigh every item (once: later runs and the other ranks load the cached weights)
         self.weighing = weigh_rows(
-            dataset.dataset,
-            dataset.tokenizer,
-            dataset.image_token_length,
-            pretokenize=pretokenize,
-            num_proc=num_proc,
+            dataset.dataset, dataset.family, pretokenize=pretokenize, num_proc=num_proc
         )
         self.weights = self.weighing.weights
         self.tokens = (
@@ -101,6 +101,7 @@ class PackedDataset(IterableDataset):
                 self.weights,
                 max_length=self.max_length,
                 max_images=self.max_images,
+                max_patches=self.max_patches,
                 packs_per_batch=self.packs_per_batch,
                 world_size=self.world_size,
                 strategy=self.strategy,
@@ -174,8 +175,7 @@ class PackedDataset(IterableDataset):
             self.samples(rows),
             planned,
             max_length=self.max_length,
-            pad_token_id=self.dataset.tokenizer.pad_token_id,
-            image_size=self.dataset.image_size,
+            pad_token_id=self.dataset.family.pad_token_id,
             batch_index=batch_index,
         )
 
@@ -186,12 +186,9 @@ class PackedDataset(IterableDataset):
             return [self.dataset[row] for row in rows]
         tokens, images = self.tokens[rows], self.image_rows[rows]["images"]
         return [
-            make_sample(
+            self.dataset.family.make_sample(
                 {"images": row_images},
                 row,
-                self.dataset.tokenizer,
-                self.dataset.image_size,
-                self.dataset.image_token_length,
                 tokenized=(
                     torch.tensor(input_ids, dtype=torch.long),
                     torch.tensor(labels, dtype=torch.long),
@@ -201,6 +198,10 @@ class PackedDataset(IterableDataset):
                 rows, images, tokens["input_ids"], tokens["labels"]
             )
         ]
+
+    def collate(self, packs: list[dict]) -> dict:
+        """The DataLoader's collate_fn: packs into a batch, with the family's vision inputs."""
+        return collate_packs(packs, self.dataset.family)
 
 
 class PackedDataLoader(DataLoader):
@@ -219,7 +220,7 @@ class PackedDataLoader(DataLoader):
         super().__init__(
             dataset,
             batch_size=dataset.packs_per_batch,
-            collate_fn=collate_packs,
+            collate_fn=dataset.collate,
             num_workers=num_workers,
             **kwargs,
         )

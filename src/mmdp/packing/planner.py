@@ -39,6 +39,7 @@ from mmdp.drop_reasons import (
     REASONS,
     TOO_LONG,
     TOO_MANY_IMAGES,
+    TOO_MANY_PATCHES,
 )
 from mmdp.packing.packers import pack_flat
 
@@ -50,18 +51,25 @@ class Weights:
     lengths: np.ndarray  # int32: tokens of the sample (text + image tokens); 0 if unusable
     image_counts: np.ndarray  # int32: images of the sample
     reasons: np.ndarray  # uint8: 0, or why the row is unusable (its position in REASONS)
+    # int32: the vision encoder's patches for the sample's images (None: one per image)
+    patch_counts: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.patch_counts is None:
+            object.__setattr__(self, "patch_counts", self.image_counts)
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     @classmethod
-    def from_lists(cls, lengths, image_counts, reasons=None) -> "Weights":
+    def from_lists(cls, lengths, image_counts, reasons=None, patch_counts=None) -> "Weights":
         """Weights from plain lists; reasons are None or names from mmdp.drop_reasons."""
         reasons = [None] * len(lengths) if reasons is None else reasons
         return cls(
             np.asarray(lengths, dtype=np.int32),
             np.asarray(image_counts, dtype=np.int32),
             np.array([CODE[reason] for reason in reasons], dtype=np.uint8),
+            None if patch_counts is None else np.asarray(patch_counts, dtype=np.int32),
         )
 
 
@@ -105,8 +113,11 @@ class EpochPlan:
         )
 
 
-def filter_rows(weights: Weights, max_length: int, max_images: int) -> tuple[np.ndarray, Counter]:
-    """Step 1: the rows that can be packed, and the others counted by reason.
+def filter_rows(
+    weights: Weights, max_length: int, max_images: int, max_patches: int | None = None
+) -> tuple[np.ndarray, Counter]:
+    """Step 1: the rows that can be packed, and the others counted by reason (a row over
+    several budgets counts once: too long first, then too many images, then patches).
 
     Example: row 2 has no texts, row 1 is too long, row 3 has too many images:
 
@@ -118,11 +129,16 @@ def filter_rows(weights: Weights, max_length: int, max_images: int) -> tuple[np.
     usable = weights.reasons == 0
     too_long = usable & (weights.lengths > max_length)
     too_many_images = usable & ~too_long & (weights.image_counts > max_images)
+    over_patches = (
+        np.zeros_like(usable) if max_patches is None else weights.patch_counts > max_patches
+    )
+    too_many_patches = usable & ~too_long & ~too_many_images & over_patches
     codes = np.bincount(weights.reasons, minlength=len(REASONS))
     dropped = Counter({REASONS[code]: int(n) for code, n in enumerate(codes) if code and n})
     dropped[TOO_LONG] += int(too_long.sum())
     dropped[TOO_MANY_IMAGES] += int(too_many_images.sum())
-    rows = np.flatnonzero(usable & ~too_long & ~too_many_images)
+    dropped[TOO_MANY_PATCHES] += int(too_many_patches.sum())
+    rows = np.flatnonzero(usable & ~too_long & ~too_many_images & ~too_many_patches)
     return rows, +dropped  # + drops zero counts
 
 
@@ -132,6 +148,7 @@ def pack_buffers(
     *,
     max_length: int,
     max_images: int,
+    max_patches: int | None = None,
     strategy: str,
     buffer_size: int,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -142,12 +159,19 @@ def pack_buffers(
     chunks, sizes = [], []
     for start in range(0, len(rows), buffer_size):
         buffer = rows[start : start + buffer_size]
+        patch_budget = {}  # the third budget, only when there is one
+        if max_patches is not None:
+            patch_budget = {
+                "patch_counts": weights.patch_counts[buffer],
+                "max_patches": max_patches,
+            }
         items, starts = pack_flat(
             weights.lengths[buffer],
             max_length,
             strategy,
             weights.image_counts[buffer],
             max_images,
+            **patch_budget,
         )
         chunks.append(buffer[items])
         sizes.append(np.diff(starts))
@@ -157,20 +181,22 @@ def pack_buffers(
 
 
 def deal_steps(
-    pack_images: np.ndarray, pack_tokens: np.ndarray, world_size: int, packs_per_batch: int
+    pack_patches: np.ndarray, pack_tokens: np.ndarray, world_size: int, packs_per_batch: int
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Step 3: deal packs (in the order given) to ranks, one step at a time.
 
     Returns (pack order, batch_starts, packs left out): pack_order lists the packs batch after
     batch, batch (step, rank) being number step * world_size + rank, as in EpochPlan.
 
-    Within a step the packs go heaviest first (most images, then most tokens, then first in the
-    step), each to the rank with the fewest images so far (then fewest tokens, then lowest
-    number) among those that still need packs. All steps are dealt at once: the loop runs over
-    the positions within a step, not over the steps.
+    Within a step the packs go heaviest first (most vision-encoder patches, then most tokens,
+    then first in the step), each to the rank with the fewest patches so far (then fewest
+    tokens, then lowest number) among those that still need packs: each rank's vision encoder
+    and language model get about the same work. (Without patch counts, a row's patches are its
+    images.) All steps are dealt at once: the loop runs over the positions within a step, not
+    over the steps.
     """
     per_step = world_size * packs_per_batch
-    num_packs = len(pack_images)
+    num_packs = len(pack_patches)
     last = num_packs % per_step
     left_out = last % world_size  # the last step must share evenly between ranks
     # (first pack, end, packs per rank): the full steps, then the last one, shared evenly
@@ -182,7 +208,7 @@ def deal_steps(
         if end == first:
             continue
         order, sizes = deal_equal_steps(
-            pack_images[first:end], pack_tokens[first:end], world_size, per_rank
+            pack_patches[first:end], pack_tokens[first:end], world_size, per_rank
         )
         orders.append(order + first)
         batch_sizes.append(sizes)
@@ -193,18 +219,18 @@ def deal_steps(
 
 
 def deal_equal_steps(
-    images, tokens, world_size: int, per_rank: int
+    patches, tokens, world_size: int, per_rank: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """deal_steps for packs that fill whole steps of world_size * per_rank packs."""
     per_step = world_size * per_rank
-    num_steps = len(images) // per_step
-    images = images.reshape(num_steps, per_step).astype(np.int64)
+    num_steps = len(patches) // per_step
+    patches = patches.reshape(num_steps, per_step).astype(np.int64)
     tokens = tokens.reshape(num_steps, per_step).astype(np.int64)
     # 1. Within each step, the packs heaviest first (ties: the first in the step).
-    position = np.broadcast_to(np.arange(per_step), images.shape)
-    heaviest_first = np.lexsort((position, -tokens, -images), axis=-1)  # each step's own order
+    position = np.broadcast_to(np.arange(per_step), patches.shape)
+    heaviest_first = np.lexsort((position, -tokens, -patches), axis=-1)  # each step's own order
     # 2. Each goes to the lightest rank that still needs packs, in all steps at once.
-    rank_images = np.zeros((num_steps, world_size), dtype=np.int64)
+    rank_patches = np.zeros((num_steps, world_size), dtype=np.int64)
     rank_tokens = np.zeros((num_steps, world_size), dtype=np.int64)
     rank_count = np.zeros((num_steps, world_size), dtype=np.int64)
     rank_of = np.empty((num_steps, per_step), dtype=np.int64)  # by position in the step
@@ -213,11 +239,11 @@ def deal_equal_steps(
     for i in range(per_step):
         chosen_pack = heaviest_first[:, i]
         full = rank_count == per_rank
-        by_images = np.where(full, never, rank_images)
-        fewest = by_images == by_images.min(axis=1, keepdims=True)
+        by_patches = np.where(full, never, rank_patches)
+        fewest = by_patches == by_patches.min(axis=1, keepdims=True)
         rank = np.where(fewest, rank_tokens, never).argmin(axis=1)  # ties: lowest rank
         rank_of[everyone, chosen_pack] = rank
-        rank_images[everyone, rank] += images[everyone, chosen_pack]
+        rank_patches[everyone, rank] += patches[everyone, chosen_pack]
         rank_tokens[everyone, rank] += tokens[everyone, chosen_pack]
         rank_count[everyone, rank] += 1
     # 3. Batch (step, rank) holds its packs in the order they were dealt.
@@ -233,6 +259,7 @@ def plan_epoch(
     *,
     max_length: int,
     max_images: int,
+    max_patches: int | None = None,
     packs_per_batch: int,
     world_size: int = 1,
     strategy: str = "images_first_bfd",
@@ -241,7 +268,7 @@ def plan_epoch(
     epoch: int = 0,
 ) -> EpochPlan:
     """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed."""
-    rows, dropped = filter_rows(weights, max_length, max_images)
+    rows, dropped = filter_rows(weights, max_length, max_images, max_patches)
     rng = np.random.default_rng([seed, epoch])
     packed_rows, pack_starts, shuffled = shuffle_and_pack(
         rows,
@@ -249,15 +276,16 @@ def plan_epoch(
         rng,
         max_length=max_length,
         max_images=max_images,
+        max_patches=max_patches,
         strategy=strategy,
         buffer_size=buffer_size,
     )
     num_packs = len(pack_starts) - 1
     pack_of_row = np.repeat(np.arange(num_packs), np.diff(pack_starts))
     pack_tokens = np.bincount(pack_of_row, weights.lengths[packed_rows], minlength=num_packs)
-    pack_images = np.bincount(pack_of_row, weights.image_counts[packed_rows], minlength=num_packs)
+    pack_patches = np.bincount(pack_of_row, weights.patch_counts[packed_rows], minlength=num_packs)
     order, batch_starts, left_out = deal_steps(
-        pack_images[shuffled], pack_tokens[shuffled], world_size, packs_per_batch
+        pack_patches[shuffled], pack_tokens[shuffled], world_size, packs_per_batch
     )
     if left_out:
         remainder = shuffled[num_packs - left_out :]
@@ -273,6 +301,7 @@ def shuffle_and_pack(
     *,
     max_length: int,
     max_images: int,
+    max_patches: int | None = None,
     strategy: str,
     buffer_size: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -287,6 +316,7 @@ def shuffle_and_pack(
         weights,
         max_length=max_length,
         max_images=max_images,
+        max_patches=max_patches,
         strategy=strategy,
         buffer_size=buffer_size,
     )
@@ -310,16 +340,21 @@ def ranges(first: np.ndarray, end: np.ndarray) -> np.ndarray:
     return np.arange(int(sizes.sum())) + np.repeat(first - starts, sizes)
 
 
-def batch_loads(plan: EpochPlan, weights: Weights) -> tuple[np.ndarray, np.ndarray]:
-    """The tokens and images of every rank's batch at every step: two arrays [steps, world_size]
-    (for mmdp.report.metrics.rank_balance)."""
+def batch_loads(plan: EpochPlan, weights: Weights) -> dict[str, np.ndarray]:
+    """The tokens, images and patches of every rank's batch at every step: arrays [steps,
+    world_size] (for mmdp.report.metrics.rank_balance)."""
     pack_of_row = np.repeat(np.arange(len(plan.pack_starts) - 1), np.diff(plan.pack_starts))
     batch_of_pack = np.repeat(np.arange(len(plan.batch_starts) - 1), np.diff(plan.batch_starts))
     batch_of_row = batch_of_pack[pack_of_row]
     num_batches = len(plan.batch_starts) - 1
-    tokens = np.bincount(batch_of_row, weights.lengths[plan.rows], minlength=num_batches)
-    images = np.bincount(batch_of_row, weights.image_counts[plan.rows], minlength=num_batches)
-    return (
-        tokens.astype(np.int64).reshape(-1, plan.world_size),
-        images.astype(np.int64).reshape(-1, plan.world_size),
-    )
+    loads = {
+        "tokens": weights.lengths,
+        "images": weights.image_counts,
+        "patches": weights.patch_counts,
+    }
+    return {
+        name: np.bincount(batch_of_row, per_row[plan.rows], minlength=num_batches)
+        .astype(np.int64)
+        .reshape(-1, plan.world_size)
+        for name, per_row in loads.items()
+    }

@@ -11,7 +11,8 @@ strategies, same two budgets, the same filter and packing steps as the planner
 Every DataLoader worker of every rank is a *reader* with its own share of the stream. A reader:
 
 1. Fills a buffer with the next `buffer_size` rows of its share and weighs them without decoding
-   an image: text tokens + 64 per image (mmdp.data.conversation.count_tokens_batch).
+   an image, by its model family's rules (mmdp.models.family: TinyVLM's 64 tokens per image, or
+   a real processor's tokens and patches from each image's header).
 2. Skips, and counts by reason, the rows that are too long for `max_length`, have more images
    than `max_images`, or have no usable conversation.
 3. Shuffles the buffer, packs it under both budgets and shuffles the packs: the buffer is the
@@ -62,10 +63,9 @@ from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mmdp import config
-from mmdp.data.conversation import count_tokens_batch
 from mmdp.data.sources import with_undecoded_images
-from mmdp.data.vqa_dataset import make_sample
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
+from mmdp.models.families import family_for
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
 from mmdp.packing.packers import Strategy
@@ -81,6 +81,7 @@ def pack_buffer(
     *,
     max_length: int,
     max_images: int,
+    max_patches: int | None = None,
     strategy: Strategy = "images_first_bfd",
 ) -> tuple[list[np.ndarray], Counter]:
     """Steps 2-3 for one buffer: its packs (positions in the buffer) and its drops, by reason.
@@ -90,13 +91,14 @@ def pack_buffer(
     "binpack": row 1 is too long; FFD takes 6, 5, 3, 2 and makes the packs [2, 3] (6 + 2) and
     [4, 0] (5 + 3), in a shuffled order; dropped {"too_long": 1}.
     """
-    rows, dropped = filter_rows(weights, max_length, max_images)
+    rows, dropped = filter_rows(weights, max_length, max_images, max_patches)
     packed_rows, pack_starts, order = shuffle_and_pack(
         rows,
         weights,
         rng,
         max_length=max_length,
         max_images=max_images,
+        max_patches=max_patches,
         strategy=strategy,
         buffer_size=max(len(weights), 1),
     )
@@ -240,17 +242,19 @@ class StreamingPackedDataset(IterableDataset):
     `rows`: a datasets.IterableDataset (`load_dataset(..., streaming=True)`,
     `Dataset.to_iterable_dataset(num_shards=...)`), or any iterable that starts over at every
     `iter()` and gives the same rows in the same order (a list, a reader of files): not an
-    iterator, which can be read only once. Under torchrun, rank and world size come from
-    torch.distributed.
+    iterator, which can be read only once. `processor`: a tokenizer (mmdp's TinyVLM) or a
+    transformers processor of a supported family, as for VQADataset. Under torchrun, rank and
+    world size come from torch.distributed.
     """
 
     def __init__(
         self,
         rows: Iterable[dict],
-        tokenizer,
+        processor,
         *,
         max_length: int = config.MAX_LENGTH,
         max_images: int = config.MAX_IMAGES,
+        max_patches: int | None = None,
         packs_per_batch: int = config.PACKS_PER_BATCH,
         strategy: Strategy = "images_first_bfd",
         buffer_size: int = 4096,
@@ -269,15 +273,16 @@ class StreamingPackedDataset(IterableDataset):
             )
         if buffer_size < 1:
             raise ValueError(f"buffer_size must be positive, got {buffer_size}")
-        self.tokenizer = tokenizer
+        self.family = family_for(
+            processor, image_size=image_size, image_token_length=image_token_length
+        )
         self.max_length = max_length
         self.max_images = max_images
+        self.max_patches = max_patches
         self.packs_per_batch = packs_per_batch
         self.strategy = strategy
         self.buffer_size = buffer_size
         self.seed = seed
-        self.image_size = image_size
-        self.image_token_length = image_token_length
         self.max_queued_batches = max_queued_batches
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.total_shards = None  # a plain iterable has none
@@ -316,7 +321,7 @@ class StreamingPackedDataset(IterableDataset):
         # Collate here, while the producer thread builds the next packs (as a DataLoader does
         # with its batches in the worker's main thread).
         for item in produced:
-            yield item if "end_of_stream" in item else collate(item)
+            yield item if "end_of_stream" in item else collate(item, self.family)
 
     def produce(self, worker: int, num_workers: int, resume: ReaderState | None):
         """Steps 1-4 for one reader: the packs of each batch with the reader's state, then an
@@ -357,44 +362,37 @@ class StreamingPackedDataset(IterableDataset):
 
     def pack_rows(self, rows: list[tuple[int, dict]], reader: int, buffer_number: int):
         """Steps 1-3: weigh the buffer's rows, filter, shuffle and pack them."""
-        image_counts = [len(row["images"] or []) for _, row in rows]
-        lengths, problems = count_tokens_batch(
-            [row["texts"] for _, row in rows],
-            image_counts,
-            self.tokenizer,
-            self.image_token_length,
+        lengths, image_counts, patches, problems = self.family.weigh(
+            [row["texts"] for _, row in rows], [row["images"] for _, row in rows]
         )
-        weights = Weights.from_lists(lengths, image_counts, problems)
+        weights = Weights.from_lists(lengths, image_counts, problems, patches)
         rng = np.random.default_rng([self.seed, self.epoch, reader, buffer_number])
         plan, dropped = pack_buffer(
             weights,
             rng,
             max_length=self.max_length,
             max_images=self.max_images,
+            max_patches=self.max_patches,
             strategy=self.strategy,
         )
         return plan, dropped, weights.lengths
 
     def build_pack(self, rows: list[tuple[int, dict]], lengths: np.ndarray) -> dict:
         """Tokenize the rows, decode their images, and lay them out in one padded row."""
-        samples = [
-            make_sample(row, row_id, self.tokenizer, self.image_size, self.image_token_length)
-            for row_id, row in rows
-        ]
+        samples = [self.family.make_sample(row, row_id) for row_id, row in rows]
         # batch_index is set by the loader: the batch's place in this rank's epoch
         return build_pack(
             samples,
             lengths.tolist(),
             max_length=self.max_length,
-            pad_token_id=self.tokenizer.pad_token_id,
-            image_size=self.image_size,
+            pad_token_id=self.family.pad_token_id,
             batch_index=-1,
         )
 
 
-def collate(item: dict) -> dict:
+def collate(item: dict, family) -> dict:
     """A reader's packs, collated into a batch that carries its reader's state."""
-    return {**collate_packs(item["packs"]), "reader_state": item["reader_state"]}
+    return {**collate_packs(item["packs"], family), "reader_state": item["reader_state"]}
 
 
 # The loader: order, reader states, ranks that stop together ---------------------------------
@@ -515,7 +513,8 @@ class StreamingDataLoader(DataLoader):
             "strategy": d.strategy,
             "max_length": d.max_length,
             "max_images": d.max_images,
-            "image_token_length": d.image_token_length,
+            "max_patches": d.max_patches,
+            "model_family": d.family.name,
         }
 
     def state_dict(self) -> dict:

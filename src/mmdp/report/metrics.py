@@ -96,23 +96,24 @@ def spread(values) -> dict:
     }
 
 
-def rank_balance(tokens, images, world_size: int) -> dict:
-    """How evenly each step's tokens and images are shared between ranks.
+def rank_balance(loads: dict, world_size: int) -> dict:
+    """How evenly each step's work is shared between ranks.
 
-    `tokens[step][rank]` and `images[step][rank]`: what each rank's batch holds at each step.
-    Returns the batches per rank and, over the steps, the spread (max - min over ranks) of each.
+    `loads[name][step][rank]`: what each rank's batch holds at each step, for name in tokens,
+    images and patches (the vision encoder's). Returns the batches per rank and, over the steps,
+    the spread (max - min over ranks) of each.
 
-    >>> rank_balance([[8, 8], [7, 6]], [[2, 1], [0, 3]], world_size=2)["image_spread_per_step"]
+    >>> loads = {"tokens": [[8, 8], [7, 6]], "images": [[2, 1], [0, 3]]}
+    >>> rank_balance(loads, world_size=2)["image_spread_per_step"]
     {'min': 1, 'max': 3, 'mean': 2.0, 'std': 1.0}
     """
-    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1, world_size)
-    images = np.asarray(images, dtype=np.int64).reshape(-1, world_size)
-    return {
-        "world_size": world_size,
-        "batches_per_rank": [len(tokens)] * world_size,
-        "token_spread_per_step": spread(tokens.max(axis=1) - tokens.min(axis=1)),
-        "image_spread_per_step": spread(images.max(axis=1) - images.min(axis=1)),
-    }
+    balance = {"world_size": world_size}
+    for name, per_step in loads.items():
+        per_step = np.asarray(per_step, dtype=np.int64).reshape(-1, world_size)
+        balance["batches_per_rank"] = [len(per_step)] * world_size
+        spreads = per_step.max(axis=1) - per_step.min(axis=1)
+        balance[f"{name.removesuffix('s')}_spread_per_step"] = spread(spreads)
+    return balance
 
 
 class PackReport(EpochReport):
@@ -123,6 +124,7 @@ class PackReport(EpochReport):
         super().__init__()
         self.tokens_per_row = []
         self.images_per_row = []
+        self.patches_per_row = []  # the vision encoder's
         self.samples_per_row = []
         self.batch_samples = []  # the dataset rows of each batch, in order
 
@@ -132,6 +134,7 @@ class PackReport(EpochReport):
         images = np.bincount(row_of_image(batch), minlength=len(samples_per_row))
         self.tokens_per_row += real_token_mask(batch).sum(dim=1).tolist()
         self.images_per_row += images.tolist()
+        self.patches_per_row += batch["patches_per_row"].tolist()
         self.samples_per_row += samples_per_row.tolist()
         self.batch_samples.append(batch["sample_index"].tolist())
 
@@ -148,7 +151,7 @@ class PackReport(EpochReport):
                 setattr(total, name, getattr(total, name) + getattr(report, name))
             total.dropped.update(report.dropped)
             total.converted.update(report.converted)
-            for name in ("tokens_per_row", "images_per_row", "samples_per_row"):
+            for name in ("tokens_per_row", "images_per_row", "patches_per_row", "samples_per_row"):
                 getattr(total, name).extend(getattr(report, name))
         steps = max((len(r.batch_samples) for r in reports), default=0)
         total.batch_samples = [
@@ -165,6 +168,7 @@ class PackReport(EpochReport):
             "packs": len(self.tokens_per_row),
             "tokens_per_row": spread(self.tokens_per_row),
             "images_per_row": spread(self.images_per_row),
+            "patches_per_row": spread(self.patches_per_row),
             "samples_per_row": spread(self.samples_per_row),
             "sample_index": self.sample_index,
         }

@@ -1,0 +1,338 @@
+"""What a model family needs from the data: its image tokens, its labels, its vision inputs.
+
+A vision-language model family (Qwen-VL, SmolVLM, LLaVA-OneVision, Gemma 3, or mmdp's TinyVLM) is
+one `ModelFamily`, wrapping the model's own processor. Every family answers the same questions,
+and the loaders ask only these:
+
+    weigh(texts, images)   each row's tokens, images and vision-encoder patches, from the image
+                           headers alone (no pixel is decoded): what the planner packs
+    make_sample(row)       one training sample, built by the model's own processor: input_ids,
+                           labels, position_ids and the processor's outputs for its images
+    collate_vision(...)    the vision inputs of a batch, in the order their tokens appear
+    model_inputs(batch)    what the model takes
+
+How a real family turns a row into tokens (`encode`), the way its processor does:
+
+1. Render the conversation with the model's own chat template: each image becomes the
+   family's `image_token` (e.g. Qwen's <|image_pad|>), and the replies are found by rendering a
+   turn at a time (mmdp.data.conversation.reply_spans).
+2. Replace each image token by the text the processor puts there (`image_layout`), written with
+   ONE feature token per run of image features: tokenizing 1,000 feature tokens costs 30x more
+   than tokenizing one, and gives the same ids (a special token never merges with its
+   neighbours).
+3. Tokenize, label the tokens inside a reply, and repeat each feature token as many times as its
+   run holds. The result equals the processor's own input_ids (tests/test_families.py).
+
+A family's weight for a row is the length `encode` returns, computed without decoding an image:
+the planned weight of every row is the length of the sample the processor builds.
+"""
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from mmdp import config
+from mmdp.data.conversation import (
+    BadConversation,
+    chat_messages,
+    chat_turns,
+    count_tokens_batch,
+    reply_spans,
+    tokenize_conversation,
+)
+from mmdp.data.images import BadImage, decode_image, image_size, load_image
+from mmdp.packing.batch import concatenate_vision
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """What one image costs a model, from its width and height alone.
+
+    text     what the processor puts in the text for the image, with one feature token per run
+    runs     how many feature tokens each run of `text` stands for, in order
+    patches  the vision encoder's patches for the image (what max_patches budgets)
+    """
+
+    text: str
+    runs: tuple[int, ...]
+    patches: int
+
+
+class ModelFamily:
+    """A family of vision-language models: the rules its processor follows (see the module
+    docstring). Subclasses set the class attributes and the methods marked "the family's".
+    """
+
+    name = ""
+    image_token = ""  # what the chat template renders for each image
+    feature_token = ""  # the token that stands for one image feature
+    end_of_turn = ""  # the token that closes a reply (trained: the model learns to stop)
+    vision_keys: tuple[str, ...] = ("pixel_values",)  # the processor's outputs for images
+    token_keys: tuple[str, ...] = ()  # per-token inputs besides input_ids (0 on padding)
+    needs_image_sizes = True  # weighing reads every image's header
+
+    def __init__(self, processor):
+        self.processor = processor
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.feature_token_id = self.tokenizer.convert_tokens_to_ids(self.feature_token)
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = self.tokenizer.eos_token_id if pad is None else pad
+        # strings a conversation may not hold: they would become image or turn tokens
+        self.reserved = tuple(self.tokenizer.get_added_vocab())
+
+    # The family's rules --------------------------------------------------------------------
+
+    def image_layout(self, width: int, height: int, images_in_sample: int) -> ImageLayout:
+        """The family's: what the processor makes of one image (BadImage if it refuses it)."""
+        raise NotImplementedError
+
+    def vision_inputs(self, images: list) -> dict:
+        """The family's image processor on one sample's (decoded, RGB) images."""
+        return dict(self.processor.image_processor(images=images, return_tensors="pt"))
+
+    def check_vision(self, vision: dict, layouts: list[ImageLayout]) -> None:
+        """The family's: raise if the image processor made other features than weighed."""
+
+    def positions(self, input_ids: torch.Tensor, vision: dict) -> torch.Tensor:
+        """A sample's position_ids: 0, 1, ... (Qwen-VL's are 4 rows: see mmdp.models.qwen_vl)."""
+        return torch.arange(len(input_ids))
+
+    def collate_vision(self, samples: list[dict]) -> dict:
+        """The vision inputs of a batch's samples (in the order of their tokens), each
+        concatenated along its first dimension; none when no sample has an image."""
+        return concatenate_vision(samples)
+
+    def model_inputs(self, batch: dict, model=None) -> dict:
+        """The family's additions to mmdp.packing.batch.model_inputs (Gemma 3: its masks)."""
+        return {}
+
+    def fingerprint(self) -> dict:
+        """Everything that changes a row's weight: what the weights' cache key depends on."""
+        return {
+            "family": self.name,
+            "tokenizer": tokenizer_fingerprint(self.tokenizer),
+            "processor": self.processor.to_json_string(),
+            "chat_template": self.processor.chat_template,
+        }
+
+    # The same for every family --------------------------------------------------------------
+
+    def render(self, messages: list[dict]) -> str:
+        return self.processor.apply_chat_template(messages, tokenize=False)
+
+    def layouts(self, sizes: list[tuple[int, int]]) -> list[ImageLayout]:
+        return [self.image_layout(width, height, len(sizes)) for width, height in sizes]
+
+    def expanded_text(self, turns, layouts: list[ImageLayout]) -> tuple[str, list[tuple[int, int]]]:
+        """Steps 1-2: the rendered conversation with every image's text in place, and the
+        character spans of the replies (to label)."""
+        text, spans = reply_spans(self.render, chat_messages(turns, len(layouts)), self.end_of_turn)
+        parts = text.split(self.image_token)
+        if len(parts) != len(layouts) + 1:
+            raise RuntimeError(
+                f"the chat template rendered {len(parts) - 1} {self.image_token!r} for "
+                f"{len(layouts)} images"
+            )
+        # where each image token starts in the rendered text, and how much its text grows it
+        starts = [
+            sum(len(part) for part in parts[: k + 1]) + k * len(self.image_token)
+            for k in range(len(layouts))
+        ]
+        grows = [len(layout.text) - len(self.image_token) for layout in layouts]
+        moved = [
+            (a + shift, b + shift)
+            for a, b in spans
+            for shift in [sum(g for s, g in zip(starts, grows) if s < a)]
+        ]
+        pieces = [parts[0]]
+        for layout, part in zip(layouts, parts[1:]):
+            pieces += [layout.text, part]
+        return "".join(pieces), moved
+
+    def encode(self, turns, layouts: list[ImageLayout]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 3: (input_ids, labels) of a conversation whose images cost `layouts`."""
+        text, spans = self.expanded_text(turns, layouts)
+        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        input_ids = torch.tensor(encoded["input_ids"], dtype=torch.long)
+        in_reply = [
+            any(a < end and start < b for a, b in spans) for start, end in encoded["offset_mapping"]
+        ]
+        labels = torch.where(
+            torch.tensor(in_reply, dtype=torch.bool), input_ids, config.IGNORE_INDEX
+        )
+        repeats = self.feature_repeats(input_ids, layouts)
+        return input_ids.repeat_interleave(repeats), labels.repeat_interleave(repeats)
+
+    def feature_repeats(self, input_ids: torch.Tensor, layouts: list[ImageLayout]) -> torch.Tensor:
+        """How many times each token stands: each feature token its run's length, others once."""
+        runs = [run for layout in layouts for run in layout.runs]
+        is_feature = input_ids == self.feature_token_id
+        if int(is_feature.sum()) != len(runs):
+            raise RuntimeError(
+                f"{int(is_feature.sum())} {self.feature_token!r} tokens for {len(runs)} runs of image "
+                "features"
+            )
+        repeats = torch.ones_like(input_ids)
+        repeats[is_feature] = torch.tensor(runs, dtype=torch.long)
+        return repeats
+
+    def weigh(self, texts_per_row, images_per_row) -> tuple[list, list, list, list]:
+        """Tokens, images, patches and drop reason (None: usable) of many rows, from their text
+        and their images' headers; one batched tokenizer call."""
+        lengths, image_counts, patches, reasons = [], [], [], []
+        rendered, rendered_rows = [], []
+        for row, (texts, images) in enumerate(zip(texts_per_row, images_per_row)):
+            images = images or []
+            image_counts.append(len(images))
+            try:
+                layouts = self.layouts([image_size(image) for image in images])
+                text, _ = self.expanded_text(chat_turns(texts, self.reserved), layouts)
+            except (BadConversation, BadImage) as error:
+                lengths.append(0)
+                patches.append(0)
+                reasons.append(error.reason)
+                continue
+            lengths.append(sum(run - 1 for layout in layouts for run in layout.runs))
+            patches.append(sum(layout.patches for layout in layouts))
+            reasons.append(None)
+            rendered.append(text)
+            rendered_rows.append(row)
+        if rendered:
+            ids = self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+            for row, row_ids in zip(rendered_rows, ids):
+                lengths[row] += len(row_ids)
+        return lengths, image_counts, patches, reasons
+
+    def tokenize(self, texts, images) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """(input_ids, labels, images, patches) of a row, its images read from their headers
+        (pretokenizing: mmdp.packing.weighing)."""
+        layouts = self.layouts([image_size(image) for image in images or []])
+        input_ids, labels = self.encode(chat_turns(texts, self.reserved), layouts)
+        return input_ids, labels, len(layouts), sum(layout.patches for layout in layouts)
+
+    def make_sample(self, row: dict, index: int, tokenized=None) -> dict:
+        """One row -> one sample (see mmdp.data.vqa_dataset): the model's processor on its images,
+        its tokens from `encode` (or `tokenized`, computed ahead by weighing)."""
+        images = row["images"] or []
+        try:
+            decoded = [decode_image(image) for image in images]
+            layouts = self.layouts([pil.size for pil, _ in decoded])
+            if tokenized is None:
+                tokenized = self.encode(chat_turns(row["texts"], self.reserved), layouts)
+        except (BadConversation, BadImage) as error:
+            return {"row": index, "drop_reason": error.reason}
+        input_ids, labels = tokenized
+        vision = self.vision_inputs([pil for pil, _ in decoded]) if decoded else {}
+        self.check_vision(vision, layouts)
+        return {
+            "row": index,
+            "input_ids": input_ids,
+            "labels": labels,
+            "position_ids": self.positions(input_ids, vision),
+            **self.token_types(input_ids),
+            **vision,
+            "image_count": len(images),
+            "patches": sum(layout.patches for layout in layouts),
+            "converted": Counter(mode for _, mode in decoded if mode is not None),
+            "drop_reason": None,
+        }
+
+    def token_types(self, input_ids: torch.Tensor) -> dict:
+        """The per-token inputs of `token_keys`: 1 on image features, 0 elsewhere."""
+        is_feature = (input_ids == self.feature_token_id).long()
+        return {key: is_feature for key in self.token_keys}
+
+
+class TinyFamily(ModelFamily):
+    """mmdp's TinyVLM with the blog's tokenizer (the default): every image is a square of
+    `image_size` pixels and `image_token_length` <|image|> tokens, one per patch of the vision
+    encoder, and labels come from the ChatML template's {% generation %} markers
+    (mmdp.data.conversation.tokenize_conversation). Image counts are read without opening the
+    images: no row's size changes its cost."""
+
+    name = "tiny"
+    needs_image_sizes = False
+
+    def __init__(
+        self,
+        tokenizer,
+        image_size: int = config.IMAGE_SIZE,
+        image_token_length: int = config.IMAGE_TOKEN_LENGTH,
+    ):
+        self.processor = self.tokenizer = tokenizer
+        self.image_size = image_size
+        self.image_token_length = image_token_length
+        self.feature_token = tokenizer.image_token
+        self.feature_token_id = tokenizer.image_token_id
+        self.pad_token_id = tokenizer.pad_token_id
+
+    def weigh(self, texts_per_row, images_per_row) -> tuple[list, list, list, list]:
+        """`images_per_row`: each row's images, or just how many (all weighing needs)."""
+        counts = [n if isinstance(n, int) else len(n or []) for n in images_per_row]
+        lengths, reasons = count_tokens_batch(
+            texts_per_row, counts, self.tokenizer, self.image_token_length
+        )
+        patches = [count * self.image_token_length for count in counts]
+        return lengths, counts, patches, reasons
+
+    def fingerprint(self) -> dict:
+        return {
+            "family": self.name,
+            "tokenizer": tokenizer_fingerprint(self.tokenizer),
+            "image_token_length": self.image_token_length,
+        }
+
+    def tokenize(self, texts, images) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        count = images if isinstance(images, int) else len(images or [])
+        input_ids, labels = tokenize_conversation(
+            texts, count, self.tokenizer, self.image_token_length
+        )
+        return input_ids, labels, count, count * self.image_token_length
+
+    def make_sample(self, row: dict, index: int, tokenized=None) -> dict:
+        images = row["images"] or []
+        try:
+            if tokenized is None:
+                tokenized = tokenize_conversation(
+                    row["texts"], len(images), self.tokenizer, self.image_token_length
+                )
+            loaded = [load_image(image, self.image_size) for image in images]
+        except (BadConversation, BadImage) as error:
+            return {"row": index, "drop_reason": error.reason}
+        input_ids, labels = tokenized
+        pixels = [tensor for tensor, _ in loaded]
+        size = self.image_size
+        return {
+            "row": index,
+            "input_ids": input_ids,
+            "labels": labels,
+            "pixel_values": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size),
+            "image_count": len(images),
+            "patches": len(images) * self.image_token_length,
+            "converted": Counter(mode for _, mode in loaded if mode is not None),
+            "drop_reason": None,
+        }
+
+    def collate_vision(self, samples: list[dict]) -> dict:
+        """Every image of the batch as one [N, 3, S, S] tensor (N may be 0)."""
+        size = self.image_size
+        pixels = [s["pixel_values"] for s in samples]
+        return {"pixel_values": torch.cat(pixels or [torch.zeros(0, 3, size, size)])}
+
+
+def tokenizer_fingerprint(tokenizer) -> dict:
+    """What in a tokenizer changes a count: its vocabulary, special tokens and chat template."""
+    vocabulary = (
+        tokenizer.backend_tokenizer.to_str()
+        if getattr(tokenizer, "is_fast", False)
+        else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    )
+    return {
+        "vocabulary": hashlib.sha256(vocabulary.encode()).hexdigest(),
+        "special": tokenizer.special_tokens_map,
+        "added": sorted(tokenizer.get_added_vocab().items()),
+        "chat_template": tokenizer.chat_template,
+    }
