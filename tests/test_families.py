@@ -127,11 +127,12 @@ def packed_batch(family) -> tuple[dict, list[dict]]:
 
 
 def alone_inputs(family, sample: dict) -> dict:
-    """One sample as the model takes it unpacked: no positions (the model computes its own)."""
+    """One sample as the model takes it unpacked: no positions (the model computes its own), its
+    images as the family collates them."""
     inputs = {"input_ids": sample["input_ids"][None]}
     inputs.update({key: sample[key][None] for key in family.token_keys})
     if sample["image_count"]:
-        inputs.update({key: sample[key] for key in family.vision_keys})
+        inputs.update(family.collate_vision([sample]))
     return inputs
 
 
@@ -180,11 +181,20 @@ def test_packed_samples_see_only_themselves(family, model, attention):
     assert packed == pytest.approx(alone, rel=1e-5)
 
 
+def three_row_positions(batch: dict, inputs: dict) -> dict:
+    """Qwen-VL: the mRoPE rows alone, [3, B, L], as several trainers pass them."""
+    return {**inputs, "position_ids": inputs["position_ids"][1:]}
+
+
+# Each family's trap: what trainers get wrong for it, and what mixes its samples.
+TRAPS = {
+    "qwen2_5_vl": three_row_positions,
+    "qwen3_vl": three_row_positions,
+}
+
+
 def trap(family, batch: dict, inputs: dict) -> dict:
-    """The family's known trap: what several trainers pass, and what mixes samples."""
-    if family.name in ("qwen2_5_vl", "qwen3_vl"):  # 3-row positions: the mRoPE rows alone
-        return {**inputs, "position_ids": inputs["position_ids"][1:]}
-    raise NotImplementedError(family.name)
+    return TRAPS[family.name](batch, inputs)
 
 
 def test_the_familys_trap_breaks_the_equality(family, model):
