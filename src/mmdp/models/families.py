@@ -6,6 +6,11 @@ offline_processor(name) a processor of a family, built in code with no network
 MODELS                  the names of stage 5's --model
 """
 
+from pathlib import Path
+
+from transformers import AutoProcessor
+
+from mmdp.data.hub import looks_like_a_path, require_hub
 from mmdp.errors import UserError
 from mmdp.models import qwen_vl
 from mmdp.models.family import ModelFamily, TinyFamily
@@ -51,3 +56,22 @@ def tiny_model(processor, **kwargs):
     family = family_for(processor)
     module = next(module for module, cls in OFFLINE.values() if cls is type(family))
     return module.tiny_model(processor, **kwargs)
+
+
+def load_processor(name_or_path: str):
+    """A model's processor from the Hub or a local folder (AutoProcessor); one sentence when it
+    cannot be had (offline, or not a processor mmdp packs for)."""
+    hint = "run without --processor to use the family's processor built offline (--model)"
+    if looks_like_a_path(name_or_path) and not Path(name_or_path).exists():
+        raise UserError(f"processor {name_or_path!r}: no such directory")
+    if not Path(name_or_path).exists():
+        require_hub(f"processor {name_or_path!r}", hint)
+    try:
+        processor = AutoProcessor.from_pretrained(name_or_path)
+    except (OSError, ValueError, ImportError) as error:
+        raise UserError(
+            f"could not load processor {name_or_path!r} ({error.__class__.__name__}: {error}); "
+            f"{hint}"
+        ) from error
+    family_for(processor)  # refuses a family mmdp does not pack for, in one sentence
+    return processor
