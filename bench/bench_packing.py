@@ -36,12 +36,15 @@ Peers (table 1; `binpacking` also in table 2):
   `balanced_greedy` (ceil(total / max_length) + 5 packs, each item longest first into the least
   loaded pack that fits), applied per buffer of --blog-buffer items (2,048), as the blog does.
 
---before REV loads src/mmdp/packing.py as it was at git revision REV and times its packers next
-to today's, in the same run: the "before" and "speed-up" columns (and whether the packs are the
-same). The machine may be shared: compare ratios from one run, not times across runs.
+--before REV loads mmdp's packers as they were at git revision REV (src/mmdp/packing.py before
+the package layout, src/mmdp/packing/packers.py after it, with its fast engines in
+src/mmdp/packing/_engines.py once they moved there) and times them next to today's, in the same
+run: the "before" and "speed-up" columns (and whether the packs are the same). The machine may be
+shared: compare ratios from one run, not times across runs.
 """
 
 import argparse
+import functools
 import statistics
 import subprocess
 import sys
@@ -51,16 +54,20 @@ from pathlib import Path
 
 import numpy as np
 
-from mmdp import packing
-from mmdp.packing.packers import lower_bound, pack, pack_flat, reference_fit_decreasing
+from mmdp.packing import packers
+from mmdp.packing.packers import (
+    FIT_DECREASING,
+    lower_bound,
+    pack,
+    pack_flat,
+    reference_fit_decreasing,
+)
 
 IMAGE_TOKENS = 64
 # P(0, 1, 2, 3 images). Calibrated so that, as in the issue's measurement, about a third of TRL's
 # BFD packs at 2,048 tokens hold more than 9 images. --heavy-images uses a mix where 40% do.
 IMAGE_MIX = [0.35, 0.5, 0.1, 0.05]
 HEAVY_IMAGE_MIX = [0.25, 0.6, 0.1, 0.05]
-FIT_DECREASING = ("binpack", "bfd", "images_first_bfd")
-FITS = {"binpack": "first", "bfd": "best", "images_first_bfd": "images_first"}
 PLANNER_BUFFERS = 5_900  # 24M rows in buffers of 4,096
 
 
@@ -93,17 +100,33 @@ def timed(fn, repeats: int):
 
 
 def load_packing(revision: str) -> types.ModuleType:
-    """mmdp.packing.packers as it was at a git revision, to time it next to today's in the same run."""
+    """mmdp's packers as they were at a git revision, to time them next to today's in one run.
+
+    Up to the package layout (4b81373) one module, src/mmdp/packing.py; since then
+    src/mmdp/packing/packers.py, whose fast engines later moved to src/mmdp/packing/_engines.py:
+    that revision's engines then replace today's as the `_engines` the loaded packers call.
+    """
+    packers_at = load_module(revision, "src/mmdp/packing/packers.py") or load_module(
+        revision, "src/mmdp/packing.py"
+    )
+    if packers_at is None:
+        sys.exit(f"--before {revision}: no src/mmdp/packing/packers.py nor src/mmdp/packing.py")
+    engines_at = load_module(revision, "src/mmdp/packing/_engines.py")
+    if engines_at is not None:
+        packers_at._engines = engines_at
+    return packers_at
+
+
+def load_module(revision: str, path: str) -> types.ModuleType | None:
+    """The module at `path` as it was at git `revision`, or None if it did not exist there."""
     root = Path(__file__).resolve().parent.parent
-    source = subprocess.run(
-        ["git", "show", f"{revision}:src/mmdp/packing.py"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    module = types.ModuleType(f"packing_at_{revision}")
-    exec(compile(source, f"src/mmdp/packing.py@{revision}", "exec"), module.__dict__)
+    shown = subprocess.run(
+        ["git", "show", f"{revision}:{path}"], cwd=root, capture_output=True, text=True
+    )
+    if shown.returncode != 0:
+        return None
+    module = types.ModuleType(f"{Path(path).stem}_at_{revision}")
+    exec(compile(shown.stdout, f"{path}@{revision}", "exec"), module.__dict__)
     return module
 
 
@@ -236,8 +259,8 @@ def bench_max_length(max_length, all_lengths, all_images, args, before):
             flush=True,
         )
 
-    now = mmdp_packers(lengths, images, max_length, max_images, args, packing)
-    then = mmdp_packers(lengths, images, max_length, max_images, args, before or packing)
+    now = mmdp_packers(lengths, images, max_length, max_images, args, packers)
+    then = mmdp_packers(lengths, images, max_length, max_images, args, before or packers)
     for (name, run), (_, run_before) in zip(now, then):
         seconds, packs = timed(run, args.repeats)
         cells = empty
@@ -284,11 +307,12 @@ def bench_worst_case(args, before):
     subset = lengths[:m]
     scale = (n / m) ** 2
     for strategy in FIT_DECREASING:
-        fit = FITS[strategy]
-        seconds, packs = timed(lambda f=fit: reference_fit_decreasing(subset, max_length, fit=f), 1)
+        seconds, packs = timed(
+            lambda s=strategy: reference_fit_decreasing(subset, max_length, strategy=s), 1
+        )
         assert packs == pack(subset, max_length, strategy)  # the fast packers give the same packs
         print(
-            f"| reference_fit_decreasing, fit={fit!r} (first {m:,} items) | {m:,} | "
+            f"| reference_fit_decreasing, strategy={strategy!r} (first {m:,} items) | {m:,} | "
             f"{seconds:.2f} | ~{seconds * scale:,.0f} (n^2) | {len(packs):,} | |"
             + " |"
             * (3 * bool(before)),
@@ -302,14 +326,31 @@ def bench_worst_case(args, before):
         )
 
 
-def buffer_ms(module, strategy, buffers, max_length, max_images, repeats) -> float:
-    """Median milliseconds of one `pack_flat` call, over the buffers."""
-    module.pack_flat(buffers[0][0], max_length, strategy, buffers[0][1], max_images)  # warm up
-    times = []
-    for lengths, images in buffers:
-        args = (lengths, max_length, strategy, images, max_images)
-        times.append(timed(lambda args=args: module.pack_flat(*args), repeats)[0])
-    return statistics.median(times) * 1e3
+def buffer_ms(pack_buffers, buffers, repeats) -> list[float]:
+    """Median milliseconds of one call of each of `pack_buffers` (functions of a buffer), over
+    the buffers; the functions take turns on each buffer, so that a noisy moment hits them all.
+    """
+    for pack_buffer in pack_buffers:
+        pack_buffer(buffers[0])  # warm up
+    times = [[] for _ in pack_buffers]
+    for buffer in buffers:
+        for pack_buffer, spent in zip(pack_buffers, times):
+            spent.append(timed(functools.partial(pack_buffer, buffer), repeats)[0])
+    return [statistics.median(spent) * 1e3 for spent in times]
+
+
+def buffer_packer(module, strategy, max_length, max_images):
+    """`module.pack_flat` with these budgets, as a function of a buffer (lengths, images)."""
+
+    def pack_buffer(buffer):
+        return module.pack_flat(buffer[0], max_length, strategy, buffer[1], max_images)
+
+    return pack_buffer
+
+
+def cut_into_buffers(columns, size: int, count: int) -> list[tuple]:
+    """`count` consecutive buffers of `size` items, each a tuple of the columns' slices."""
+    return [tuple(c[k * size : (k + 1) * size] for c in columns) for k in range(count)]
 
 
 def bench_buffers(args, before):
@@ -319,25 +360,26 @@ def bench_buffers(args, before):
         f"{PLANNER_BUFFERS:,} buffers, s |{columns}"
     )
     print("| --- | --- | ---: | ---: |" + " ---: |" * (2 * bool(before)))
-    size = args.buffer_size
     for max_length, max_images in ((512, 18), (2_048, 9)):
-        all_lengths, all_images = cauldron_like_items(4 * size * args.buffers, seed=1)
+        all_lengths, all_images = cauldron_like_items(4 * args.buffer_size * args.buffers, seed=1)
         fits = all_lengths <= max_length
-        lengths, images = all_lengths[fits], all_images[fits]
-        buffers = [
-            (lengths[k * size : (k + 1) * size], images[k * size : (k + 1) * size])
-            for k in range(args.buffers)
-        ]
-        budgets = (buffers, max_length, max_images, args.repeats)
-        for strategy in packing.STRATEGIES:
-            ms = buffer_ms(packing, strategy, *budgets)
+        buffers = cut_into_buffers(
+            (all_lengths[fits], all_images[fits]), args.buffer_size, args.buffers
+        )
+        for strategy in packers.STRATEGIES:
+            runs = [
+                buffer_packer(module, strategy, max_length, max_images)
+                for module in (packers, before)
+                if module is not None
+            ]
             cells = ""
-            if before:
-                try:
-                    before_ms = buffer_ms(before, strategy, *budgets)
-                    cells = f" {before_ms:.1f} | {before_ms / ms:.0f}x |"
-                except ValueError:
-                    cells = " (unknown there) | |"
+            try:
+                ms, *before_ms = buffer_ms(runs, buffers, args.repeats)
+            except ValueError:  # a strategy that revision does not know
+                ms, before_ms = buffer_ms(runs[:1], buffers, args.repeats)[0], []
+                cells = " (unknown there) | |"
+            if before_ms:
+                cells = f" {before_ms[0]:.2f} | {before_ms[0] / ms:.2f}x |"
             print(
                 f"| {max_length:,} / {max_images} | {strategy} | {ms:.2f} | "
                 f"{ms * PLANNER_BUFFERS / 1e3:.0f} |" + cells,
@@ -345,7 +387,7 @@ def bench_buffers(args, before):
             )
 
 
-def main():
+def parse_args():
     quick = "--quick" in sys.argv  # smaller defaults; explicit flags still win
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -369,14 +411,18 @@ def main():
     parser.add_argument("--tables", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3])
     parser.add_argument("--skip-peers", action="store_true", help="only mmdp's packers")
     parser.add_argument("--heavy-images", action="store_true", help="a mix with more images")
-    parser.add_argument("--before", metavar="REV", help="also time mmdp.packing.packers at git REV")
+    parser.add_argument("--before", metavar="REV", help="also time mmdp's packers at git REV")
     parser.add_argument(
         "--before-repeats", type=int, default=1, help="table 2 'before': slow, once by default"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
     before = load_packing(args.before) if args.before else None
     if before:
-        print(f"before: src/mmdp/packing.py at {args.before}\n")
+        print(f"before: mmdp's packers at {args.before}\n")
 
     if 1 in args.tables:
         mix = HEAVY_IMAGE_MIX if args.heavy_images else IMAGE_MIX

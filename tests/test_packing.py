@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from mmdp.packing import packers as packing
 from mmdp.packing.packers import (
+    FIT_DECREASING,
     STRATEGIES,
     lower_bound,
     pack,
@@ -90,8 +91,8 @@ def test_fast_binpack_and_bfd_match_the_readable_loop_with_images():
         a = pack(lengths, 20, "binpack", images, 3)
         b = pack(lengths, 20, "bfd", images, 3)
         differ += a != b
-        assert a == reference_fit_decreasing(lengths, 20, images, 3, fit="first")
-        assert b == reference_fit_decreasing(lengths, 20, images, 3, fit="best")
+        assert a == reference_fit_decreasing(lengths, 20, images, 3, strategy="binpack")
+        assert b == reference_fit_decreasing(lengths, 20, images, 3, strategy="bfd")
     assert differ > 0  # the two strategies are really different
 
 
@@ -103,12 +104,12 @@ def test_images_first_bfd_is_not_binpack():
     # left -> B (6, 0); then the text sample 6: A and B both have 0 image slots and 6 tokens
     # left, tie -> the lowest number, A
     assert pack([6, 4, 4], 10, "images_first_bfd", [0, 2, 2], 2) == [[1, 0], [2]]
-    assert reference_fit_decreasing([6, 4, 4], 10, [0, 2, 2], 2, fit="images_first") == [
+    assert reference_fit_decreasing([6, 4, 4], 10, [0, 2, 2], 2, strategy="images_first_bfd") == [
         [1, 0],
         [2],
     ]
-    with pytest.raises(ValueError, match="unknown fit rule"):
-        reference_fit_decreasing([6, 4, 4], 10, fit="images_first_bfd")
+    with pytest.raises(ValueError, match="not a fit-decreasing strategy"):
+        reference_fit_decreasing([6, 4, 4], 10, strategy="greedy")
 
 
 def test_items_that_cannot_fit_alone_are_named_not_dropped():
@@ -161,13 +162,9 @@ def test_packs_are_valid_whatever_the_input(case, strategy):
 
 
 def assert_fast_packers_match_the_readable_ones(lengths, max_length, images, max_images):
-    for strategy, fit in (
-        ("binpack", "first"),
-        ("bfd", "best"),
-        ("images_first_bfd", "images_first"),
-    ):
+    for strategy in FIT_DECREASING:
         assert pack(lengths, max_length, strategy, images, max_images) == reference_fit_decreasing(
-            lengths, max_length, images, max_images, fit=fit
+            lengths, max_length, images, max_images, strategy=strategy
         )
     assert pack(
         lengths, max_length, "balanced_greedy", images, max_images
