@@ -5,8 +5,9 @@
     uv run bench/bench_packing.py --skip-peers                   # mmdp only, no bench group
     uv run bench/bench_packing.py --skip-peers --tables 2 3      # worst case and per buffer only
     uv run --group bench bench/bench_packing.py --before REV     # also mmdp as of git REV
+    uv run bench/bench_packing.py --skip-peers --tables 4        # what a patch budget costs
 
-Three tables, every packer in each getting the same items:
+Four tables, every packer in each getting the same items:
 
 1. Cauldron-like mix (64 tokens per image, 0-3 images, long-tailed text; see
    `cauldron_like_items`), --items of them (393,230 by default: the dataset size in ms-swift's
@@ -25,6 +26,11 @@ Three tables, every packer in each getting the same items:
    ~5,900 `pack_flat` calls for 24M rows. Median milliseconds of one call, over --buffers
    consecutive cauldron-like buffers, at max_length 512 with 18 images and 2,048 with 9, and what
    5,900 calls add up to.
+4. Per buffer with a third budget, vision-encoder patches (`items_with_patches`: each image has
+   its own number of patches, as in Qwen2-VL): median milliseconds of one `pack_flat` call with
+   tokens and images only (today's fast engines, the patch budget left out) and with the patch
+   budget too (the engine that scans the open packs in every budget), the packs each makes, and
+   the share of the first's packs over the patch budget (so that the budget is seen to bind).
 
 Peers (table 1; `binpacking` also in table 2):
 - TRL's BFD (`trl.data_utils.pack_dataset(..., strategy="bfd")`), on a `datasets.Dataset` of
@@ -79,6 +85,31 @@ def cauldron_like_items(
     images = rng.choice(4, size=n, p=image_mix)
     text = np.clip(rng.lognormal(mean=4.8, sigma=0.9, size=n), 8, 8000).astype(np.int64)
     return text + IMAGE_TOKENS * images, images
+
+
+# Table 4's images, as Qwen2-VL sees them: an image of h x w pixels is (h/14)(w/14) patches of
+# 14 px, merged 2 x 2 into tokens. The tokens an image takes vary from image to image: log-normal
+# around 256 (a 448 x 448 image, 1,024 patches), between Qwen2-VL's default min_pixels (4 tokens)
+# and max_pixels (1,280 tokens, 5,120 patches).
+PATCHES_PER_TOKEN = 4
+MEDIAN_IMAGE_TOKENS, IMAGE_TOKENS_SIGMA = 256, 0.8
+MIN_IMAGE_TOKENS, MAX_IMAGE_TOKENS = 4, 1_280
+# (max_length, max_images, max_patches): patches for half a pack's tokens, so the patch budget
+# binds on image-heavy packs
+PATCH_BUDGETS = ((2_048, 9, 4_096), (8_192, 36, 16_384))
+
+
+def items_with_patches(n: int, seed: int = 0, image_mix=IMAGE_MIX):
+    """(lengths, image counts, patch counts): table 1's text and image counts, each image with
+    its own number of patches (its tokens x PATCHES_PER_TOKEN); a sample's tokens include them."""
+    rng = np.random.default_rng(seed)
+    images = rng.choice(4, size=n, p=image_mix)
+    text = np.clip(rng.lognormal(mean=4.8, sigma=0.9, size=n), 8, 8000).astype(np.int64)
+    per_image = rng.lognormal(np.log(MEDIAN_IMAGE_TOKENS), IMAGE_TOKENS_SIGMA, int(images.sum()))
+    per_image = np.clip(np.round(per_image), MIN_IMAGE_TOKENS, MAX_IMAGE_TOKENS)
+    image_tokens = np.bincount(np.repeat(np.arange(n), images), per_image, minlength=n)
+    image_tokens = image_tokens.astype(np.int64)
+    return text + image_tokens, images, PATCHES_PER_TOKEN * image_tokens
 
 
 def worst_case_items(n: int, max_length: int = 32_768, seed: int = 0) -> np.ndarray:
@@ -339,11 +370,15 @@ def buffer_ms(pack_buffers, buffers, repeats) -> list[float]:
     return [statistics.median(spent) * 1e3 for spent in times]
 
 
-def buffer_packer(module, strategy, max_length, max_images):
-    """`module.pack_flat` with these budgets, as a function of a buffer (lengths, images)."""
+def buffer_packer(module, strategy, max_length, max_images, max_patches=None):
+    """`module.pack_flat` with these budgets, as a function of a buffer (lengths, images[,
+    patches]); the patch budget only when given (older revisions do not know it)."""
 
     def pack_buffer(buffer):
-        return module.pack_flat(buffer[0], max_length, strategy, buffer[1], max_images)
+        patch_budget = () if max_patches is None else (buffer[2], max_patches)
+        return module.pack_flat(
+            buffer[0], max_length, strategy, buffer[1], max_images, *patch_budget
+        )
 
     return pack_buffer
 
@@ -387,6 +422,37 @@ def bench_buffers(args, before):
             )
 
 
+def bench_patch_budget(args):
+    """Table 4: one buffer packed with tokens and images, then with the patch budget too."""
+    print(
+        "| max_length / max_images / max_patches | strategy | ms, tokens + images | "
+        "ms, + patches | cost | packs without / with the patch budget | "
+        "packs over it without it |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for max_length, max_images, max_patches in PATCH_BUDGETS:
+        columns = items_with_patches(4 * args.buffer_size * args.buffers, seed=1)
+        fits = (columns[0] <= max_length) & (columns[2] <= max_patches)  # alone, in every budget
+        buffers = cut_into_buffers([c[fits] for c in columns], args.buffer_size, args.buffers)
+        for strategy in packers.STRATEGIES:
+            two = buffer_packer(packers, strategy, max_length, max_images)
+            three = buffer_packer(packers, strategy, max_length, max_images, max_patches)
+            ms_two, ms_three = buffer_ms([two, three], buffers, args.repeats)
+            packs_two = packs_three = over = 0
+            for buffer in buffers:
+                items, starts = two(buffer)
+                packs_two += len(starts) - 1
+                packs_three += len(three(buffer)[1]) - 1
+                pack_patches = np.add.reduceat(buffer[2][items], starts[:-1])
+                over += int((pack_patches > max_patches).sum())
+            print(
+                f"| {max_length:,} / {max_images} / {max_patches:,} | {strategy} | "
+                f"{ms_two:.2f} | {ms_three:.2f} | {ms_three / ms_two:.1f}x | "
+                f"{packs_two:,} / {packs_three:,} | {over / packs_two:.1%} |",
+                flush=True,
+            )
+
+
 def parse_args():
     quick = "--quick" in sys.argv  # smaller defaults; explicit flags still win
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -399,7 +465,7 @@ def parse_args():
     parser.add_argument("--max-lengths", type=int, nargs="+", default=[512, 2048, 10_240])
     parser.add_argument("--repeats", type=int, default=1 if quick else 3)
     parser.add_argument("--binpacking-items", type=int, default=20_000)
-    parser.add_argument("--buffer-size", type=int, default=4_096, help="table 3: the planner's")
+    parser.add_argument("--buffer-size", type=int, default=4_096, help="tables 3-4: the planner's")
     parser.add_argument("--blog-buffer", type=int, default=2_048, help="table 1: the blog's")
     parser.add_argument(
         "--worst-items", type=int, default=200_000 if quick else 1_000_000, help="table 2"
@@ -407,8 +473,8 @@ def parse_args():
     parser.add_argument(
         "--reference-items", type=int, default=2_000 if quick else 4_000, help="table 2"
     )
-    parser.add_argument("--buffers", type=int, default=5 if quick else 20, help="table 3")
-    parser.add_argument("--tables", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3])
+    parser.add_argument("--buffers", type=int, default=5 if quick else 20, help="tables 3-4")
+    parser.add_argument("--tables", type=int, nargs="+", default=[1, 2, 3, 4], choices=[1, 2, 3, 4])
     parser.add_argument("--skip-peers", action="store_true", help="only mmdp's packers")
     parser.add_argument("--heavy-images", action="store_true", help="a mix with more images")
     parser.add_argument("--before", metavar="REV", help="also time mmdp's packers at git REV")
@@ -444,6 +510,13 @@ def main():
             f"median over {args.buffers} buffers of the median of {args.repeats} calls each\n"
         )
         bench_buffers(args, before)
+    if 4 in args.tables:
+        print(
+            f"\n4. A patch budget too: one pack_flat call per buffer of {args.buffer_size:,} "
+            f"items with patch counts, median over {args.buffers} buffers of the median of "
+            f"{args.repeats} calls each\n"
+        )
+        bench_patch_budget(args)
 
 
 if __name__ == "__main__":
