@@ -230,49 +230,11 @@ def plot_learning_curves(
     fig, (held_out, per_step, train) = plt.subplots(1, 3, figsize=(18, 5.4), sharey=True)
     # different line styles: two strategies that learn alike (naive, constrained) stay visible
     styles = dict(zip(eval_loss, ["-", "--", "-.", ":"] * len(eval_loss)))
-    for name, per_run in eval_loss.items():
-        losses = np.asarray(per_run, dtype=np.float64)  # [runs, checkpoints]
-        colour = STRATEGY_COLOURS.get(name)
-        held_out.fill_between(
-            samples_seen,
-            losses.min(axis=0),
-            losses.max(axis=0),
-            color=colour,
-            alpha=0.2,
-            linewidth=0,
-        )
-        held_out.plot(
-            samples_seen,
-            losses.mean(axis=0),
-            marker="o",
-            markersize=4,
-            color=colour,
-            linestyle=styles[name],
-            label=f"{name} (mean, min-max over {len(losses)} runs)",
-        )
-        for i, (steps, run) in enumerate(zip(eval_steps[name], per_run)):
-            per_step.plot(
-                steps,
-                run,
-                marker="o",
-                markersize=3,
-                color=colour,
-                alpha=0.7,
-                linewidth=1,
-                linestyle=styles[name],
-                label=f"{name} (one line per run)" if i == 0 else None,
-            )
-    for name, runs in training.items():
-        for i, (seen, losses) in enumerate(runs):
-            train.plot(
-                seen,
-                losses,
-                color=STRATEGY_COLOURS.get(name),
-                alpha=0.6,
-                linewidth=1,
-                linestyle=styles[name],
-                label=f"{name} (one line per run)" if i == 0 else None,
-            )
+    _plot_held_out_loss(held_out, samples_seen, eval_loss, styles)
+    _plot_runs(
+        per_step, {name: list(zip(eval_steps[name], eval_loss[name])) for name in eval_loss}, styles
+    )
+    _plot_runs(train, training, styles)
     held_out.set_title("held-out loss against samples seen")
     held_out.set_xlabel("samples seen")
     held_out.set_ylabel("loss (mean over reply tokens)")
@@ -286,6 +248,47 @@ def plot_learning_curves(
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def _plot_held_out_loss(ax, samples_seen: list, eval_loss: dict, styles: dict) -> None:
+    """One line per strategy: the mean over runs, with the runs' min-max as a band."""
+    for name, per_run in eval_loss.items():
+        losses = np.asarray(per_run, dtype=np.float64)  # [runs, checkpoints]
+        colour = STRATEGY_COLOURS.get(name)
+        ax.fill_between(
+            samples_seen,
+            losses.min(axis=0),
+            losses.max(axis=0),
+            color=colour,
+            alpha=0.2,
+            linewidth=0,
+        )
+        ax.plot(
+            samples_seen,
+            losses.mean(axis=0),
+            marker="o",
+            markersize=4,
+            color=colour,
+            linestyle=styles[name],
+            label=f"{name} (mean, min-max over {len(losses)} runs)",
+        )
+
+
+def _plot_runs(ax, runs: dict, styles: dict, marker: str | None = None) -> None:
+    """One line per run, `runs[strategy]` being one (x, losses) pair per run."""
+    for name, pairs in runs.items():
+        for i, (x, losses) in enumerate(pairs):
+            ax.plot(
+                x,
+                losses,
+                marker=marker,
+                markersize=3,
+                color=STRATEGY_COLOURS.get(name),
+                alpha=0.6,
+                linewidth=1,
+                linestyle=styles[name],
+                label=f"{name} (one line per run)" if i == 0 else None,
+            )
 
 
 def plot_strategies(results: dict, title: str) -> Figure:
