@@ -232,11 +232,11 @@ def start_ranks() -> int:
 
 def print_weighing(packed: PackedDataset) -> None:
     weighing = packed.weighing
-    how = "weighed" if weighing.weighed_here else "loaded the weights of"
-    print(
-        f"{how.capitalize()} {len(weighing.weights):,} rows in {weighing.seconds:.2f} s "
-        f"(cached in {display_path(weighing.path)})"
-    )
+    if weighing.weighed_here:
+        how = f"Weighed {weighing.rows_weighed_here:,} of {len(weighing.weights):,} rows here"
+    else:
+        how = f"Loaded the weights of {len(weighing.weights):,} rows"
+    print(f"{how} in {weighing.seconds:.2f} s (cached in {display_path(weighing.path)})")
 
 
 def run_packed_epoch(packed: PackedDataset, args) -> dict:
@@ -250,12 +250,12 @@ def run_packed_epoch(packed: PackedDataset, args) -> dict:
     loader = PackedDataLoader(packed, num_workers=args.num_workers)
     report = PackReport()
     first_batch, seconds = run_epoch(loader, report, hint=hint)
-    reports, weighed_here = [report], [packed.weighing.weighed_here]
+    reports, weighed = [report], [packed.weighing.rows_weighed_here]
     if dist.is_initialized():
         reports = [None] * dist.get_world_size()
         dist.all_gather_object(reports, report)
-        weighed_here = [None] * dist.get_world_size()
-        dist.all_gather_object(weighed_here, packed.weighing.weighed_here)
+        weighed = [None] * dist.get_world_size()
+        dist.all_gather_object(weighed, packed.weighing.rows_weighed_here)
     merged = PackReport.merged(reports)
     merged.dropped.update(packed.plan(packed.epoch).dropped)
     return {
@@ -266,7 +266,7 @@ def run_packed_epoch(packed: PackedDataset, args) -> dict:
         "rank_balance": rank_balance(batch_loads(packed.plan(), packed.weights), packed.world_size),
         "weighing": {
             "seconds": round(packed.weighing.seconds, 3),
-            "weighed_here_per_rank": weighed_here,
+            "rows_weighed_per_rank": weighed,
         },
     }
 
