@@ -178,6 +178,7 @@ def test_stage3_grouped_by_modality_length_pads_little_and_puts_the_heaviest_bat
     assert "modality_length " in result.stdout and "naive " in result.stdout
 
 
+@pytest.mark.slow  # two processes, each weighing and loading a whole epoch
 def test_stage3_grouped_under_torchrun_two_ranks(run_script, tmp_path):
     metrics = tmp_path / "m.json"
     result = run_script(
