@@ -266,3 +266,33 @@ def test_impossible_settings_get_one_sentence_and_status_2(run_main, tmp_path, s
     last = stderr.strip().splitlines()[-1]
     assert "error:" in last and says in last
     assert "Traceback" not in stderr
+
+
+@pytest.mark.slow  # two processes, each loading and packing a whole epoch
+def test_stage5_mixture_under_torchrun_realises_the_asked_token_shares(run_script, tmp_path):
+    metrics = tmp_path / "m.json"
+    result = run_script(
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "05_knapsack_multimodal.py",
+        "--mixture",
+        "examples/mixture.json",
+        "--num-workers",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+        "--metrics-json",
+        str(metrics),
+        python_args=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    sources = json.loads(metrics.read_text())["mixture"]["sources"]
+    assert [s["source"] for s in sources] == ["describe", "charts", "multiturn"]
+    for source in sources:
+        assert abs(source["realised_share"] - source["asked_share"]) < 0.01
+        for share in source["realised_share_per_rank"]:
+            assert abs(share - source["asked_share"]) < 0.01
+    assert "The mixture (tokens):" in result.stdout
