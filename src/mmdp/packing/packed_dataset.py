@@ -42,6 +42,9 @@ class PackedDataset(IterableDataset):
     collate_fn=dataset.collate). Works unchanged under torchrun: rank and world size come from
     torch.distributed when it is initialised.
 
+    mixture (a mmdp.data.mixture.MixturePlan, with a VQADataset made with the same MixedRows):
+    each epoch takes every source's share of the rows, balanced across ranks per source.
+
     pretokenize=True keeps every sample's input_ids and labels from the weighing pass (cached
     with the weights), so that building a pack only slices them and decodes images.
     """
@@ -62,6 +65,7 @@ class PackedDataset(IterableDataset):
         max_queued_packs: int = 16,
         pretokenize: bool = False,
         num_proc: int | None = None,
+        mixture=None,
     ):
         self.dataset = dataset
         self.max_length = max_length
@@ -71,6 +75,7 @@ class PackedDataset(IterableDataset):
         self.strategy = strategy
         self.buffer_size = buffer_size
         self.seed = seed
+        self.mixture = mixture  # a mmdp.data.mixture.MixturePlan: rows chosen by source shares
         self.max_queued_packs = max_queued_packs
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.epoch = 0
@@ -115,6 +120,7 @@ class PackedDataset(IterableDataset):
                 buffer_size=self.buffer_size,
                 seed=self.seed,
                 epoch=epoch,
+                mixture=self.mixture,
             )
             mine = plan.for_rank(self.rank)
             self._plan = (epoch, plan)
@@ -193,7 +199,7 @@ class PackedDataset(IterableDataset):
             return [self.dataset[row] for row in rows]
         tokens, images = self.tokens[rows], self.image_rows[rows]["images"]
         return [
-            self.dataset.family.make_sample(
+            self.dataset.sample(
                 {"images": row_images},
                 row,
                 tokenized=(

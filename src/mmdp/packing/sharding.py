@@ -1,6 +1,8 @@
 """Ranks: which rank this is, and whether every rank still has a batch. Both loaders (planned and
-streaming) use these.
+streaming) use these, and stage 3's grouped batches.
 """
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -26,3 +28,20 @@ def all_ranks_have_a_batch(have_one: bool, group=None) -> bool:
     flag = torch.tensor([int(have_one)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
+
+
+def start_ranks() -> int:
+    """Under torchrun, join the process group (one process per rank, gloo: CPU is enough for
+    what a data pipeline exchanges); return this rank (0 outside torchrun)."""
+    if "RANK" in os.environ and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def gather_from_ranks(value) -> list:
+    """[value of rank 0, value of rank 1, ...] on every rank; [value] outside torchrun."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
