@@ -28,6 +28,7 @@ from mmdp import config
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
+from mmdp.packing.guards import STATEFUL_REFUSED, RefusesAcceleratePrepare, iterated_elsewhere
 from mmdp.packing.planner import EpochPlan, plan_epoch
 from mmdp.packing.sharding import rank_and_world_size
 from mmdp.packing.weighing import weigh_rows
@@ -40,7 +41,9 @@ class PackedDataset(IterableDataset):
 
     Use it with `PackedDataLoader` (or a DataLoader with batch_size=packs_per_batch and
     collate_fn=dataset.collate). Works unchanged under torchrun: rank and world size come from
-    torch.distributed when it is initialised.
+    torch.distributed when it is initialised. With tensor or pipeline parallelism, pass the
+    data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`: the
+    ranks that share a model replica's shard must read the same batches.
 
     pretokenize=True keeps every sample's input_ids and labels from the weighing pass (cached
     with the weights), so that building a pack only slices them and decodes images.
@@ -59,6 +62,7 @@ class PackedDataset(IterableDataset):
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        group=None,
         max_queued_packs: int = 16,
         pretokenize: bool = False,
         num_proc: int | None = None,
@@ -72,9 +76,10 @@ class PackedDataset(IterableDataset):
         self.buffer_size = buffer_size
         self.seed = seed
         self.max_queued_packs = max_queued_packs
-        self.rank, self.world_size = rank_and_world_size(rank, world_size)
+        self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
         self.epoch = 0
-        self.batches_done = 0  # where the next iteration starts in this epoch (see state_dict)
+        # where the next iteration starts in this epoch (PackedDataLoader.state_dict)
+        self.batches_done = 0
 
         # 1. Weigh every item (once: later runs and the other ranks load the cached weights)
         self.weighing = weigh_rows(
@@ -135,25 +140,39 @@ class PackedDataset(IterableDataset):
     # Epochs, and resuming mid-epoch ---------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for a new epoch (call it before iterating, as with DistributedSampler)."""
-        self.epoch = epoch
-        self.batches_done = 0
+        """Reshuffle for a new epoch (call it before iterating, as with DistributedSampler).
+
+        The epoch it is already in keeps its position: trainers call set_epoch before every pass
+        (transformers/trainer.py:1851-1852), and right after a resume that call must not restart
+        the epoch.
+        """
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.batches_done = 0
 
     def state_dict(self) -> dict:
-        return {"seed": self.seed, "epoch": self.epoch, "batches_done": self.batches_done}
+        """Refused: the position is the loader's (PackedDataLoader.state_dict).
+
+        torchdata's StatefulDataLoader saves the state_dict of any dataset that has one, inside
+        each worker (torchdata/stateful_dataloader/worker.py:46-52), where batches_done never
+        advances: it would resume at the start of the epoch. This raises instead.
+        """
+        raise TypeError(STATEFUL_REFUSED)
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue an epoch after `batches_done` batches: the next iteration yields the rest."""
-        if state["seed"] != self.seed:
-            raise ValueError(
-                f"state is for seed {state['seed']}, this dataset has seed {self.seed}"
-            )
-        self.epoch = state["epoch"]
-        self.batches_done = state["batches_done"]
+        """Refused, as state_dict: use PackedDataLoader.load_state_dict."""
+        raise TypeError(STATEFUL_REFUSED)
 
     # 5. Build the packs -----------------------------------------------------------------------
 
+    # Set by the PackedDataLoader that owns this dataset: True only while that loader starts its
+    # iterator (its workers copy the dataset then), False otherwise. None: no PackedDataLoader
+    # owns it, and a plain DataLoader may iterate it.
+    _loader_starting: bool | None = None
+
     def __iter__(self):
+        if self._loader_starting is False:
+            raise RuntimeError(iterated_elsewhere("PackedDataset", "PackedDataLoader"))
         plan, lengths = self.rank_plan()
         worker = get_worker_info()
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
@@ -204,12 +223,16 @@ class PackedDataset(IterableDataset):
         return collate_packs(packs, self.dataset.family)
 
 
-class PackedDataLoader(DataLoader):
+class PackedDataLoader(RefusesAcceleratePrepare, DataLoader):
     """A DataLoader over a PackedDataset that keeps track of where the epoch is.
 
-    `state_dict()` after k batches says so; a new loader whose dataset gets it through
-    `load_state_dict` yields exactly the batches after those k. After a full epoch the position
-    resets, and `set_epoch` picks the next shuffle.
+    `state_dict()` after k batches says so; a new loader that gets it through `load_state_dict`
+    yields exactly the batches after those k. After a full epoch the position resets, and
+    `set_epoch` picks the next shuffle. `len()` is the epoch's batch count, wherever it resumes.
+
+    It owns its dataset: another DataLoader that iterates the dataset (accelerate's, torchdata's)
+    gets one sentence saying what to do instead, and so does `accelerator.prepare(loader)`
+    (mmdp.packing.guards).
     """
 
     def __init__(self, dataset: PackedDataset, num_workers: int = 2, **kwargs):
@@ -224,22 +247,39 @@ class PackedDataLoader(DataLoader):
             num_workers=num_workers,
             **kwargs,
         )
+        dataset._loader_starting = False
 
     def __iter__(self):
         self.dataset.rank_plan()  # plan once here; workers receive this rank's part
-        for batch in super().__iter__():
+        # Workers are started (and copy the dataset), or iter(dataset) runs, inside
+        # DataLoader.__iter__: only then may the dataset be iterated.
+        self.dataset._loader_starting = True
+        try:
+            batches = super().__iter__()
+        finally:
+            self.dataset._loader_starting = False
+        for batch in batches:
             self.dataset.batches_done = batch["batch_index"] + 1
             yield batch
         self.dataset.batches_done = 0
 
     def __len__(self) -> int:
-        return self.dataset.num_batches() - self.dataset.batches_done
+        """The epoch's batches on this rank, wherever the epoch resumes: a trainer takes len()
+        once as the epoch's length (transformers/trainer.py:2504-2512)."""
+        return self.dataset.num_batches()
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        return self.dataset.state_dict()
+        d = self.dataset
+        return {"seed": d.seed, "epoch": d.epoch, "batches_done": d.batches_done}
 
     def load_state_dict(self, state: dict) -> None:
-        self.dataset.load_state_dict(state)
+        """Continue an epoch after `batches_done` batches: the next iteration yields the rest."""
+        if state["seed"] != self.dataset.seed:
+            raise ValueError(
+                f"state is for seed {state['seed']}, this dataset has seed {self.dataset.seed}"
+            )
+        self.dataset.epoch = state["epoch"]
+        self.dataset.batches_done = state["batches_done"]
