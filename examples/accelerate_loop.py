@@ -47,6 +47,7 @@ from mmdp.training.examples import (
 )
 from mmdp.training.loop import to_device
 from mmdp.training.recipes import (
+    check_launched_processes,
     checkpoint_loader_with,
     micro_batch_loss,
     optimizer_steps,
@@ -74,10 +75,13 @@ def train_step(accelerator, model, optimizer, micro_batches, inputs) -> torch.Te
 
 def main(argv=None) -> dict | None:
     args = training_flags(description(__doc__)).parse_args(argv)
-    # find_unused_parameters: a micro-batch without images leaves the vision encoder unused
     accelerator = Accelerator(
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)]
+        # without cpu=True on a machine with no GPU, each process would train alone
+        cpu=not torch.cuda.is_available(),
+        # a micro-batch without images leaves the vision encoder unused
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
     )
+    check_launched_processes(accelerator.num_processes)  # ... and that says so if it happens
     # the loader shards by rank itself: it is not prepared
     rank, world_size = accelerator.process_index, accelerator.num_processes
     loader, tokenizer = make_loader(args, rank=rank, world_size=world_size)

@@ -120,6 +120,22 @@ def gradient_sync(model, sync: bool):
         yield
 
 
+def check_launched_processes(num_processes: int) -> None:
+    """Refuse to train when the launcher started more processes than train together.
+
+    On a machine without a GPU, accelerate (and so Trainer) runs each torchrun process on its own
+    unless it is told cpu=True (accelerate/state.py:769-813): every process then trains alone, on
+    the whole data, and nothing says so.
+    """
+    launched = os.environ.get("WORLD_SIZE")  # set by torchrun and accelerate launch
+    if launched is not None and int(launched) != num_processes:
+        raise RuntimeError(
+            f"{launched} processes were launched but they train as {num_processes}: on a machine "
+            "without a GPU, create Accelerator(cpu=True) (with Trainer, TrainingArguments("
+            "use_cpu=True)), or each process trains alone on all the data"
+        )
+
+
 def save_loader_state(loader, folder: str, rank: int) -> str:
     """Write the loader's state into a checkpoint folder, as this rank's file (every rank calls
     it: a streamed loader's position differs between ranks). Returns the file's path."""

@@ -31,8 +31,9 @@ file:line in transformers/trainer.py):
    Qwen3-VL), whose own loss would be a per-rank, per-micro-batch mean (measured 0.81 relative
    gradient error on TinyVLM set up that way).
 5. It refuses ignore_data_skip=True (the epoch would restart, and a short last step of the epoch
-   would never be taken) and average_tokens_across_devices=False with several ranks (the token
-   count would be this rank's only).
+   would never be taken), average_tokens_across_devices=False with several ranks (the token
+   count would be this rank's only), and processes that train alone (on a machine without a
+   GPU, Trainer needs use_cpu=True: mmdp.training.recipes.check_launched_processes).
 
 A stream (StreamingDataLoader) has no length: set max_steps. Trainer then sees one endless pass;
 the loader moves from epoch to epoch itself (mmdp.training.recipes.batches_forever).
@@ -50,7 +51,12 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from mmdp.packing.batch import model_inputs as packed_model_inputs
 from mmdp.training.loss import summed_loss
-from mmdp.training.recipes import batches_forever, load_loader_state, save_loader_state
+from mmdp.training.recipes import (
+    batches_forever,
+    check_launched_processes,
+    load_loader_state,
+    save_loader_state,
+)
 
 
 def token_loss(outputs, labels, num_items_in_batch=None):
@@ -123,6 +129,7 @@ class SaveLoaderState(TrainerCallback):
 def check_arguments(args, loader, replicas: int) -> None:
     """Refuse a loader sharded for another number of data-parallel replicas than Trainer trains,
     and the TrainingArguments under which an mmdp loader cannot resume or be normalised."""
+    check_launched_processes(args.world_size)
     if loader.dataset.world_size != replicas:
         raise ValueError(
             f"the loader is sharded over {loader.dataset.world_size} rank(s), Trainer trains "
