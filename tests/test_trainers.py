@@ -22,9 +22,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from accelerate import Accelerator, skip_first_batches
+from accelerate.data_loader import prepare_data_loader
 from conftest import REPO
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
+from transformers import Trainer, TrainingArguments
 
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
@@ -32,7 +34,7 @@ from mmdp.packing.batch import collate_packs
 from mmdp.packing.guards import PREPARE_REFUSED, STATEFUL_REFUSED
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
-from mmdp.training.examples import SampleLog, make_loader
+from mmdp.training.examples import SampleLog, make_loader, tiny_vlm
 from mmdp.training.recipes import (
     EPOCH_END,
     batches_forever,
@@ -76,6 +78,55 @@ def test_accelerator_prepare_refuses_our_loaders_in_one_sentence(samples, tokeni
         assert str(refused.value) == PREPARE_REFUSED
         assert "prepare only the model and the optimizer" in PREPARE_REFUSED
         assert PREPARE_REFUSED.count(". ") == 0  # one sentence
+
+
+# Negative controls: what accelerate and Trainer do to our batches without the refusal. A
+# PackedDataset in a plain DataLoader (no PackedDataLoader owns it, so nothing refuses) is what
+# Trainer(train_dataset=...) builds.
+
+
+def plain(samples, **kwargs):
+    dataset = PackedDataset(samples, max_length=256, packs_per_batch=2, **kwargs)
+    return DataLoader(dataset, batch_size=2, collate_fn=collate_packs)
+
+
+def test_without_the_refusal_accelerate_dispatch_cuts_every_tensor_to_the_batch_size(samples):
+    # dispatch is the default for an IterableDataset (accelerate/data_loader.py:1117); each
+    # tensor is then sliced to dim 0 of the first key (data_loader.py:930, find_batch_size in
+    # accelerate/utils/operations.py:244-264), in one process too
+    own = next(iter(plain(samples)))
+    dispatched = next(iter(Accelerator(cpu=True).prepare(plain(samples))))
+    assert len(own["cu_seq_lens_q"]) == 5 and len(own["pixel_values"]) == 4  # 2 packs, 4 samples
+    assert len(dispatched["cu_seq_lens_q"]) == 2  # 2 of the 5 boundaries left
+    assert len(dispatched["pixel_values"]) == 2  # 2 of the 4 images, without an error
+    assert torch.equal(dispatched["input_ids"], own["input_ids"])  # the tokens still all there
+
+
+def test_without_the_refusal_accelerate_shards_our_sharded_packs_again(samples):
+    # dispatch_batches=False on 2 processes: IterableDatasetShard (accelerate/data_loader.py:1236)
+    # keeps 1 pack in 2 of what rank 0's plan already gave rank 0
+    own = [i for b in plain(samples, rank=0, world_size=2) for i in b["sample_index"].tolist()]
+    prepared = prepare_data_loader(
+        plain(samples, rank=0, world_size=2),
+        num_processes=2,
+        process_index=0,
+        put_on_device=False,
+        dispatch_batches=False,
+    )
+    trained = [i for b in prepared for i in b["sample_index"].tolist()]
+    assert set(trained) < set(own) and len(trained) <= len(own) // 2 + 2
+
+
+def test_without_mmdps_trainer_the_plain_trainer_strips_the_pack_keys(samples, tokenizer, tmp_path):
+    # Trainer(train_dataset=PackedDataset): remove_unused_columns=True (the default) wraps the
+    # collator to drop what model.forward does not name (transformers/trainer.py:1019-1022),
+    # and the loader is prepared (trainer.py:1051), so dispatched as above
+    model, _ = tiny_vlm(tokenizer, seed=0)
+    dataset = PackedDataset(samples, max_length=256, packs_per_batch=2)
+    args = TrainingArguments(str(tmp_path), use_cpu=True, report_to="none")
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collate_packs)
+    with pytest.raises(KeyError):
+        next(iter(trainer.get_train_dataloader()))
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
