@@ -14,14 +14,24 @@ import torch.distributed as dist
 ANSWER_TIMEOUT = timedelta(minutes=10)
 
 
-def rank_and_world_size(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """The rank and world size given, else torch.distributed's when it is initialised, else
-    (0, 1): a dataset works unchanged under torchrun."""
+def rank_and_world_size(rank: int | None, world_size: int | None, group=None) -> tuple[int, int]:
+    """The rank and world size given, else this process's rank and size in `group` (the
+    data-parallel process group; None: the whole world) when torch.distributed is initialised,
+    else (0, 1): a dataset works unchanged under torchrun.
+
+    Data is sharded over data-parallel replicas, not over processes: with tensor parallelism the
+    ranks that hold shards of one replica read the same batches, so pass that group
+    (`mesh.get_group("dp")` of a DeviceMesh) or its rank and size.
+    """
     distributed = dist.is_available() and dist.is_initialized()
+    if group is not None and not distributed:
+        raise ValueError("a process group was given, but torch.distributed is not initialised")
     if rank is None:
-        rank = dist.get_rank() if distributed else 0
+        rank = dist.get_rank(group) if distributed else 0
+        if rank < 0:  # dist.get_rank's answer for a process outside the group
+            raise ValueError("this process is not in the process group it was given")
     if world_size is None:
-        world_size = dist.get_world_size() if distributed else 1
+        world_size = dist.get_world_size(group) if distributed else 1
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
     return rank, world_size

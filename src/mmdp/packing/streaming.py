@@ -70,6 +70,7 @@ from mmdp.errors import UserError
 from mmdp.models.families import family_for
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
+from mmdp.packing.guards import RefusesAcceleratePrepare, iterated_elsewhere
 from mmdp.packing.packers import Strategy
 from mmdp.packing.planner import Weights, filter_rows, shuffle_and_pack
 from mmdp.packing.sharding import ANSWER_TIMEOUT, all_ranks_have_a_batch, rank_and_world_size
@@ -273,7 +274,8 @@ class StreamingPackedDataset(IterableDataset):
     `iter()` and gives the same rows in the same order (a list, a reader of files): not an
     iterator, which can be read only once. `processor`: a tokenizer (mmdp's TinyVLM) or a
     transformers processor of a supported family, as for VQADataset. Under torchrun, rank and
-    world size come from torch.distributed.
+    world size come from torch.distributed; with tensor or pipeline parallelism, pass the
+    data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`.
     """
 
     def __init__(
@@ -290,6 +292,7 @@ class StreamingPackedDataset(IterableDataset):
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        group=None,
         image_size: int = config.IMAGE_SIZE,
         image_token_length: int = config.IMAGE_TOKEN_LENGTH,
         max_queued_batches: int = 2,
@@ -313,7 +316,7 @@ class StreamingPackedDataset(IterableDataset):
         self.buffer_size = buffer_size
         self.seed = seed
         self.max_queued_batches = max_queued_batches
-        self.rank, self.world_size = rank_and_world_size(rank, world_size)
+        self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
         self.total_shards = None  # a plain iterable has none
         if isinstance(rows, datasets.IterableDataset):
             rows = with_undecoded_images(rows)
@@ -341,9 +344,11 @@ class StreamingPackedDataset(IterableDataset):
         )
 
     def __iter__(self):
+        if self.resume_states is None:  # only StreamingDataLoader.__iter__ sets them
+            raise RuntimeError(iterated_elsewhere("StreamingPackedDataset", "StreamingDataLoader"))
         worker = get_worker_info()
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
-        resume = self.resume_states[worker_id] if self.resume_states else None
+        resume = self.resume_states[worker_id]
         produced = iterate_in_background(
             lambda: self.produce(worker_id, num_workers, resume), max_queued=self.max_queued_batches
         )
@@ -427,7 +432,7 @@ def collate(item: dict, family) -> dict:
 # The loader: order, reader states, ranks that stop together ---------------------------------
 
 
-class StreamingDataLoader(DataLoader):
+class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
     """A DataLoader over a StreamingPackedDataset: yields its batches (mmdp.packing.batch, plus
     `reader_state`), keeps every worker's latest reader state for `state_dict()`, and under
     torchrun stops every rank at the same step.
@@ -441,10 +446,15 @@ class StreamingDataLoader(DataLoader):
     reason: those dropped after a worker's last batch, and `held_when_ranks_stopped`.
 
     `stop_together` (default: when torch.distributed runs more than one rank) all-reduces one
-    flag per step over `group` (default: the world). With NCCL the flag is a GPU tensor and
-    reading it waits for the GPU; pass a gloo group (`dist.new_group(backend="gloo")`) to keep
-    it on the CPU. A rank that does not answer that all-reduce within `answer_timeout` (it died
-    or hangs) makes the others raise RanksStoppedAnswering, naming it.
+    flag per step over `group` (default: the world; the data-parallel group is enough). With NCCL
+    the flag is a GPU tensor and reading it waits for the GPU; pass a gloo group
+    (`dist.new_group(backend="gloo")`) to keep it on the CPU. A rank that does not answer that
+    all-reduce within `answer_timeout` (it died or hangs) makes the others raise
+    RanksStoppedAnswering, naming it.
+
+    `len()` is not known ahead: a trainer needs a number of steps. It owns its dataset: another
+    DataLoader that iterates the dataset (accelerate's, torchdata's) gets one sentence saying what
+    to do instead, and so does `accelerator.prepare(loader)` (mmdp.packing.guards).
     """
 
     def __init__(
@@ -478,8 +488,12 @@ class StreamingDataLoader(DataLoader):
         self.batches_done = 0
 
     def set_epoch(self, epoch: int) -> None:
-        self.dataset.set_epoch(epoch)
-        self.start_epoch()
+        """A new shuffle for a new epoch. The epoch it is already in keeps its position:
+        trainers call set_epoch before every pass (transformers/trainer.py:1851-1852), and right
+        after a resume that call must not restart the epoch."""
+        if epoch != self.dataset.epoch:
+            self.dataset.set_epoch(epoch)
+            self.start_epoch()
 
     def __iter__(self):
         note = self.dataset.sharding_note(self.num_workers)
