@@ -154,6 +154,7 @@ def budget_report(weights: Weights, run: dict) -> dict:
 def write_prepared(url: str, weights: Weights, tokens: Dataset | None, manifest: dict) -> dict:
     """Steps 1-3 of the module docstring; returns the manifest written."""
     fs, root = open_url(url)
+    fs.makedirs(root, exist_ok=True)  # a folder, or on S3 the bucket if it is new
     previous = read_manifest_or_none(fs, root)
     parts = f"parts-{uuid.uuid4().hex[:12]}"
     with tempfile.TemporaryDirectory() as staging:
