@@ -7,6 +7,7 @@ image budget, each pack padded to a fixed length, ready for a trainer.
     uv run 05_knapsack_multimodal.py --streaming --buffer-size 1024
     uv run 05_knapsack_multimodal.py --prepared s3://bucket/prepared   # from uv run -m mmdp.prepare
     uv run 05_knapsack_multimodal.py --model qwen2_5_vl     # or qwen3_vl, smolvlm, llava_onevision, gemma3
+    uv run 05_knapsack_multimodal.py --mixture examples/mixture.json
 
 Prints the shapes of one batch and the epoch report (utilization, dropped samples by reason,
 tokens / images / samples per pack), and saves assets/05.png (the blog's figure),
@@ -19,6 +20,11 @@ and vision-encoder patches its processor gives it (mmdp.models), a pack has a to
 patch budget (--max-length, --max-patches; each family has defaults), and the batches carry what
 that model takes. Offline, the family's processor is built in code; --processor NAME_OR_PATH loads
 a Hub or local one. It also prints the tokens per image and saves assets/05_MODEL.png.
+
+With --mixture FILE.json, the rows come from several sources, each with its share of the epoch
+(by tokens by default), a loss weight and a label policy (mmdp.data.mixture; the embedded
+synthetic data offers one source per task, `synthetic:describe` ...). The report adds a line per
+source: rows, drops by reason, tokens, and the share asked vs realised, overall and per rank.
 
 With --streaming, the same stage reads the dataset as a stream (a Hub dataset with
 streaming=True, parquet files one by one) and packs it a buffer at a time, as the blog's
@@ -46,6 +52,14 @@ from mmdp.cli import (
     print_batch,
     print_settings,
     run_epoch,
+)
+from mmdp.data.mixture import (
+    MixedRows,
+    MixturePlan,
+    format_source_report,
+    load_mixture,
+    read_mixture,
+    source_report,
 )
 from mmdp.data.padding import ConstrainedPadCollator
 from mmdp.data.sources import load_vqa_dataset
@@ -157,7 +171,17 @@ def parse_args():
     parser.add_argument(
         "--save-batch", default=None, help="torch.save the first collated batch to this path"
     )
+    parser.add_argument(
+        "--mixture",
+        default=None,
+        help="a JSON file of sources with shares, loss weights and label policies (see "
+        "mmdp.data.mixture; examples/mixture.json); replaces --dataset",
+    )
     args = parser.parse_args()
+    if args.mixture and (args.streaming or args.dataset):
+        parser.error(
+            "--mixture names its own datasets, and is planned: not with --dataset or --streaming"
+        )
     if args.streaming and args.pretokenize:
         parser.error("--pretokenize needs the whole dataset weighed first: not with --streaming")
     if args.streaming and args.prepared:
@@ -177,9 +201,14 @@ def main():
         # Or read the dataset as a stream, pack it a buffer at a time, stop the ranks together
         epoch, samples = run_streaming_epoch(processor, args)
     else:
-        # Get the dataset, and stage 2's tokenized map-style dataset
-        rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
-        samples = VQADataset(rows, processor)
+        # Get the dataset (or the mixture's sources), and stage 2's tokenized map-style dataset
+        mixed = load_sources(args)
+        rows = (
+            mixed.dataset
+            if mixed
+            else load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
+        )
+        samples = VQADataset(rows, processor, mixture=mixed)
 
         # Wrap it: weigh every sample, filter, pack with a token and an image budget, shard
         packed = PackedDataset(
@@ -193,6 +222,7 @@ def main():
             seed=args.seed,
             pretokenize=args.pretokenize,
             prepared=args.prepared,
+            mixture=MixturePlan.of(mixed, seed=args.seed) if mixed else None,
         )
         packed.set_epoch(args.epoch)
         if rank == 0:
@@ -200,6 +230,9 @@ def main():
 
         # Go through one epoch on every rank; rank 0 reports for all of them
         epoch = run_packed_epoch(packed, args)
+        if mixed:
+            epoch["sources"] = report_sources(mixed, packed, epoch["reports"], args)
+            epoch["share_by"] = mixed.mixture.share_by
     if rank != 0:
         dist.destroy_process_group()
         return
@@ -214,6 +247,30 @@ def main():
     else:
         # What each image costs this model and the others, and how full the packs are
         draw_model_figure(epoch["report"], samples, args)
+
+
+def load_sources(args) -> MixedRows | None:
+    """--mixture: every source's rows one after the other (None without a mixture)."""
+    if not args.mixture:
+        return None
+    return load_mixture(read_mixture(args.mixture), args.num_rows or config.DEFAULT_NUM_ROWS)
+
+
+def report_sources(mixed: MixedRows, packed: PackedDataset, reports: list, args) -> list[dict]:
+    """Per source: rows, drops by reason, tokens, share asked vs realised (overall, per rank)."""
+    budgets = {
+        "max_length": args.max_length,
+        "max_images": args.max_images,
+        "max_patches": args.max_patches,
+    }
+    return source_report(
+        mixed,
+        packed.mixture,
+        packed.weights,
+        [report.sample_index for report in reports],
+        budgets=budgets,
+        epoch=packed.epoch,
+    )
 
 
 def model_processor(args):
@@ -357,6 +414,9 @@ def print_report(epoch: dict, args) -> None:
     print(report.summary(args.max_patches))
     if HELD_WHEN_RANKS_STOPPED in report.dropped:
         print(f"({HELD_WHEN_RANKS_STOPPED}: read, not yielded: another rank ran out first)")
+    if "sources" in epoch:
+        print(f"\nThe mixture ({epoch['share_by']}):")
+        print(format_source_report(epoch["sources"], epoch["share_by"]))
     balance = epoch["rank_balance"]
     if balance["world_size"] > 1:
         print(
@@ -375,6 +435,8 @@ def write_outputs(epoch: dict, args) -> None:
             "rank_balance": epoch["rank_balance"],
             "seconds": round(epoch["seconds"], 3),
         }
+        if "sources" in epoch:  # --mixture
+            metrics["mixture"] = {"share_by": epoch["share_by"], "sources": epoch["sources"]}
         if "weighing" in epoch:  # planned: the rows were weighed (or loaded) up front
             metrics["weighing"] = epoch["weighing"]
         print(f"Wrote the epoch report to {display_path(write_json(metrics, args.metrics_json))}")

@@ -367,7 +367,7 @@ def test_when_another_rank_runs_out_this_rank_counts_what_it_held(monkeypatch, r
     counts the batch in hand and the rest of its workers' buffers."""
     steps = []
 
-    def other_rank_runs_out_at_step_5(have_one, group=None):
+    def other_rank_runs_out_at_step_5(have_one, group=None, *timeout_and_step):
         steps.append(have_one)
         return have_one and len(steps) < 5
 

@@ -31,7 +31,8 @@ from mmdp.packing.batch import build_pack, collate_packs
 from mmdp.packing.planner import EpochPlan, plan_epoch
 from mmdp.packing.prepared import load_prepared
 from mmdp.packing.sharding import rank_and_world_size
-from mmdp.packing.weighing import weigh_rows
+from mmdp.packing.weighing import cache_key, weigh_rows
+from mmdp.packing.workers import name_failed_worker
 
 
 class PackedDataset(IterableDataset):
@@ -42,6 +43,9 @@ class PackedDataset(IterableDataset):
     Use it with `PackedDataLoader` (or a DataLoader with batch_size=packs_per_batch and
     collate_fn=dataset.collate). Works unchanged under torchrun: rank and world size come from
     torch.distributed when it is initialised.
+
+    mixture (a mmdp.data.mixture.MixturePlan, with a VQADataset made with the same MixedRows):
+    each epoch takes every source's share of the rows, balanced across ranks per source.
 
     pretokenize=True keeps every sample's input_ids and labels from the weighing pass (cached
     with the weights), so that building a pack only slices them and decodes images.
@@ -66,6 +70,7 @@ class PackedDataset(IterableDataset):
         max_queued_packs: int = 16,
         pretokenize: bool = False,
         num_proc: int | None = None,
+        mixture=None,
         prepared: str | None = None,
     ):
         self.dataset = dataset
@@ -76,6 +81,7 @@ class PackedDataset(IterableDataset):
         self.strategy = strategy
         self.buffer_size = buffer_size
         self.seed = seed
+        self.mixture = mixture  # a mmdp.data.mixture.MixturePlan: rows chosen by source shares
         self.max_queued_packs = max_queued_packs
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.epoch = 0
@@ -105,6 +111,8 @@ class PackedDataset(IterableDataset):
             )
             pretokenize = self.weighing.tokens is not None
         self.weights = self.weighing.weights
+        # names the dataset and the tokenizer (with or without pretokenize: the same plan)
+        self.weights_key = cache_key(dataset.dataset, dataset.family, pretokenize=False)
         self.tokens = (
             None if self.weighing.tokens is None else self.weighing.tokens.with_format("numpy")
         )
@@ -140,6 +148,7 @@ class PackedDataset(IterableDataset):
                 buffer_size=self.buffer_size,
                 seed=self.seed,
                 epoch=epoch,
+                mixture=self.mixture,
             )
             mine = plan.for_rank(self.rank)
             self._plan = (epoch, plan)
@@ -171,14 +180,44 @@ class PackedDataset(IterableDataset):
         self.epoch = epoch
         self.batches_done = 0
 
+    def settings(self) -> dict:
+        """What decides the epoch's plan and this rank's part of it: a resume needs the same.
+        (The number of DataLoader workers does not: batch k goes to worker k % workers from
+        wherever the epoch resumes.) `weights` names the dataset and the tokenizer: the key of
+        their weights in the cache (mmdp.packing.weighing.cache_key)."""
+        return {
+            "seed": self.seed,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "max_length": self.max_length,
+            "max_images": self.max_images,
+            "max_patches": self.max_patches,
+            "packs_per_batch": self.packs_per_batch,
+            "strategy": self.strategy,
+            "buffer_size": self.buffer_size,
+            "rows": len(self.dataset),
+            "weights": self.weights_key,
+        }
+
     def state_dict(self) -> dict:
-        return {"seed": self.seed, "epoch": self.epoch, "batches_done": self.batches_done}
+        return {**self.settings(), "epoch": self.epoch, "batches_done": self.batches_done}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue an epoch after `batches_done` batches: the next iteration yields the rest."""
-        if state["seed"] != self.seed:
+        """Continue an epoch after `batches_done` batches: the next iteration yields the rest.
+
+        Refuses, in one sentence naming each difference, a state saved with other settings
+        (another dataset, max_length, seed, world size...): the rest of that epoch is not this one's.
+        """
+        now = self.settings()
+        different = [
+            f"{k} {state[k]!r} (now {now[k]!r})" for k in now if state.get(k, now[k]) != now[k]
+        ]
+        if different:
             raise ValueError(
-                f"state is for seed {state['seed']}, this dataset has seed {self.seed}"
+                "cannot resume: the state was saved with "
+                + ", ".join(different)
+                + "; they decide which rows go in which batch, so resume with the same ones "
+                "(or start the epoch afresh without load_state_dict)"
             )
         self.epoch = state["epoch"]
         self.batches_done = state["batches_done"]
@@ -218,7 +257,7 @@ class PackedDataset(IterableDataset):
             return [self.dataset[row] for row in rows]
         tokens, images = self.tokens[rows], self.image_rows[rows]["images"]
         return [
-            self.dataset.family.make_sample(
+            self.dataset.sample(
                 {"images": row_images},
                 row,
                 tokenized=(
@@ -259,7 +298,10 @@ class PackedDataLoader(DataLoader):
 
     def __iter__(self):
         self.dataset.rank_plan()  # plan once here; workers receive this rank's part
-        for batch in super().__iter__():
+        batches = super().__iter__()
+        pids = [worker.pid for worker in getattr(batches, "_workers", [])]
+        where = lambda: (self.dataset.rank, self.dataset.batches_done)  # noqa: E731
+        for batch in name_failed_worker(batches, where, pids):
             self.dataset.batches_done = batch["batch_index"] + 1
             yield batch
         self.dataset.batches_done = 0

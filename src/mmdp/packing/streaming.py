@@ -54,6 +54,7 @@ import dataclasses
 import warnings
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
+from datetime import timedelta
 from itertools import islice
 
 import datasets
@@ -63,14 +64,16 @@ from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mmdp import config
-from mmdp.data.sources import with_undecoded_images
+from mmdp.data.sources import first_line, first_unreadable, with_undecoded_images
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
+from mmdp.errors import UserError
 from mmdp.models.families import family_for
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
 from mmdp.packing.packers import Strategy
 from mmdp.packing.planner import Weights, filter_rows, shuffle_and_pack
-from mmdp.packing.sharding import all_ranks_have_a_batch, rank_and_world_size
+from mmdp.packing.sharding import ANSWER_TIMEOUT, all_ranks_have_a_batch, rank_and_world_size
+from mmdp.packing.workers import name_failed_worker
 
 # 2-3. Pack one buffer (pure: weights in, packs out) --------------------------------------------
 
@@ -141,9 +144,12 @@ class ReaderStream:
         """The next n rows of this reader (fewer at the end), without reading one row further."""
         taken = []
         if self.stream is not None:
-            for row in islice(self.iterator, n):
-                taken.append((self.rows_taken * self.readers + self.reader, row))
-                self.rows_taken += 1
+            try:
+                for row in islice(self.iterator, n):
+                    taken.append((self.rows_taken * self.readers + self.reader, row))
+                    self.rows_taken += 1
+            except Exception as error:  # a damaged or vanished file: say which, in one sentence
+                raise UserError(self.unreadable(error)) from error
             return taken
         while len(taken) < n:  # a plain iterable: keep 1 row in `readers`
             row = next(self.iterator, END)
@@ -154,6 +160,16 @@ class ReaderStream:
             self.rows_taken += 1
         return taken
 
+    def unreadable(self, error: Exception) -> str:
+        """Why the stream stopped: the data file at fault when one is, else the error itself."""
+        named = first_unreadable(stream_files(self.stream))
+        if named is not None:
+            return named
+        return (
+            f"the stream failed after {self.rows_taken:,} rows of reader {self.reader} "
+            f"({error.__class__.__name__}: {first_line(error)})"
+        )
+
     def position(self) -> dict:
         """Where this reader is: rows taken, and the datasets stream's own state."""
         stream = self.stream.state_dict() if self.stream is not None else None
@@ -163,6 +179,19 @@ class ReaderStream:
         """Close the underlying generator now (a parquet reader, say), not at interpreter exit."""
         if hasattr(self.iterator, "close"):
             self.iterator.close()
+
+
+def stream_files(stream: datasets.IterableDataset) -> list[str]:
+    """The data files behind a datasets stream of files (parquet, arrow...), [] for others.
+
+    datasets keeps them in the `files` argument of the innermost examples iterable (not public
+    API: anything else gives [], and the error then names the reader instead of a file)."""
+    files, iterable = [], getattr(stream, "_ex_iterable", None)
+    while iterable is not None:
+        for group in (getattr(iterable, "kwargs", None) or {}).get("files", []):
+            files += [group] if isinstance(group, str) else [str(f) for f in group]
+        iterable = getattr(iterable, "ex_iterable", None)
+    return [f for f in files if "://" not in f]  # local files only: remote ones cannot be checked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,7 +443,8 @@ class StreamingDataLoader(DataLoader):
     `stop_together` (default: when torch.distributed runs more than one rank) all-reduces one
     flag per step over `group` (default: the world). With NCCL the flag is a GPU tensor and
     reading it waits for the GPU; pass a gloo group (`dist.new_group(backend="gloo")`) to keep
-    it on the CPU.
+    it on the CPU. A rank that does not answer that all-reduce within `answer_timeout` (it died
+    or hangs) makes the others raise RanksStoppedAnswering, naming it.
     """
 
     def __init__(
@@ -424,6 +454,7 @@ class StreamingDataLoader(DataLoader):
         *,
         stop_together: bool | None = None,
         group=None,
+        answer_timeout: timedelta = ANSWER_TIMEOUT,
         **kwargs,
     ):
         for name in ("batch_size", "collate_fn", "persistent_workers"):
@@ -436,6 +467,7 @@ class StreamingDataLoader(DataLoader):
         )
         self.stop_together = stop_together  # None: decided when iterating
         self.group = group
+        self.answer_timeout = answer_timeout
         self.readers = max(num_workers, 1)
         self.dropped_at_end = Counter()
         self.start_epoch()
@@ -460,12 +492,18 @@ class StreamingDataLoader(DataLoader):
             stop_together = distributed and dist.get_world_size(self.group) > 1
         # Where each worker resumes from: travels to the workers with the dataset.
         self.dataset.resume_states = list(self.reader_states)
-        items = in_turns(super().__iter__(), self.readers, self.next_worker)
+        loaded = super().__iter__()
+        pids = [worker.pid for worker in getattr(loaded, "_workers", [])]
+        where = lambda: (self.dataset.rank, self.batches_done)  # noqa: E731
+        items = in_turns(name_failed_worker(loaded, where, pids), self.readers, self.next_worker)
         batches = self.follow(items)
         try:
             while True:
                 batch = next(batches, None)
-                if stop_together and not all_ranks_have_a_batch(batch is not None, self.group):
+                have_one = batch is not None
+                if stop_together and not all_ranks_have_a_batch(
+                    have_one, self.group, self.answer_timeout, self.batches_done
+                ):
                     self.count_held(batch)
                     break
                 if batch is None:
@@ -515,6 +553,7 @@ class StreamingDataLoader(DataLoader):
             "max_images": d.max_images,
             "max_patches": d.max_patches,
             "model_family": d.family.name,
+            "shards": d.total_shards,  # another dataset has other shards (often)
         }
 
     def state_dict(self) -> dict:
@@ -538,7 +577,7 @@ class StreamingDataLoader(DataLoader):
         same tokenizer: they decide which rows each reader reads and how it packs them.
         """
         now = self.settings()
-        different = [f"{k} {state[k]} (now {v})" for k, v in now.items() if state[k] != v]
+        different = [f"{k} {state[k]} (now {v})" for k, v in now.items() if state.get(k, v) != v]
         if different:
             raise ValueError(
                 "cannot resume: the state was saved with "
