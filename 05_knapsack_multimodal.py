@@ -5,6 +5,7 @@ image budget, each pack padded to a fixed length, ready for a trainer.
     uv run 05_knapsack_multimodal.py --max-length 1024 --save-batch /tmp/batch.pt
     uv run torchrun --nproc_per_node 2 05_knapsack_multimodal.py --metrics-json /tmp/05.json
     uv run 05_knapsack_multimodal.py --streaming --buffer-size 1024
+    uv run 05_knapsack_multimodal.py --prepared s3://bucket/prepared   # from uv run -m mmdp.prepare
     uv run 05_knapsack_multimodal.py --model qwen2_5_vl     # or qwen3_vl, smolvlm, llava_onevision, gemma3
     uv run 05_knapsack_multimodal.py --mixture examples/mixture.json
 
@@ -72,6 +73,7 @@ from mmdp.packing.batch import real_token_mask
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.planner import batch_loads
+from mmdp.packing.prepared import read_manifest
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.report.metrics import PackReport, rank_balance, write_json
 from mmdp.report.plots import (
@@ -161,6 +163,12 @@ def parse_args():
         "only slices them and decodes images",
     )
     parser.add_argument(
+        "--prepared",
+        default=None,
+        help="read the weights (and tokens) that `uv run -m mmdp.prepare --out URL` wrote to this "
+        "path or fsspec URL, and weigh nothing; the budgets not given are its own",
+    )
+    parser.add_argument(
         "--save-batch", default=None, help="torch.save the first collated batch to this path"
     )
     parser.add_argument(
@@ -176,6 +184,8 @@ def parse_args():
         )
     if args.streaming and args.pretokenize:
         parser.error("--pretokenize needs the whole dataset weighed first: not with --streaming")
+    if args.streaming and args.prepared:
+        parser.error("--prepared holds the weights of a whole dataset: not with --streaming")
     return args
 
 
@@ -211,6 +221,7 @@ def main():
             buffer_size=args.buffer_size,
             seed=args.seed,
             pretokenize=args.pretokenize,
+            prepared=args.prepared,
             mixture=MixturePlan.of(mixed, seed=args.seed) if mixed else None,
         )
         packed.set_epoch(args.epoch)
@@ -273,6 +284,10 @@ def model_processor(args):
         processor = offline_processor(args.model)
     family = family_for(processor)
     args.model = family.name
+    if args.prepared:  # the budgets the prepared rows were checked against, unless given
+        manifest = read_manifest(args.prepared)
+        args.max_length = args.max_length or manifest["max_length"]
+        args.max_patches = args.max_patches or manifest["max_patches"]
     if args.max_length is None:
         args.max_length = family.default_max_length
     if args.max_patches is None:
@@ -289,6 +304,12 @@ def start_ranks() -> int:
 
 def print_weighing(packed: PackedDataset) -> None:
     weighing = packed.weighing
+    if packed.prepared:
+        print(
+            f"Read the prepared weights of {len(weighing.weights):,} rows from {packed.prepared} "
+            f"in {weighing.seconds:.2f} s (weighed nothing)"
+        )
+        return
     if weighing.weighed_here:
         how = f"Weighed {weighing.rows_weighed_here:,} of {len(weighing.weights):,} rows here"
     else:

@@ -30,6 +30,7 @@ from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
 from mmdp.packing.guards import STATEFUL_REFUSED, RefusesAcceleratePrepare, iterated_elsewhere
 from mmdp.packing.planner import EpochPlan, plan_epoch
+from mmdp.packing.prepared import load_prepared
 from mmdp.packing.sharding import rank_and_world_size
 from mmdp.packing.weighing import cache_key, weigh_rows
 from mmdp.packing.workers import name_failed_worker
@@ -51,6 +52,9 @@ class PackedDataset(IterableDataset):
 
     pretokenize=True keeps every sample's input_ids and labels from the weighing pass (cached
     with the weights), so that building a pack only slices them and decodes images.
+
+    prepared=URL (or `PackedDataset.from_prepared(URL, dataset)`): weigh nothing, read the
+    weights (and the tokens, when prepared with them) that `uv run -m mmdp.prepare` wrote there.
     """
 
     def __init__(
@@ -71,6 +75,7 @@ class PackedDataset(IterableDataset):
         pretokenize: bool = False,
         num_proc: int | None = None,
         mixture=None,
+        prepared: str | None = None,
     ):
         self.dataset = dataset
         self.max_length = max_length
@@ -91,13 +96,25 @@ class PackedDataset(IterableDataset):
         # (under torchrun, every rank weighs a share: unless the caller chose the ranks, a
         # dataset then built on one rank only must not wait for the others)
         across_ranks = rank is None and world_size is None
-        self.weighing = weigh_rows(
-            dataset.dataset,
-            dataset.family,
-            pretokenize=pretokenize,
-            num_proc=num_proc,
-            across_ranks=across_ranks,
-        )
+        self.prepared = prepared
+        if prepared is None:
+            self.weighing = weigh_rows(
+                dataset.dataset,
+                dataset.family,
+                pretokenize=pretokenize,
+                num_proc=num_proc,
+                across_ranks=across_ranks,
+            )
+        else:  # read from a prepared dataset: weighed by mmdp.prepare, checked against this run
+            self.weighing = load_prepared(
+                prepared,
+                dataset,
+                max_length=max_length,
+                max_images=max_images,
+                max_patches=max_patches,
+                pretokenize=pretokenize,
+            )
+            pretokenize = self.weighing.tokens is not None
         self.weights = self.weighing.weights
         # names the dataset and the tokenizer (with or without pretokenize: the same plan)
         self.weights_key = cache_key(dataset.dataset, dataset.family, pretokenize=False)
@@ -108,6 +125,14 @@ class PackedDataset(IterableDataset):
         self.image_rows = dataset.dataset.select_columns(["images"]) if pretokenize else None
         self._plan = None  # (epoch, plan of every rank), in the process that plans
         self._rank_plan = None  # (epoch, this rank's part, its rows' lengths): what workers get
+
+    @classmethod
+    def from_prepared(cls, url: str, dataset: VQADataset, **settings) -> "PackedDataset":
+        """A PackedDataset that weighs nothing: the weights (and tokens, if prepared with them) of
+        `dataset`'s rows are read from a prepared dataset at `url`, a path or any fsspec URL
+        (`uv run -m mmdp.prepare`; mmdp.packing.prepared). It is refused in one sentence (a
+        UserError) when prepared for another model, processor, budget or rows."""
+        return cls(dataset, prepared=url, **settings)
 
     # 2-4. Plan the epoch ------------------------------------------------------------------------
 
