@@ -3,22 +3,26 @@
 family_for(processor)   the ModelFamily of a tokenizer (mmdp's TinyVLM), of a transformers
                         processor of a supported family, or a ModelFamily as it is
 offline_processor(name) a processor of a family, built in code with no network
+tiny_processor(name)    the same with the smaller images a tiny model tests fast with, where the
+                        family has them (LLaVA-OneVision's 32 px tiles)
 MODELS                  the names of stage 5's --model
 """
 
 from mmdp.errors import UserError
-from mmdp.models import qwen_vl
+from mmdp.models import llava_onevision, qwen_vl
 from mmdp.models.family import ModelFamily, TinyFamily
 
 # The real families, by the class name of their transformers processor.
 FAMILIES: dict[str, type[ModelFamily]] = {
     "Qwen2_5_VLProcessor": qwen_vl.Qwen2_5_VL,
     "Qwen3VLProcessor": qwen_vl.Qwen3VL,
+    "LlavaOnevisionProcessor": llava_onevision.LlavaOnevision,
 }
 # --model NAME -> (the family's module, its family class)
 OFFLINE = {
     "qwen2_5_vl": (qwen_vl, qwen_vl.Qwen2_5_VL),
     "qwen3_vl": (qwen_vl, qwen_vl.Qwen3VL),
+    "llava_onevision": (llava_onevision, llava_onevision.LlavaOnevision),
 }
 MODELS = ("tiny", *OFFLINE)
 
@@ -44,6 +48,13 @@ def offline_processor(name: str):
     """A processor of the family `name` (one of MODELS but "tiny"), built with no network."""
     module, family = OFFLINE[name]
     return module.offline_processor(family)
+
+
+def tiny_processor(name: str):
+    """A processor of the family `name` for tests of its tiny model on CPU: the family's own rules
+    with smaller images where its real ones make those tests slow, else offline_processor(name)."""
+    module, family = OFFLINE[name]
+    return getattr(module, "tiny_processor", module.offline_processor)(family)
 
 
 def tiny_model(processor, **kwargs):
