@@ -179,7 +179,14 @@ def language_model(model):
     return getattr(inner, "language_model", None) or inner.text_model
 
 
-ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+# flex_attention compiles its kernels for the packed batch's shape: 3-4 minutes for
+# LLaVA-OneVision on a loaded 2-core machine, so it runs with the slow group (pytest -m slow).
+ATTENTION = (
+    "eager",
+    "sdpa",
+    pytest.param("flex_attention", marks=pytest.mark.slow),
+    "flash_attention_2",
+)
 
 
 @pytest.mark.parametrize("attention", ATTENTION, indirect=True)

@@ -32,8 +32,9 @@ The model checks only the TOTAL number of image features against the <image> tok
 
 `offline_processor(family)` builds the real processor with no network; `tiny_processor(family)`
 the same with 32 px tiles, and `tiny_model(processor)` a random model of the real class with a
-processor's geometry (tests: the real 384 px tiles make a packed batch of six small samples
-~5,700 tokens long, a minute a forward pass on a loaded 2-core machine).
+processor's geometry. The tests' packed batch of six small samples (tests/test_families.py,
+packed_batch) is 2 rows of 2,860 tokens and eight 384 px crops with the real tiles, 2 rows of
+262 tokens and 21 crops of 32 px with the tiny ones: the tiny model's tests run in seconds.
 """
 
 import math
@@ -83,14 +84,25 @@ class LlavaOnevision(ModelFamily):
     image_token = feature_token = "<image>"
     end_of_turn = "<|im_end|>"
     vision_keys = ("pixel_values", "image_sizes")  # batch_num_images is made per batch
+    # A pack of a few images. An image alone in its sample costs at most 8,765 tokens (947 x 1154:
+    # anyres_max_9 shrinks a grid's features only past 1.1^2 x 9 crops' worth; a 3 px scan of
+    # 200-2400 px sides) and a 512 x 512 one 3,699, so 10,240 tokens hold any one image with ~1,400 tokens of
+    # text, or two of 512 px. The patch budget is the crops of the largest grid, 6 x 6 + 1 = 37
+    # (26,973 patches): it drops no row the token budget keeps (14 images sharing a sample are
+    # 10,206 patches), and lets at most one image of the largest grid into a pack.
+    default_max_length = 10240
+    default_max_patches = 37 * NUM_IMAGE_TOKENS
 
     def __init__(self, processor):
         super().__init__(processor)
-        if processor.num_image_tokens is None:  # the processor's default, and it fails on it
+        # The processor's defaults for both are None (P:36-37): it then fails on an image, and
+        # with "default" the model drops a feature of every crop and raises (M:305-307, 407-408).
+        strategy = processor.vision_feature_select_strategy
+        if not processor.num_image_tokens or strategy != FEATURE_SELECT_STRATEGY:
             raise UserError(
-                "this LlavaOnevisionProcessor has no num_image_tokens: set it as the checkpoint "
-                f"does (num_image_tokens={NUM_IMAGE_TOKENS}, vision_feature_select_strategy="
-                f"{FEATURE_SELECT_STRATEGY!r})"
+                f"this LlavaOnevisionProcessor has num_image_tokens={processor.num_image_tokens} "
+                f"and vision_feature_select_strategy={strategy!r}; set them as the checkpoints "
+                f"do ({NUM_IMAGE_TOKENS} for 384 px SigLIP, {FEATURE_SELECT_STRATEGY!r})"
             )
         self.tile = processor.image_processor.size["height"]  # crops are square (IP:202-207)
 
@@ -113,12 +125,8 @@ class LlavaOnevision(ModelFamily):
         (replace_image_token, P:74-96): newlines included, one run."""
         processor = self.processor
         if images_in_sample > 1:
-            count = processor.num_image_tokens + 1  # one crop and its newline
-        else:
-            count = processor._get_number_of_features(height, width, self.tile, self.tile)
-        if processor.vision_feature_select_strategy == "default":
-            count -= 1  # as the processor counts it; the model then raises (M:305-307)
-        return count
+            return processor.num_image_tokens + 1  # one crop and its newline
+        return processor._get_number_of_features(height, width, self.tile, self.tile)
 
     def vision_inputs(self, images: list) -> dict:
         """The image processor on one sample's images, nested as ONE sample (so that several
