@@ -179,8 +179,8 @@ def language_model(model):
     return getattr(inner, "language_model", None) or inner.text_model
 
 
-# flex_attention compiles its kernels for the packed batch's shape: 3-4 minutes for
-# LLaVA-OneVision on a loaded 2-core machine, so it runs with the slow group (pytest -m slow).
+# flex_attention compiles its kernels for the packed batch's shape: 46 s for LLaVA-OneVision on a
+# quiet 2-core machine, 3-4 minutes on a loaded one, so it runs with the slow group (pytest -m slow).
 ATTENTION = (
     "eager",
     "sdpa",
