@@ -3,22 +3,26 @@
 family_for(processor)   the ModelFamily of a tokenizer (mmdp's TinyVLM), of a transformers
                         processor of a supported family, or a ModelFamily as it is
 offline_processor(name) a processor of a family, built in code with no network
+tiny_processor(name)    the same, sized for tiny_model where the real image size would make CPU
+                        tests slow (Gemma 3: 28 px instead of 896)
 MODELS                  the names of stage 5's --model
 """
 
 from mmdp.errors import UserError
-from mmdp.models import qwen_vl
+from mmdp.models import gemma3, qwen_vl
 from mmdp.models.family import ModelFamily, TinyFamily
 
 # The real families, by the class name of their transformers processor.
 FAMILIES: dict[str, type[ModelFamily]] = {
     "Qwen2_5_VLProcessor": qwen_vl.Qwen2_5_VL,
     "Qwen3VLProcessor": qwen_vl.Qwen3VL,
+    "Gemma3Processor": gemma3.Gemma3,
 }
 # --model NAME -> (the family's module, its family class)
 OFFLINE = {
     "qwen2_5_vl": (qwen_vl, qwen_vl.Qwen2_5_VL),
     "qwen3_vl": (qwen_vl, qwen_vl.Qwen3VL),
+    "gemma3": (gemma3, gemma3.Gemma3),
 }
 MODELS = ("tiny", *OFFLINE)
 
@@ -44,6 +48,13 @@ def offline_processor(name: str):
     """A processor of the family `name` (one of MODELS but "tiny"), built with no network."""
     module, family = OFFLINE[name]
     return module.offline_processor(family)
+
+
+def tiny_processor(name: str):
+    """A processor of the family `name` for its tiny_model: offline_processor(name), or the
+    family's smaller version of it where its real images would make CPU tests slow."""
+    module, family = OFFLINE[name]
+    return getattr(module, "tiny_processor", module.offline_processor)(family)
 
 
 def tiny_model(processor, **kwargs):
