@@ -8,23 +8,35 @@ tiny_processor(name)    the same, sized for tiny_model where the real image size
 MODELS                  the names of stage 5's --model
 """
 
+import importlib
+from pathlib import Path
+
+from mmdp.data.hub import looks_like_a_path, require_hub
 from mmdp.errors import UserError
-from mmdp.models import gemma3, qwen_vl
 from mmdp.models.family import ModelFamily, TinyFamily
 
-# The real families, by the class name of their transformers processor.
-FAMILIES: dict[str, type[ModelFamily]] = {
-    "Qwen2_5_VLProcessor": qwen_vl.Qwen2_5_VL,
-    "Qwen3VLProcessor": qwen_vl.Qwen3VL,
-    "Gemma3Processor": gemma3.Gemma3,
+# The real families, as "module:class", imported when first asked for: a real family imports
+# transformers' image processors, and they import torchvision and torch._dynamo (20 s on a busy
+# 2-core machine), which the TinyVLM path never needs.
+# By the class name of their transformers processor:
+FAMILIES = {
+    "Qwen2_5_VLProcessor": "mmdp.models.qwen_vl:Qwen2_5_VL",
+    "Qwen3VLProcessor": "mmdp.models.qwen_vl:Qwen3VL",
+    "Gemma3Processor": "mmdp.models.gemma3:Gemma3",
 }
-# --model NAME -> (the family's module, its family class)
+# By stage 5's --model name:
 OFFLINE = {
-    "qwen2_5_vl": (qwen_vl, qwen_vl.Qwen2_5_VL),
-    "qwen3_vl": (qwen_vl, qwen_vl.Qwen3VL),
-    "gemma3": (gemma3, gemma3.Gemma3),
+    "qwen2_5_vl": "mmdp.models.qwen_vl:Qwen2_5_VL",
+    "qwen3_vl": "mmdp.models.qwen_vl:Qwen3VL",
+    "gemma3": "mmdp.models.gemma3:Gemma3",
 }
 MODELS = ("tiny", *OFFLINE)
+
+
+def family_class(where: str) -> type[ModelFamily]:
+    """The family class at "module:class" (see FAMILIES)."""
+    module, name = where.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def family_for(processor, **tiny_settings) -> ModelFamily:
@@ -41,24 +53,45 @@ def family_for(processor, **tiny_settings) -> ModelFamily:
     if name not in FAMILIES:
         supported = ", ".join(sorted(FAMILIES))
         raise UserError(f"mmdp cannot pack for a {name}; it supports {supported}")
-    return FAMILIES[name](processor)
+    return family_class(FAMILIES[name])(processor)
 
 
 def offline_processor(name: str):
     """A processor of the family `name` (one of MODELS but "tiny"), built with no network."""
-    module, family = OFFLINE[name]
-    return module.offline_processor(family)
+    family = family_class(OFFLINE[name])
+    return importlib.import_module(family.__module__).offline_processor(family)
 
 
 def tiny_processor(name: str):
     """A processor of the family `name` for its tiny_model: offline_processor(name), or the
     family's smaller version of it where its real images would make CPU tests slow."""
-    module, family = OFFLINE[name]
+    family = family_class(OFFLINE[name])
+    module = importlib.import_module(family.__module__)
     return getattr(module, "tiny_processor", module.offline_processor)(family)
 
 
 def tiny_model(processor, **kwargs):
     """A small random model of the real class of `processor`'s family (for tests)."""
-    family = family_for(processor)
-    module = next(module for module, cls in OFFLINE.values() if cls is type(family))
+    module = importlib.import_module(type(family_for(processor)).__module__)
     return module.tiny_model(processor, **kwargs)
+
+
+def load_processor(name_or_path: str):
+    """A model's processor from the Hub or a local folder (AutoProcessor); one sentence when it
+    cannot be had (offline, or not a processor mmdp packs for)."""
+    from transformers import AutoProcessor
+
+    hint = "run without --processor to use the family's processor built offline (--model)"
+    if looks_like_a_path(name_or_path) and not Path(name_or_path).exists():
+        raise UserError(f"processor {name_or_path!r}: no such directory")
+    if not Path(name_or_path).exists():
+        require_hub(f"processor {name_or_path!r}", hint)
+    try:
+        processor = AutoProcessor.from_pretrained(name_or_path)
+    except (OSError, ValueError, ImportError) as error:
+        raise UserError(
+            f"could not load processor {name_or_path!r} ({error.__class__.__name__}: {error}); "
+            f"{hint}"
+        ) from error
+    family_for(processor)  # refuses a family mmdp does not pack for, in one sentence
+    return processor
