@@ -165,6 +165,12 @@ class Gemma3(ModelFamily):
     end_of_turn = "<end_of_turn>"
     vision_keys = ("pixel_values", "num_crops")
     token_keys = ("token_type_ids",)
+    # each 896 px image (or crop) is 256 soft tokens (about 260 with <start_of_image>,
+    # <end_of_image> and the newlines around them) and 64 x 64 = 4,096 SigLIP patches: 2,048
+    # tokens hold at most 7 images, so 8 images' patches bind only with pan-and-scan crops
+    # (measured: 4 images' patches left the packs 65% full of tokens, 05 --num-rows 300)
+    default_max_length = 2048
+    default_max_patches = 8 * 4096
 
     def __init__(
         self,
@@ -275,19 +281,27 @@ def packed_attention_masks(batch: dict, model) -> dict:
             f"an image run of {model.config.mm_tokens_per_image} tokens does not fit in the "
             f"sliding window of {text_config.sliding_window}: mmdp's Gemma 3 masks would be wrong"
         )
-    input_ids = batch["input_ids"]
+    token_type_ids = batch["token_type_ids"]
+    blocks = get_block_sequence_ids_for_mask(token_type_ids, device=token_type_ids.device)
+    return masks_with_image_blocks(model, batch["position_ids"], blocks)
+
+
+def masks_with_image_blocks(model, position_ids: torch.Tensor, blocks: torch.Tensor) -> dict:
+    """Gemma 3's two masks for rows whose samples restart `position_ids`: causal within each
+    sample (window or not), and bidirectional within each image block of `blocks` [B, L] (an id
+    per image run, -1 elsewhere). The ids must be numbered along the whole row, as
+    get_block_sequence_ids_for_mask numbers them (modeling_gemma3.py:686-694): blocks are
+    matched by id across the row (masking_utils.py:112-127), so ids restarting in each sample
+    would let one sample's images see another's (tests/test_families.py's trap)."""
+    text_config = model.config.get_text_config()
     arguments = {
         "config": text_config,
         # read for its batch size, length, dtype and device only (masking_utils.py:848, 975)
-        "inputs_embeds": torch.empty(
-            *input_ids.shape, 0, dtype=model.dtype, device=input_ids.device
-        ),
+        "inputs_embeds": torch.empty(*blocks.shape, 0, dtype=model.dtype, device=blocks.device),
         "attention_mask": None,
         "past_key_values": None,
-        "position_ids": batch["position_ids"],
-        "block_sequence_ids": get_block_sequence_ids_for_mask(
-            batch["token_type_ids"], device=input_ids.device
-        ),
+        "position_ids": position_ids,
+        "block_sequence_ids": blocks,
     }
     return {
         "full_attention": create_causal_mask(**arguments),
