@@ -239,10 +239,6 @@ class Gemma3(ModelFamily):
                 f"({rows} pixel rows)"
             )
 
-    def model_inputs(self, batch: dict, model=None) -> dict:
-        """The attention masks mmdp builds for packed rows (see packed_attention_masks)."""
-        return {"attention_mask": packed_attention_masks(batch, model)}
-
     def fingerprint(self) -> dict:
         """The processor's, plus pan-and-scan: a setting of the family, not of the processor."""
         return {**super().fingerprint(), "pan_and_scan": self.pan_and_scan}
