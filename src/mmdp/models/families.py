@@ -4,7 +4,7 @@ family_for(processor)   the ModelFamily of a tokenizer (mmdp's TinyVLM), of a tr
                         processor of a supported family, or a ModelFamily as it is
 offline_processor(name) a processor of a family, built in code with no network
 tiny_processor(name)    the same with the smaller images a tiny model tests fast with, where the
-                        family has them (LLaVA-OneVision's 32 px tiles)
+                        family has them (LLaVA-OneVision: 32 px tiles; Gemma 3: 28 px, not 896)
 MODELS                  the names of stage 5's --model
 """
 
@@ -23,12 +23,14 @@ FAMILIES = {
     "Qwen2_5_VLProcessor": "mmdp.models.qwen_vl:Qwen2_5_VL",
     "Qwen3VLProcessor": "mmdp.models.qwen_vl:Qwen3VL",
     "LlavaOnevisionProcessor": "mmdp.models.llava_onevision:LlavaOnevision",
+    "Gemma3Processor": "mmdp.models.gemma3:Gemma3",
 }
 # By stage 5's --model name:
 OFFLINE = {
     "qwen2_5_vl": "mmdp.models.qwen_vl:Qwen2_5_VL",
     "qwen3_vl": "mmdp.models.qwen_vl:Qwen3VL",
     "llava_onevision": "mmdp.models.llava_onevision:LlavaOnevision",
+    "gemma3": "mmdp.models.gemma3:Gemma3",
 }
 MODELS = ("tiny", *OFFLINE)
 
