@@ -2,6 +2,7 @@
 
     uv run bench/bench_scale.py                                   # 20k, 200k, 1M rows (~22 min on 2 cores)
     uv run bench/bench_scale.py --sizes 20000 --plan-rows 2000000 # quicker
+    uv run bench/bench_scale.py --plan-only --rows 100000000      # planning alone (~2 min)
 
 The embedded dataset (2,000 rows) is replicated with `datasets.concatenate_datasets` to each size.
 Every measurement runs in a fresh process (peak memory is per process), on this machine:
@@ -13,13 +14,16 @@ Every measurement runs in a fresh process (peak memory is per process), on this 
    (the pickled PackedDataset) per row; planning alone.
 3. Loader speed over the first --batches batches against a floor that only decodes and resizes
    the images of the same rows, with and without pre-tokenized rows.
-4. Planning alone for --plan-rows rows (the embedded weights tiled), and its peak memory.
+4. Planning alone for --plan-rows rows (the embedded weights tiled): its time, and its peak
+   memory over what the process held just before planning (the weights included), read from
+   /proc/self/status after resetting the peak (`clear_refs`), in bytes a row.
 """
 
 import argparse
 import json
 import os
 import pickle
+import re
 import resource
 import shutil
 import statistics
@@ -57,6 +61,18 @@ def peak_mib() -> dict:
         "main_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / kib,
         "largest_child_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / kib,
     }
+
+
+def status_kib(field: str) -> int:
+    """A figure of /proc/self/status, in KiB: VmRSS (resident now) or VmHWM (peak resident)."""
+    with open("/proc/self/status") as status:
+        return int(re.search(rf"{field}:\s+(\d+)", status.read()).group(1))
+
+
+def reset_peak() -> None:
+    """From now on VmHWM counts from the resident memory of this moment (Linux: clear_refs 5)."""
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
 
 
 def child_weigh(size: int, num_proc: int) -> dict:
@@ -136,13 +152,25 @@ def child_plan(rows: int) -> dict:
     weights = Weights(
         *(np.tile(a, copies)[:rows] for a in (base.lengths, base.image_counts, base.reasons))
     )
-    start = time.perf_counter()
+    del base
+    baseline_kib = status_kib("VmRSS")  # torch, datasets, the tokenizer, and the weights
+    reset_peak()
+    start, cpu_start = time.perf_counter(), time.process_time()
     plan = plan_epoch(weights, **SETTINGS)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    peak_kib = status_kib("VmHWM")
+    plan_bytes = sum(a.nbytes for a in (plan.rows, plan.pack_starts, plan.batch_starts))
     mine = plan.for_rank(0)
     return {
         "plan_s": seconds,
+        "plan_cpu_s": cpu_seconds,
         "packs": len(plan.pack_starts) - 1,
+        "baseline_mib": baseline_kib / 1024,
+        "weights_bytes_per_row": sum({id(a): a.nbytes for a in vars(weights).values()}.values())
+        / rows,
+        "over_baseline_mib": (peak_kib - baseline_kib) / 1024,
+        "over_baseline_bytes_per_row": (peak_kib - baseline_kib) * 1024 / rows,
+        "plan_bytes_per_row": plan_bytes / rows,
         "rank_plan_bytes_per_row": (mine.rows.nbytes + mine.pack_starts.nbytes) / rows,
         **peak_mib(),
     }
@@ -163,7 +191,10 @@ def run_child(kind: str, *values) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 200_000, 1_000_000])
-    parser.add_argument("--plan-rows", type=int, default=24_000_000)
+    parser.add_argument("--plan-rows", "--rows", type=int, default=24_000_000)
+    parser.add_argument(
+        "--plan-only", action="store_true", help="only plan --rows rows (step 4), nothing else"
+    )
     parser.add_argument("--batches", type=int, default=150, help="batches timed per loader run")
     parser.add_argument("--repeats", type=int, default=3, help="loader and floor runs (median)")
     parser.add_argument(
@@ -189,6 +220,8 @@ def main():
 
     cores = os.cpu_count()
     print(f"{cores} cores; every figure from a fresh process\n")
+    if args.plan_only:
+        return print_plan(args.plan_rows, run_child("plan", args.plan_rows))
     with tempfile.TemporaryDirectory(prefix="mmdp-bench-") as cache:
         os.environ["MMDP_CACHE"] = cache  # the children inherit it
         weights_dir = os.path.join(cache, "weights")
@@ -209,11 +242,24 @@ def main():
             floor = statistics.median(f["samples_per_s"] for f in floors)
             print_size(size, cores, one, every, runs, floor)
         plan = run_child("plan", args.plan_rows)
+    print_plan(args.plan_rows, plan)
+
+
+def print_plan(rows: int, plan: dict) -> None:
     print(
-        f"\nPlanning alone, {args.plan_rows:,} rows (the embedded weights tiled): "
-        f"{plan['plan_s']:.1f} s, {plan['packs']:,} packs, peak memory "
-        f"{plan['main_peak_mib']:,.0f} MiB; a rank's plan holds "
-        f"{plan['rank_plan_bytes_per_row']:.1f} bytes per row"
+        f"\nPlanning alone, {rows:,} rows (the embedded weights tiled): "
+        f"{plan['plan_s']:.1f} s ({plan['plan_cpu_s']:.1f} s of CPU), {plan['packs']:,} packs"
+    )
+    print(
+        f"  peak memory {plan['over_baseline_mib']:,.0f} MiB over the "
+        f"{plan['baseline_mib']:,.0f} MiB the process held before planning "
+        f"({plan['over_baseline_bytes_per_row']:.1f} bytes a row; the weights, "
+        f"{plan['weights_bytes_per_row']:.0f} bytes a row, are in the baseline); "
+        f"process peak {plan['main_peak_mib']:,.0f} MiB"
+    )
+    print(
+        f"  the plan holds {plan['plan_bytes_per_row']:.1f} bytes a row, "
+        f"a rank's plan {plan['rank_plan_bytes_per_row']:.1f}"
     )
 
 

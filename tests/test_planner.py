@@ -1,9 +1,12 @@
 """The epoch planner, traced by hand on tiny integer inputs (as tests/test_packing.py does)."""
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
 from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS, NO_TEXTS, TOO_LONG, TOO_MANY_IMAGES
+from mmdp.packing import planner
 from mmdp.packing.planner import (
     Weights,
     batch_loads,
@@ -141,3 +144,61 @@ def test_batch_loads_give_each_ranks_tokens_and_images_per_step():
 def test_ranges():
     assert ranges(np.array([3, 0]), np.array([5, 2])).tolist() == [3, 4, 0, 1]
     assert ranges(np.array([], int), np.array([], int)).tolist() == []
+
+
+def random_weights(rows: int, seed: int = 0) -> Weights:
+    """Cauldron-like rows: 20-600 tokens, 0-4 images, a few unusable."""
+    rng = np.random.default_rng(seed)
+    reasons = np.where(rng.random(rows) < 0.02, NO_TEXTS, None).tolist()
+    return Weights.from_lists(rng.integers(20, 600, rows), rng.integers(0, 5, rows), reasons)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_planning_slice_by_slice_gives_the_same_plan(monkeypatch, world_size):
+    # the planner works on slices of CHUNK_ROWS rows and CHUNK_PACKS packs; tiny slices (and
+    # steps cut across dealing slices) must give the plan that one slice gives
+    weights = random_weights(3_001)
+    settings = {"max_length": 512, "max_images": 3, "packs_per_batch": 3, "buffer_size": 500}
+    whole = plan_epoch(weights, world_size=world_size, **settings)
+    monkeypatch.setattr(planner, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(planner, "CHUNK_PACKS", 5)
+    sliced = plan_epoch(weights, world_size=world_size, **settings)
+    for name in ("rows", "pack_starts", "batch_starts"):
+        assert getattr(whole, name).tolist() == getattr(sliced, name).tolist(), name
+    assert whole.dropped == sliced.dropped and whole.dropped[TOO_LONG] > 0
+    other_seed = plan_epoch(weights, world_size=world_size, seed=1, **settings)
+    assert other_seed.rows.tolist() != whole.rows.tolist()  # the comparison can tell plans apart
+
+
+def test_plan_arrays_are_narrow_and_one_rank_shares_them():
+    plan = plan_epoch(random_weights(2_000), max_length=512, max_images=3, packs_per_batch=4)
+    assert plan.rows.dtype == np.int32 and plan.pack_starts.dtype == np.int32
+    assert plan.for_rank(0).rows is plan.rows  # one rank: the plan itself, not a copy
+
+
+def packs_of_four(lengths, *args, **kwargs):
+    """A stand-in packer (its memory is one buffer's, whatever the epoch): 4 rows a pack."""
+    n = len(lengths)
+    return np.arange(n), np.r_[np.arange(0, n, 4), n]
+
+
+def traced_peak(rows: int) -> int:
+    """Peak bytes numpy allocates while planning `rows` rows."""
+    weights = random_weights(rows)
+    tracemalloc.start()
+    try:
+        plan_epoch(weights, max_length=512, max_images=3, packs_per_batch=8)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_planning_peaks_under_16_bytes_a_row(monkeypatch):
+    # What each row adds to the peak (two sizes, so that fixed costs cancel): the whole-epoch
+    # arrays are int32 and temporaries come a slice at a time (slices shrunk here, as 100 M rows
+    # make them small). The old planner (int64 copies of the epoch) added ~75 bytes a row.
+    monkeypatch.setattr(planner, "pack_flat", packs_of_four)
+    monkeypatch.setattr(planner, "CHUNK_ROWS", 1 << 12)
+    monkeypatch.setattr(planner, "CHUNK_PACKS", 1 << 10)
+    per_row = (traced_peak(400_000) - traced_peak(200_000)) / 200_000
+    assert 4 <= per_row <= 16  # at least the plan itself (int32 rows), at most 16

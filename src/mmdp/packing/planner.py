@@ -44,6 +44,12 @@ from mmdp.drop_reasons import (
 )
 from mmdp.packing.packers import pack_flat
 
+# Whole-epoch arrays are int32 (`index_dtype`) and written in place; element-wise work on them
+# goes a slice at a time, so that its temporaries (numpy's int64 indices, masks) stay a few MB
+# at any size: 100 M rows plan in about 12 bytes a row at the peak (docs/benchmarks.md).
+CHUNK_ROWS = 1 << 20  # rows per slice
+CHUNK_PACKS = 1 << 16  # packs per slice
+
 
 @dataclass(frozen=True)
 class Weights:
@@ -102,11 +108,13 @@ class EpochPlan:
     def for_rank(self, rank: int) -> "EpochPlan":
         """The part of the plan one rank needs, as a plan with world_size 1 (what its DataLoader
         workers receive: a few bytes per row)."""
+        if self.world_size == 1:
+            return self  # the whole plan: its arrays, not a copy
         batches = np.arange(rank, len(self.batch_starts) - 1, self.world_size)
         first, end = self.batch_starts[batches], self.batch_starts[batches + 1]
         rows, pack_starts = gather_packs(self.rows, self.pack_starts, ranges(first, end))
         return EpochPlan(
-            rows=rows.astype(np.int32) if len(rows) and rows.max() < 2**31 else rows,
+            rows=rows,
             pack_starts=pack_starts,
             batch_starts=np.r_[0, np.cumsum(end - first)],
             world_size=1,
@@ -126,21 +134,55 @@ def filter_rows(
     >>> rows, dropped = filter_rows(weights, max_length=8, max_images=3)
     >>> rows.tolist(), sorted(dropped.items())
     ([0], [('no_texts', 1), ('too_long', 1), ('too_many_images', 1)])
+
+    A slice of CHUNK_ROWS rows at a time, so that its temporaries stay a few MB at any size; the
+    rows come as int32 (`index_dtype`).
     """
-    usable = weights.reasons == 0
-    too_long = usable & (weights.lengths > max_length)
-    too_many_images = usable & ~too_long & (weights.image_counts > max_images)
+    keep = np.empty(len(weights), dtype=bool)
+    codes = np.zeros(len(REASONS), dtype=np.int64)  # rows unusable, by reason
+    over = np.zeros(3, dtype=np.int64)  # rows too long, with too many images, too many patches
+    for start in range(0, len(weights), CHUNK_ROWS):
+        part = slice(start, start + CHUNK_ROWS)
+        keep[part], part_codes, part_over = judge_rows(
+            weights, part, max_length, max_images, max_patches
+        )
+        codes += part_codes
+        over += part_over
+    dropped = Counter({REASONS[code]: int(n) for code, n in enumerate(codes) if code and n})
+    for reason, n in zip((TOO_LONG, TOO_MANY_IMAGES, TOO_MANY_PATCHES), over.tolist()):
+        dropped[reason] += n
+    rows = np.empty(int(np.count_nonzero(keep)), dtype=index_dtype(len(weights)))
+    done = 0
+    for start in range(0, len(weights), CHUNK_ROWS):
+        found = np.flatnonzero(keep[start : start + CHUNK_ROWS]) + start
+        rows[done : done + len(found)] = found
+        done += len(found)
+    return rows, +dropped  # + drops zero counts
+
+
+def judge_rows(
+    weights: Weights, part: slice, max_length: int, max_images: int, max_patches: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """filter_rows on weights[part]: (which rows can be packed, the unusable ones counted by
+    reason code, how many are too long / have too many images / too many patches)."""
+    reasons, lengths = weights.reasons[part], weights.lengths[part]
+    usable = reasons == 0
+    too_long = usable & (lengths > max_length)
+    too_many_images = usable & ~too_long & (weights.image_counts[part] > max_images)
     over_patches = (
-        np.zeros_like(usable) if max_patches is None else weights.patch_counts > max_patches
+        np.zeros_like(usable) if max_patches is None else weights.patch_counts[part] > max_patches
     )
     too_many_patches = usable & ~too_long & ~too_many_images & over_patches
-    codes = np.bincount(weights.reasons, minlength=len(REASONS))
-    dropped = Counter({REASONS[code]: int(n) for code, n in enumerate(codes) if code and n})
-    dropped[TOO_LONG] += int(too_long.sum())
-    dropped[TOO_MANY_IMAGES] += int(too_many_images.sum())
-    dropped[TOO_MANY_PATCHES] += int(too_many_patches.sum())
-    rows = np.flatnonzero(usable & ~too_long & ~too_many_images & ~too_many_patches)
-    return rows, +dropped  # + drops zero counts
+    keep = usable & ~too_long & ~too_many_images & ~too_many_patches
+    codes = np.bincount(reasons, minlength=len(REASONS))
+    over = [np.count_nonzero(m) for m in (too_long, too_many_images, too_many_patches)]
+    return keep, codes, np.array(over)
+
+
+def index_dtype(size: int) -> type:
+    """The integer type for positions in an array of `size`: int32 (4 bytes, not numpy's 8)
+    below 2**31."""
+    return np.int32 if size < 2**31 else np.int64
 
 
 def pack_buffers(
@@ -155,9 +197,10 @@ def pack_buffers(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Step 2: pack `rows`, in their order, buffer_size at a time (as the blog's producer does).
 
-    Returns (rows in pack order, pack_starts). Packs never cross a buffer.
+    Returns (rows in pack order, pack_starts): `rows` itself, reordered in place (packs never
+    cross a buffer, so each buffer's rows stay in its slice), and pack_starts as `index_dtype`.
     """
-    chunks, sizes = [], []
+    sizes = []  # rows per pack, one array per buffer
     for start in range(0, len(rows), buffer_size):
         buffer = rows[start : start + buffer_size]
         patch_budget = {}  # the third budget, only when there is one
@@ -174,11 +217,28 @@ def pack_buffers(
             max_images,
             **patch_budget,
         )
-        chunks.append(buffer[items])
-        sizes.append(np.diff(starts))
-    if not chunks:
-        return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    return np.concatenate(chunks), np.r_[0, np.cumsum(np.concatenate(sizes))]
+        buffer[:] = buffer[items]  # buffer[items] is a copy: safe to write back
+        sizes.append(np.diff(starts).astype(np.int32))
+    sizes = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int32)
+    return rows, starts_of(sizes, index_dtype(len(rows)))
+
+
+def starts_of(sizes: np.ndarray, dtype) -> np.ndarray:
+    """[0, sizes[0], sizes[0] + sizes[1], ...]: where each pack begins, and the end."""
+    starts = np.zeros(len(sizes) + 1, dtype=dtype)
+    np.cumsum(sizes, dtype=dtype, out=starts[1:])
+    return starts
+
+
+def pack_sums(per_row: np.ndarray, rows: np.ndarray, pack_starts: np.ndarray) -> np.ndarray:
+    """The sum of per_row over each pack's rows (tokens, patches), a slice of packs at a time."""
+    num_packs = len(pack_starts) - 1
+    sums = np.empty(num_packs, dtype=per_row.dtype)
+    for first in range(0, num_packs, CHUNK_PACKS):
+        starts = pack_starts[first : first + CHUNK_PACKS + 1]
+        values = per_row[rows[starts[0] : starts[-1]]]
+        sums[first : first + len(starts) - 1] = np.add.reduceat(values, starts[:-1] - starts[0])
+    return sums
 
 
 def deal_steps(
@@ -204,19 +264,19 @@ def deal_steps(
     steps = [(0, num_packs - last, packs_per_batch)]
     if last - left_out:
         steps.append((num_packs - last, num_packs - left_out, (last - left_out) // world_size))
-    orders, batch_sizes = [], []
+    order = np.empty(num_packs - left_out, dtype=index_dtype(num_packs))
+    batch_sizes = [np.zeros(0, dtype=np.int64)]
     for first, end, per_rank in steps:
-        if end == first:
-            continue
-        order, sizes = deal_equal_steps(
-            pack_patches[first:end], pack_tokens[first:end], world_size, per_rank
-        )
-        orders.append(order + first)
-        batch_sizes.append(sizes)
-    if not orders:
-        return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), left_out
-    sizes = np.concatenate(batch_sizes)
-    return np.concatenate(orders), np.r_[0, np.cumsum(sizes)], left_out
+        # whole steps at a time: each step is dealt on its own, its packs stay in its slice
+        chunk = max(1, CHUNK_PACKS // (world_size * per_rank)) * world_size * per_rank
+        for a in range(first, end, chunk):
+            z = min(a + chunk, end)
+            part, sizes = deal_equal_steps(
+                pack_patches[a:z], pack_tokens[a:z], world_size, per_rank
+            )
+            order[a:z] = part + a
+            batch_sizes.append(sizes)
+    return order, starts_of(np.concatenate(batch_sizes), np.int64), left_out
 
 
 def deal_equal_steps(
@@ -293,17 +353,21 @@ def plan_epoch(
         strategy=strategy,
         buffer_size=buffer_size,
     )
+    del rows  # packed_rows, reordered in place
     num_packs = len(pack_starts) - 1
-    pack_of_row = np.repeat(np.arange(num_packs), np.diff(pack_starts))
-    pack_tokens = np.bincount(pack_of_row, weights.lengths[packed_rows], minlength=num_packs)
-    pack_patches = np.bincount(pack_of_row, weights.patch_counts[packed_rows], minlength=num_packs)
+    pack_tokens = pack_sums(weights.lengths, packed_rows, pack_starts)[shuffled]
+    pack_patches = pack_sums(weights.patch_counts, packed_rows, pack_starts)[shuffled]
     order, batch_starts, left_out = deal_steps(
-        pack_patches[shuffled], pack_tokens[shuffled], world_size, packs_per_batch
+        pack_patches, pack_tokens, world_size, packs_per_batch
     )
+    del pack_tokens, pack_patches
     if left_out:
         remainder = shuffled[num_packs - left_out :]
-        dropped[LEFT_OUT_TO_EQUALISE_RANKS] += int(np.diff(pack_starts)[remainder].sum())
-    rows, pack_starts = gather_packs(packed_rows, pack_starts, shuffled[order])
+        rows_left_out = pack_starts[remainder + 1] - pack_starts[remainder]
+        dropped[LEFT_OUT_TO_EQUALISE_RANKS] += int(rows_left_out.sum())
+    packs = shuffled[order]
+    del shuffled, order
+    rows, pack_starts = gather_packs(packed_rows, pack_starts, packs)
     plan = EpochPlan(rows, pack_starts, batch_starts, world_size, dict(dropped))
     if mixture is not None and world_size > 1:
         plan = balance_groups(plan, mixture.source_of_row, weights.lengths)
@@ -354,10 +418,12 @@ def shuffle_and_pack(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step 2: shuffle the rows, pack them buffer by buffer, and shuffle the packs.
 
-    Returns (rows in pack order, pack_starts, a shuffled order of the packs). The planned loader
-    packs a whole epoch this way, the streaming one each buffer it reads (buffer_size: all).
+    Returns (rows in pack order, pack_starts, a shuffled order of the packs). `rows` itself is
+    shuffled and packed in place (rng.shuffle draws as rng.permutation does: the same order,
+    without a copy). The planned loader packs a whole epoch this way, the streaming one each
+    buffer it reads (buffer_size: all).
     """
-    rows = rng.permutation(rows)
+    rng.shuffle(rows)
     packed_rows, pack_starts = pack_buffers(
         rows,
         weights,
@@ -367,13 +433,23 @@ def shuffle_and_pack(
         strategy=strategy,
         buffer_size=buffer_size,
     )
-    return packed_rows, pack_starts, rng.permutation(len(pack_starts) - 1)
+    pack_order = np.arange(len(pack_starts) - 1, dtype=pack_starts.dtype)
+    rng.shuffle(pack_order)
+    return packed_rows, pack_starts, pack_order
 
 
 def gather_packs(rows, pack_starts, packs) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of the given packs, in that order: (rows, pack_starts) again."""
-    sizes = np.diff(pack_starts)[packs]
-    return rows[ranges(pack_starts[packs], pack_starts[packs + 1])], np.r_[0, np.cumsum(sizes)]
+    """The rows of the given packs, in that order: (rows, pack_starts) again, in the same
+    dtypes, a slice of packs at a time."""
+    sizes = (pack_starts[1:] - pack_starts[:-1])[packs]
+    new_starts = starts_of(sizes, pack_starts.dtype)
+    del sizes
+    out = np.empty(int(new_starts[-1]), dtype=rows.dtype)
+    for first in range(0, len(packs), CHUNK_PACKS):
+        chosen = packs[first : first + CHUNK_PACKS]
+        a, z = new_starts[first], new_starts[first + len(chosen)]
+        out[a:z] = rows[ranges(pack_starts[chosen], pack_starts[chosen + 1])]
+    return out, new_starts
 
 
 def ranges(first: np.ndarray, end: np.ndarray) -> np.ndarray:
