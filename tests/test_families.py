@@ -186,10 +186,17 @@ def three_row_positions(batch: dict, inputs: dict) -> dict:
     return {**inputs, "position_ids": inputs["position_ids"][1:]}
 
 
+def positions_left_to_the_model(batch: dict, inputs: dict) -> dict:
+    """SmolVLM: no position_ids, as its processor returns none. The model numbers the whole row
+    0..L-1 and builds one causal mask over it."""
+    return {key: value for key, value in inputs.items() if key != "position_ids"}
+
+
 # Each family's trap: what trainers get wrong for it, and what mixes its samples.
 TRAPS = {
     "qwen2_5_vl": three_row_positions,
     "qwen3_vl": three_row_positions,
+    "smolvlm": positions_left_to_the_model,
 }
 
 

@@ -7,18 +7,22 @@ MODELS                  the names of stage 5's --model
 """
 
 from mmdp.errors import UserError
-from mmdp.models import qwen_vl
+from mmdp.models import qwen_vl, smolvlm
 from mmdp.models.family import ModelFamily, TinyFamily
 
 # The real families, by the class name of their transformers processor.
 FAMILIES: dict[str, type[ModelFamily]] = {
     "Qwen2_5_VLProcessor": qwen_vl.Qwen2_5_VL,
     "Qwen3VLProcessor": qwen_vl.Qwen3VL,
+    "SmolVLMProcessor": smolvlm.SmolVLM,
+    "Idefics3Processor": smolvlm.Idefics3,
 }
 # --model NAME -> (the family's module, its family class)
 OFFLINE = {
     "qwen2_5_vl": (qwen_vl, qwen_vl.Qwen2_5_VL),
     "qwen3_vl": (qwen_vl, qwen_vl.Qwen3VL),
+    "smolvlm": (smolvlm, smolvlm.SmolVLM),
+    "idefics3": (smolvlm, smolvlm.Idefics3),
 }
 MODELS = ("tiny", *OFFLINE)
 
