@@ -5,12 +5,19 @@ image budget, each pack padded to a fixed length, ready for a trainer.
     uv run 05_knapsack_multimodal.py --max-length 1024 --save-batch /tmp/batch.pt
     uv run torchrun --nproc_per_node 2 05_knapsack_multimodal.py --metrics-json /tmp/05.json
     uv run 05_knapsack_multimodal.py --streaming --buffer-size 1024
+    uv run 05_knapsack_multimodal.py --model qwen2_5_vl     # or qwen3_vl, smolvlm, llava_onevision, gemma3
 
 Prints the shapes of one batch and the epoch report (utilization, dropped samples by reason,
 tokens / images / samples per pack), and saves assets/05.png (the blog's figure),
 assets/05_vs_03.png (next to constrained padding) and assets/05_samples.png (every sample of
 every pack in its own colour, image tokens hatched). Under torchrun every rank loads its share;
 rank 0 prints, draws and writes one merged --metrics-json. About 8 s for 2,000 samples.
+
+With --model, the same stage packs for a real vision-language model: each image costs the tokens
+and vision-encoder patches its processor gives it (mmdp.models), a pack has a token budget and a
+patch budget (--max-length, --max-patches; each family has defaults), and the batches carry what
+that model takes. Offline, the family's processor is built in code; --processor NAME_OR_PATH loads
+a Hub or local one. It also prints the tokens per image and saves assets/05_MODEL.png.
 
 With --streaming, the same stage reads the dataset as a stream (a Hub dataset with
 streaming=True, parquet files one by one) and packs it a buffer at a time, as the blog's
@@ -46,6 +53,7 @@ from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
 from mmdp.errors import exit_on_user_error
+from mmdp.models.families import MODELS, OFFLINE, family_for, load_processor, offline_processor
 from mmdp.packing.batch import real_token_mask
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES
@@ -53,6 +61,7 @@ from mmdp.packing.planner import batch_loads
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.report.metrics import PackReport, rank_balance, write_json
 from mmdp.report.plots import (
+    plot_model_budgets,
     plot_pack_samples,
     plot_padding,
     plot_padding_side_by_side,
@@ -79,10 +88,31 @@ def parse_args():
         new_name="--packs-per-batch",
     )
     parser.add_argument(
+        "--model",
+        choices=MODELS,
+        default="tiny",
+        help="the model to pack for: mmdp's TinyVLM (the blog's 64 tokens per image) or a real "
+        "family, whose processor is built offline (default: tiny)",
+    )
+    parser.add_argument(
+        "--processor",
+        default=None,
+        help="a Hub name or local path of a real model's processor (needs a network for a Hub "
+        "name); default: --model's processor built offline",
+    )
+    parser.add_argument(
         "--max-length",
         type=positive_int,
-        default=config.MAX_LENGTH,
-        help=f"token budget of a pack, and its padded length (default: {config.MAX_LENGTH})",
+        default=None,
+        help="token budget of a pack, and its padded length (default: 512 for tiny, the "
+        "family's otherwise)",
+    )
+    parser.add_argument(
+        "--max-patches",
+        type=positive_int,
+        default=None,
+        help="vision-encoder patch budget of a pack (default: none for tiny, the family's "
+        "otherwise)",
     )
     parser.add_argument(
         "--max-images",
@@ -128,23 +158,25 @@ def parse_args():
 def main():
     args = parse_args()
     rank = start_ranks()
+
+    # The model's processor: the blog's tokenizer for TinyVLM, or a real model's (built offline)
+    processor = model_processor(args)
     if rank == 0:
         print_settings(args)
-
-    tokenizer = get_tokenizer(args.tokenizer)
     if args.streaming:
         # Or read the dataset as a stream, pack it a buffer at a time, stop the ranks together
-        epoch, samples = run_streaming_epoch(tokenizer, args)
+        epoch, samples = run_streaming_epoch(processor, args)
     else:
         # Get the dataset, and stage 2's tokenized map-style dataset
         rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
-        samples = VQADataset(rows, tokenizer)
+        samples = VQADataset(rows, processor)
 
         # Wrap it: weigh every sample, filter, pack with a token and an image budget, shard
         packed = PackedDataset(
             samples,
             max_length=args.max_length,
             max_images=args.max_images,
+            max_patches=args.max_patches,
             packs_per_batch=args.packs_per_batch,
             strategy=args.strategy,
             buffer_size=args.buffer_size,
@@ -162,11 +194,33 @@ def main():
         return
     print("\nOne batch:")
     print_batch(epoch["first_batch"])
-    print_report(epoch)
+    print_report(epoch, args)
     write_outputs(epoch, args)
 
-    # Visualize the packing of the first batch: the blog's figure, then next to stage 3
-    draw_figures(epoch["first_batch"], samples, tokenizer, args)
+    if args.model == "tiny":
+        # Visualize the packing of the first batch: the blog's figure, then next to stage 3
+        draw_figures(epoch["first_batch"], samples, args)
+    else:
+        # What each image costs this model and the others, and how full the packs are
+        draw_model_figure(epoch["report"], samples, args)
+
+
+def model_processor(args):
+    """--model's processor (TinyVLM: the --tokenizer), or --processor's; the budgets the family
+    sets when none is given."""
+    if args.processor:
+        processor = load_processor(args.processor)
+    elif args.model == "tiny":
+        processor = get_tokenizer(args.tokenizer)
+    else:
+        processor = offline_processor(args.model)
+    family = family_for(processor)
+    args.model = family.name
+    if args.max_length is None:
+        args.max_length = family.default_max_length
+    if args.max_patches is None:
+        args.max_patches = family.default_max_patches
+    return processor
 
 
 def start_ranks() -> int:
@@ -178,11 +232,11 @@ def start_ranks() -> int:
 
 def print_weighing(packed: PackedDataset) -> None:
     weighing = packed.weighing
-    how = "weighed" if weighing.weighed_here else "loaded the weights of"
-    print(
-        f"{how.capitalize()} {len(weighing.weights):,} rows in {weighing.seconds:.2f} s "
-        f"(cached in {display_path(weighing.path)})"
-    )
+    if weighing.weighed_here:
+        how = f"Weighed {weighing.rows_weighed_here:,} of {len(weighing.weights):,} rows here"
+    else:
+        how = f"Loaded the weights of {len(weighing.weights):,} rows"
+    print(f"{how} in {weighing.seconds:.2f} s (cached in {display_path(weighing.path)})")
 
 
 def run_packed_epoch(packed: PackedDataset, args) -> dict:
@@ -196,12 +250,12 @@ def run_packed_epoch(packed: PackedDataset, args) -> dict:
     loader = PackedDataLoader(packed, num_workers=args.num_workers)
     report = PackReport()
     first_batch, seconds = run_epoch(loader, report, hint=hint)
-    reports, weighed_here = [report], [packed.weighing.weighed_here]
+    reports, weighed = [report], [packed.weighing.rows_weighed_here]
     if dist.is_initialized():
         reports = [None] * dist.get_world_size()
         dist.all_gather_object(reports, report)
-        weighed_here = [None] * dist.get_world_size()
-        dist.all_gather_object(weighed_here, packed.weighing.weighed_here)
+        weighed = [None] * dist.get_world_size()
+        dist.all_gather_object(weighed, packed.weighing.rows_weighed_here)
     merged = PackReport.merged(reports)
     merged.dropped.update(packed.plan(packed.epoch).dropped)
     return {
@@ -212,21 +266,22 @@ def run_packed_epoch(packed: PackedDataset, args) -> dict:
         "rank_balance": rank_balance(batch_loads(packed.plan(), packed.weights), packed.world_size),
         "weighing": {
             "seconds": round(packed.weighing.seconds, 3),
-            "weighed_here_per_rank": weighed_here,
+            "rows_weighed_per_rank": weighed,
         },
     }
 
 
-def run_streaming_epoch(tokenizer, args) -> tuple[dict, VQADataset]:
+def run_streaming_epoch(processor, args) -> tuple[dict, VQADataset]:
     """--streaming: one epoch over the dataset read as a stream, on this rank (every rank stops
     at the same step); on rank 0, the report merged over ranks. Also returns rows from the head
     of the stream, for the figure beside constrained padding."""
     stream = load_vqa_stream(args.dataset, args.subset, args.split, args.num_rows)
     packed = StreamingPackedDataset(
         stream,
-        tokenizer,
+        processor,
         max_length=args.max_length,
         max_images=args.max_images,
+        max_patches=args.max_patches,
         packs_per_batch=args.packs_per_batch,
         strategy=args.strategy,
         buffer_size=args.buffer_size,
@@ -269,16 +324,16 @@ def run_streaming_epoch(tokenizer, args) -> tuple[dict, VQADataset]:
     }
     # rows from the head of the stream, for the batch beside constrained padding (rank 0 draws)
     head = [] if dist.is_initialized() and dist.get_rank() > 0 else list(stream.take(FIGURE_ROWS))
-    return epoch, VQADataset(head, tokenizer)
+    return epoch, VQADataset(head, processor)
 
 
 FIGURE_ROWS = 256  # rows from the head of a stream to draw the constrained-padding batch from
 
 
-def print_report(epoch: dict) -> None:
+def print_report(epoch: dict, args) -> None:
     report, seconds = epoch["report"], epoch["seconds"]
     print(f"\nOver the epoch ({seconds:.1f} s, {report.samples / seconds:,.0f} samples/s):")
-    print(report.summary())
+    print(report.summary(args.max_patches))
     if HELD_WHEN_RANKS_STOPPED in report.dropped:
         print(f"({HELD_WHEN_RANKS_STOPPED}: read, not yielded: another rank ran out first)")
     balance = epoch["rank_balance"]
@@ -307,7 +362,7 @@ def write_outputs(epoch: dict, args) -> None:
         print(f"Saved the first batch to {display_path(args.save_batch)}")
 
 
-def draw_figures(batch: dict, samples: VQADataset, tokenizer, args) -> None:
+def draw_figures(batch: dict, samples: VQADataset, args) -> None:
     """assets/05.png (the blog's figure), 05_vs_03.png (beside constrained padding), and
     05_samples.png (where each sample and image sits in its pack)."""
     lengths = real_token_mask(batch).sum(dim=1).tolist()
@@ -325,7 +380,7 @@ def draw_figures(batch: dict, samples: VQADataset, tokenizer, args) -> None:
 
     # The same number of rows with stage 3's constrained padding, from the same seed
     order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(args.seed))
-    collate = ConstrainedPadCollator(tokenizer.pad_token_id, args.max_length)
+    collate = ConstrainedPadCollator(samples.family.pad_token_id, args.max_length)
     constrained = collate([samples[int(i)] for i in order[: args.packs_per_batch]])
     constrained_lengths = real_token_mask(constrained).sum(dim=1).tolist()
     constrained_panel = {
@@ -345,12 +400,38 @@ def draw_figures(batch: dict, samples: VQADataset, tokenizer, args) -> None:
 
     fig = plot_pack_samples(
         batch,
-        tokenizer.image_token_id,
+        samples.family.feature_token_id,
         title=f"Knapsack packs: {num_samples} samples, "
         f"{len(batch['pixel_values'])} images in {len(lengths)} packs of {args.max_length}",
     )
     path = save_figure(fig, args.out_dir, "05_samples.png")
     print(f"Saved the samples-per-pack figure to {display_path(path)}")
+
+
+def draw_model_figure(report: PackReport, samples: VQADataset, args) -> None:
+    """assets/05_MODEL.png: what the dataset's images cost each family (tokens per image, from
+    their headers), and how full this run's packs are in both budgets. Prints the chosen
+    family's tokens and patches per image."""
+    images = [row["images"] for row in samples.dataset]
+    costs = {name: family_for(offline_processor(name)).image_costs(images) for name in OFFLINE}
+    costs = {"tiny": [(config.IMAGE_TOKEN_LENGTH, config.IMAGE_TOKEN_LENGTH)], **costs}
+    mine = samples.family.image_costs(images)
+    tokens, patches = (np.array(values) for values in zip(*mine))
+    print(
+        f"{'tokens per image:':<18}min {tokens.min()}, median {np.median(tokens):.0f}, "
+        f"max {tokens.max()} ({len(tokens):,} images; patches: min {patches.min()}, "
+        f"median {np.median(patches):.0f}, max {patches.max()})"
+    )
+    fig = plot_model_budgets(
+        {name: [t for t, _ in per_image] for name, per_image in costs.items()},
+        report.tokens_per_row,
+        report.patches_per_row,
+        model=args.model,
+        max_length=args.max_length,
+        max_patches=args.max_patches,
+    )
+    path = save_figure(fig, args.out_dir, f"05_{args.model}.png")
+    print(f"Saved the costs and budgets figure to {display_path(path)}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ measured on a tiny vision-language model (mmdp.models.tiny_vlm.TinyVLM).
    held-out samples, never trained on. --orders N retrains each seed's samples in N - 1 other
    orders: how much the order alone moves the result. assets/06.png: held-out loss against
    samples seen (mean over runs, min-max band) and against optimizer steps; training loss.
-3. Useful tokens per second over the seeds (median and range), and where the time goes.
+3. Real tokens per second over the seeds (median and range), and where the time goes.
 4. Same gradient under DDP: one step of two ranks (torchrun, gloo) against one process.
 5. Every strategy on one epoch (from lengths): assets/strategies.png.
 The packed run is --strategy (default images_first_bfd) and is called by that name everywhere:
@@ -31,8 +31,10 @@ import os
 import statistics
 import time
 
+import datasets
 import numpy as np
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from mmdp import config
 from mmdp.cli import (
@@ -43,6 +45,7 @@ from mmdp.cli import (
     positive_float,
     positive_int,
     print_settings,
+    print_table,
 )
 from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
 from mmdp.data.sources import load_vqa_dataset
@@ -58,7 +61,13 @@ from mmdp.packing.weighing import weigh_rows
 from mmdp.report.metrics import write_json
 from mmdp.report.plots import plot_learning_curves, plot_strategies, save_figure
 from mmdp.training.ddp import run_torchrun
-from mmdp.training.loop import PARTS, time_logits_per_position, train_in_turns
+from mmdp.training.loop import (
+    PARTS,
+    median_time_per_part,
+    speed_of_run,
+    time_logits_per_position,
+    train_in_turns,
+)
 from mmdp.training.loss import label_tokens, summed_loss, summed_sample_means
 from mmdp.training.strategies import compare_strategies
 
@@ -69,6 +78,34 @@ def parse_args():
     parser = argparse.ArgumentParser(description=description(__doc__))
     add_data_args(parser)
     parser.add_argument("--tokenizer", default=None, help="default: the shipped SmolLM2 tokenizer")
+    add_batching_args(parser)
+    # 1. Same loss
+    parser.add_argument(
+        "--attn-implementation",
+        choices=ATTENTION_IMPLEMENTATIONS,
+        default="sdpa",
+        help="attention of the loss check (default: sdpa); "
+        "on a CPU, flash_attention_2 runs transformers' routing with reference "
+        "kernels",
+    )
+    parser.add_argument(
+        "--check-samples",
+        type=positive_int,
+        default=32,
+        help="samples in the loss check (default: 32)",
+    )
+    # 2-3. Same learning, and speed
+    add_training_args(parser)
+    # 4. DDP
+    parser.add_argument(
+        "--skip-ddp", action="store_true", help="skip part 4 (a torchrun run of two processes)"
+    )
+    parser.add_argument("--metrics-json", default=None, help="write the results as JSON here")
+    return parser.parse_args()
+
+
+def add_batching_args(parser: argparse.ArgumentParser) -> None:
+    """The packer, and the budgets that padding and packing share."""
     parser.add_argument(
         "--strategy",
         choices=PACKING_STRATEGIES,
@@ -95,20 +132,10 @@ def parse_args():
         default=config.MAX_IMAGES,
         help=f"image budget of a pack (default: {config.MAX_IMAGES})",
     )
-    parser.add_argument(
-        "--attn-implementation",
-        choices=ATTENTION_IMPLEMENTATIONS,
-        default="sdpa",
-        help="attention of the loss check (default: sdpa); "
-        "on a CPU, flash_attention_2 runs transformers' routing with reference "
-        "kernels",
-    )
-    parser.add_argument(
-        "--check-samples",
-        type=positive_int,
-        default=32,
-        help="samples in the loss check (default: 32)",
-    )
+
+
+def add_training_args(parser: argparse.ArgumentParser) -> None:
+    """How many runs, on how many samples, evaluated how often."""
     parser.add_argument(
         "--seeds",
         type=positive_int,
@@ -143,11 +170,6 @@ def parse_args():
     parser.add_argument(
         "--lr", type=positive_float, default=2e-3, help="AdamW learning rate (default: 0.002)"
     )
-    parser.add_argument(
-        "--skip-ddp", action="store_true", help="skip part 4 (a torchrun run of two processes)"
-    )
-    parser.add_argument("--metrics-json", default=None, help="write the results as JSON here")
-    return parser.parse_args()
 
 
 def main():
@@ -166,8 +188,10 @@ def main():
         runs = train_over_seeds(data, names, args)
         learning = summarize_learning(runs, names, args)
         print_learning(learning, runs, names, args)
+        save_learning_curves(learning, runs, names, args)
         speed = summarize_speed(runs, names, data, args)
         print_speed(speed, names, args)
+        print_where_the_time_goes(speed, names)
     with timed(seconds, "4. DDP"):
         ddp = check_ddp_gradient(args)
         print_ddp(ddp)
@@ -176,7 +200,7 @@ def main():
 
     total = time.perf_counter() - started
     parts = ", ".join(f"{part} {s:.0f} s" for part, s in seconds.items())
-    print(f"\nStage 6 took {total // 60:.0f} min {total % 60:.0f} s ({parts}).")
+    print(f"Stage 6 took {total // 60:.0f} min {total % 60:.0f} s ({parts}).")
     if args.metrics_json:
         metrics = {
             "loss": check,
@@ -188,7 +212,7 @@ def main():
             "load_average": speed["load_average"],
             "ddp": ddp,
             "strategies": strategies,
-            "device": data["device"],
+            "device": data.device,
             "seconds": {**{k: round(v, 1) for k, v in seconds.items()}, "total": round(total, 1)},
         }
         print(f"Wrote the results to {display_path(write_json(metrics, args.metrics_json))}")
@@ -204,11 +228,51 @@ def timed(seconds: dict, part: str):
 # The data: the samples, which fit a pack, which are held out ---------------------------------
 
 
-def load_data(args) -> dict:
+@dataclasses.dataclass
+class StageData:
+    """What every part works from: the rows, their weights, and which rows each part uses."""
+
+    tokenizer: PreTrainedTokenizerBase
+    rows: datasets.Dataset  # the --num-rows rows read, in the_cauldron's schema
+    samples: VQADataset  # the same rows as tokenized samples with their images
+    weights: Weights  # tokens, images and drop reason of every row, weighed once
+    fits: list[int]  # the rows that are usable and fit a pack, in dataset order
+    held_out: list[int]  # evaluated on, never trained on
+    pool: list[int]  # what every training run draws its samples from
+    num_packs: int  # packs in stage 5's epoch of every row
+    vlm_config: TinyVLMConfig
+    packs_per_batch: int  # packs per packed batch: about --batch-size samples
+    device: str  # where the model trains: "cpu" or the GPU's name
+
+
+def load_data(args) -> StageData:
     tokenizer = get_tokenizer(args.tokenizer)
     rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
-    samples = VQADataset(rows, tokenizer)
     weights = weigh_rows(rows, tokenizer).weights
+    fits = rows_that_fit(weights, args)
+    held_out, pool = hold_out(fits, len(rows), args)
+    num_packs = len(plan_whole_epoch(weights, args).pack_starts) - 1
+    return StageData(
+        tokenizer=tokenizer,
+        rows=rows,
+        samples=VQADataset(rows, tokenizer),
+        weights=weights,
+        fits=fits,
+        held_out=held_out,
+        pool=pool,
+        num_packs=num_packs,
+        vlm_config=TinyVLMConfig(
+            vocab_size=len(tokenizer), image_token_id=tokenizer.image_token_id
+        ),
+        # Each packed batch holds about --batch-size samples, as a padded batch does, so that
+        # the learning rate means the same: packs per batch from the epoch's samples per pack.
+        packs_per_batch=max(1, round(args.batch_size * num_packs / len(fits))),
+        device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    )
+
+
+def rows_that_fit(weights: Weights, args) -> list[int]:
+    """The usable rows within --max-length and --max-images, in dataset order."""
     fits = np.flatnonzero(
         (weights.reasons == 0)
         & (weights.lengths <= args.max_length)
@@ -216,39 +280,27 @@ def load_data(args) -> dict:
     ).tolist()
     if not fits:
         raise UserError(
-            f"nothing to do: none of the {len(rows):,} rows fits in a pack of max_length "
+            f"nothing to do: none of the {len(weights):,} rows fits in a pack of max_length "
             f"{args.max_length} and max_images {args.max_images}; raise --max-length"
         )
-    # Held out: the first --eval-samples rows of a shuffle (seeded by --seed) that fit a pack;
-    # every run of every seed trains on rows of the rest.
-    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    return fits
+
+
+def hold_out(fits: list[int], num_rows: int, args) -> tuple[list[int], list[int]]:
+    """Held out: the first --eval-samples rows of a shuffle (seeded by --seed) that fit a pack.
+    The pool, every other row in the shuffle's order, is what every run of every seed trains on.
+    """
+    order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(args.seed)).tolist()
     fitting = set(fits)
     held_out = [i for i in order if i in fitting][: args.eval_samples]
-    pool = [i for i in order if i not in set(held_out)]
+    held = set(held_out)
+    pool = [i for i in order if i not in held]
     if len(pool) < args.train_samples:
         raise UserError(
             f"--train-samples {args.train_samples}: only {len(pool):,} rows are left after "
             f"holding out {len(held_out)}; lower it or raise --num-rows"
         )
-    num_packs = len(plan_whole_epoch(weights, args).pack_starts) - 1
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return {
-        "tokenizer": tokenizer,
-        "rows": rows,
-        "samples": samples,
-        "weights": weights,
-        "fits": fits,
-        "held_out": held_out,
-        "pool": pool,
-        "num_packs": num_packs,
-        "vlm_config": TinyVLMConfig(
-            vocab_size=len(tokenizer), image_token_id=tokenizer.image_token_id
-        ),
-        # Each packed step holds about --batch-size samples, as a padded step does, so that the
-        # learning rate means the same thing: packs per step from the epoch's samples per pack.
-        "packs_per_batch": max(1, round(args.batch_size * num_packs / len(fits))),
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-    }
+    return held_out, pool
 
 
 # Stage 5's loader: the only place this script builds a PackedDataset.
@@ -266,20 +318,35 @@ def plan_whole_epoch(weights: Weights, args) -> EpochPlan:
     )
 
 
-def packed_batches(
-    rows, tokenizer, args, *, packs_per_batch: int, seed: int, epoch: int = 0
-) -> list[dict]:
-    """Stage 5's batches of `rows` (a datasets.Dataset): all of one epoch, packed with --strategy."""
-    dataset = PackedDataset(
-        VQADataset(rows, tokenizer),
-        max_length=args.max_length,
-        max_images=args.max_images,
-        packs_per_batch=packs_per_batch,
-        strategy=args.strategy,
-        seed=seed,
-    )
+def packed_batches(data: StageData, rows: list[int], args, *, seed: int, epoch=0) -> list[dict]:
+    """Stage 5's batches of `rows`: all of one epoch, packed with --strategy.
+
+    PackedDataset weighs the selected rows again, as a dataset of their own: a few rows, weighed
+    in a moment, so without datasets' progress bars, which would only clutter the output.
+    """
+    with no_progress_bars():
+        dataset = PackedDataset(
+            VQADataset(data.rows.select(rows), data.tokenizer),
+            max_length=args.max_length,
+            max_images=args.max_images,
+            packs_per_batch=data.packs_per_batch,
+            strategy=args.strategy,
+            seed=seed,
+        )
     dataset.set_epoch(epoch)
     return list(PackedDataLoader(dataset, num_workers=0))
+
+
+@contextlib.contextmanager
+def no_progress_bars():
+    """datasets' progress bars off for a while, then as they were."""
+    were_on = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if were_on:
+            datasets.enable_progress_bars()
 
 
 def padded_batches(samples, rows: list[int], collate, batch_size: int) -> list[dict]:
@@ -290,24 +357,16 @@ def padded_batches(samples, rows: list[int], collate, batch_size: int) -> list[d
     ]
 
 
-def strategy_batches(data, names, rows: list[int], args, seed: int, epoch: int = 0) -> dict:
+def strategy_batches(data: StageData, names, rows: list[int], args, seed: int, epoch=0) -> dict:
     """The same rows as naive padding, constrained padding and packing batch them."""
-    samples, tokenizer = data["samples"], data["tokenizer"]
-    pad_id = tokenizer.pad_token_id
     naive, constrained, packed = names
+    pad_id = data.tokenizer.pad_token_id
     return {
-        naive: padded_batches(samples, rows, NaivePadCollator(pad_id), args.batch_size),
+        naive: padded_batches(data.samples, rows, NaivePadCollator(pad_id), args.batch_size),
         constrained: padded_batches(
-            samples, rows, ConstrainedPadCollator(pad_id, args.max_length), args.batch_size
+            data.samples, rows, ConstrainedPadCollator(pad_id, args.max_length), args.batch_size
         ),
-        packed: packed_batches(
-            data["rows"].select(rows),
-            tokenizer,
-            args,
-            packs_per_batch=data["packs_per_batch"],
-            seed=seed,
-            epoch=epoch,
-        ),
+        packed: packed_batches(data, rows, args, seed=seed, epoch=epoch),
     }
 
 
@@ -333,53 +392,56 @@ def attention(implementation: str):
         torch._dynamo.config.automatic_dynamic_shapes = saved
 
 
-def check_same_loss(data, names, args) -> dict:
+def check_same_loss(data: StageData, names, args) -> dict:
     """The loss of the same samples through each strategy's batches, and a wrong image mapping.
 
     The model starts with large weights (initializer_range 0.5): one initialised near zero
     barely looks at its inputs, and a mistake (masks, images) could hide.
     """
-    rows = data["fits"][: args.check_samples]
+    rows = data.fits[: args.check_samples]
     batches = strategy_batches(data, names, rows, args, seed=args.seed)
-    vlm_config = dataclasses.replace(data["vlm_config"], initializer_range=0.5)
+    vlm_config = dataclasses.replace(data.vlm_config, initializer_range=0.5)
     model = use_attention(TinyVLM(vlm_config).eval(), args.attn_implementation)
-    losses = {"summed": {}, "mean_over_tokens": {}, "mean_over_samples": {}}
     with attention(args.attn_implementation), torch.no_grad():
-        for name in names:
-            summed = sample_sum = 0.0
-            tokens = samples = 0
-            for batch in batches[name]:
-                logits = model(**{**vlm_inputs(batch), "labels": None}).logits
-                summed += float(summed_loss(logits, batch["labels"]))
-                tokens += label_tokens(batch["labels"])
-                # the two means over the whole check set: add up their parts, then divide
-                batch_sum, batch_samples = summed_sample_means(logits, batch)
-                sample_sum += float(batch_sum)
-                samples += batch_samples
-            losses["summed"][name] = summed
-            losses["mean_over_tokens"][name] = summed / tokens
-            losses["mean_over_samples"][name] = sample_sum / samples
+        losses = {name: losses_of(model, batches[name]) for name in names}
         # The same packed batches with each batch's images shifted by one: every image now
         # lands on another sample's image tokens.
         wrong = 0.0
         for batch in batches[names[2]]:
             shifted = {**vlm_inputs(batch), "pixel_values": batch["pixel_values"].roll(1, dims=0)}
             wrong += float(summed_loss(model(**shifted).logits, batch["labels"]))
-    reference = losses["summed"][names[0]]
+    summed, over_tokens, over_samples = (
+        {name: losses[name][reduction] for name in names}
+        for reduction in ("summed", "mean_over_tokens", "mean_over_samples")
+    )
+    reference = summed[names[0]]
     return {
-        **losses["summed"],
-        "max_rel_diff": max_rel_diff(losses["summed"]),
+        **summed,
+        "max_rel_diff": max_rel_diff(summed),
         "wrong_image_mapping_rel_diff": abs(wrong - reference) / reference,
-        "mean_over_tokens": {
-            **losses["mean_over_tokens"],
-            "max_rel_diff": max_rel_diff(losses["mean_over_tokens"]),
-        },
-        "mean_over_samples": {
-            **losses["mean_over_samples"],
-            "max_rel_diff": max_rel_diff(losses["mean_over_samples"]),
-        },
+        "mean_over_tokens": {**over_tokens, "max_rel_diff": max_rel_diff(over_tokens)},
+        "mean_over_samples": {**over_samples, "max_rel_diff": max_rel_diff(over_samples)},
         "samples": len(rows),
         "attn_implementation": args.attn_implementation,
+    }
+
+
+def losses_of(model: TinyVLM, batches: list[dict]) -> dict:
+    """The summed loss of the batches, and its mean over label tokens and over samples: each
+    mean over all the batches at once (add up its parts over the batches, then divide)."""
+    summed = sample_sum = 0.0
+    tokens = samples = 0
+    for batch in batches:
+        logits = model(**{**vlm_inputs(batch), "labels": None}).logits
+        summed += float(summed_loss(logits, batch["labels"]))
+        tokens += label_tokens(batch["labels"])
+        batch_sum, batch_samples = summed_sample_means(logits, batch)
+        sample_sum += float(batch_sum)
+        samples += batch_samples
+    return {
+        "summed": summed,
+        "mean_over_tokens": summed / tokens,
+        "mean_over_samples": sample_sum / samples,
     }
 
 
@@ -397,20 +459,16 @@ def print_check(check, names, args) -> None:
             "correctness only, not speed"
         )
     print(
-        f"\n1. Loss of the same {check['samples']} samples (float32, {where}, "
+        f"1. Loss of the same {check['samples']} samples (float32, {where}, "
         f"attention {args.attn_implementation}{note}):"
     )
-    print(f"   {'strategy':<17} {'summed':>12} {'mean/token':>11} {'mean/sample':>12}")
-    for name in names:
-        print(
-            f"   {name:<17} {check[name]:>12,.4f} {check['mean_over_tokens'][name]:>11.6f} "
-            f"{check['mean_over_samples'][name]:>12.6f}"
-        )
-    worst = max(
-        check["max_rel_diff"],
-        check["mean_over_tokens"]["max_rel_diff"],
-        check["mean_over_samples"]["max_rel_diff"],
+    reductions = (check, check["mean_over_tokens"], check["mean_over_samples"])
+    print_table(
+        ["strategy", "summed", "mean/token", "mean/sample"],
+        [[name, *(reduction[name] for reduction in reductions)] for name in names],
+        ["", ",.4f", ".6f", ".6f"],
     )
+    worst = max(reduction["max_rel_diff"] for reduction in reductions)
     ok = "OK" if worst < 1e-4 else "MISMATCH"
     print(f"   max relative difference: {worst:.1e} ({ok}: < 1e-4)")
     wrong = check["wrong_image_mapping_rel_diff"]
@@ -421,67 +479,38 @@ def print_check(check, names, args) -> None:
 # 2. Same learning, over seeds, on held-out samples ----------------------------------------------
 
 
-def train_over_seeds(data, names, args) -> dict:
+def train_over_seeds(data: StageData, names, args) -> dict:
     """For each seed: initial weights and a draw of training rows from the seed; every strategy
     trains from those weights on those rows and is evaluated on the same held-out batches.
 
     With --orders N, each seed's rows are also trained on in N - 1 other orders (for packing,
     another epoch's shuffle), the initial weights unchanged: how much the order alone moves it.
     """
-    held_out = packed_batches(
-        data["rows"].select(data["held_out"]),
-        data["tokenizer"],
-        args,
-        packs_per_batch=data["packs_per_batch"],
-        seed=args.seed,
-    )
-    checkpoints = sorted({*range(0, args.train_samples, args.eval_every), args.train_samples})
+    held_out = packed_batches(data, data.held_out, args, seed=args.seed)
     seeds = list(range(args.seed, args.seed + args.seeds))
-    train_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(
-        f"\n2. Training every strategy on {args.train_samples} samples, {len(seeds)} seeds"
-        + (f" x {args.orders} orders" if args.orders > 1 else "")
-        + f" (attention sdpa); held-out loss every {args.eval_every} samples:"
+        f"2. Training every strategy on {args.train_samples} samples, {seeds_and_orders(args)} "
+        f"(attention sdpa); held-out loss every {args.eval_every} samples:"
     )
     runs = {
         "seeds": seeds,
         "runs": [],
-        "checkpoints": checkpoints,
+        "checkpoints": checkpoints(args),
         "logs": {name: [] for name in names},
         "load_average": [os.getloadavg()[0]],
     }
     for seed in seeds:
-        draw = torch.randperm(len(data["pool"]), generator=torch.Generator().manual_seed(seed))
-        rows = [data["pool"][i] for i in draw[: args.train_samples].tolist()]
+        draw = torch.randperm(len(data.pool), generator=torch.Generator().manual_seed(seed))
+        rows = [data.pool[i] for i in draw[: args.train_samples].tolist()]
         torch.manual_seed(seed)
-        initial = TinyVLM(data["vlm_config"]).state_dict()
+        initial = TinyVLM(data.vlm_config).state_dict()
         for order in range(args.orders):
             started = time.perf_counter()
-            ordered = [rows[i] for i in np.random.default_rng([seed, order]).permutation(len(rows))]
-            batches = strategy_batches(
-                data, names, ordered if order else rows, args, seed=seed, epoch=order
-            )
-            empty = [name for name in names if not batches[name]]
-            if empty:
-                raise UserError(
-                    f"nothing to do: none of seed {seed}'s {len(rows)} training samples fits "
-                    f"{' or '.join(empty)}'s batches; raise --train-samples or --max-length"
-                )
-            models = {}
-            for name in names:
-                models[name] = TinyVLM(data["vlm_config"]).to(train_device)
-                models[name].load_state_dict(copy.deepcopy(initial))
-            # one step of each strategy in turn: all three meet the same load on a shared machine
-            logs = train_in_turns(
-                {n: (models[n], batches[n]) for n in names},
-                lr=args.lr,
-                checkpoints=checkpoints,
-                evaluate_on=held_out,
-            )
+            logs = train_one_run(data, names, args, rows, initial, seed, order, held_out)
             for name in names:
                 runs["logs"][name].append(logs[name])
             runs["runs"].append({"seed": seed, "order": order})
-            finals = ", ".join(f"{n} {runs['logs'][n][-1]['eval_loss'][-1]:.3f}" for n in names)
+            finals = ", ".join(f"{n} {logs[n]['eval_loss'][-1]:.3f}" for n in names)
             print(
                 f"   seed {seed}"
                 + (f", order {order}" if args.orders > 1 else "")
@@ -489,6 +518,42 @@ def train_over_seeds(data, names, args) -> dict:
             )
     runs["load_average"].append(os.getloadavg()[0])
     return runs
+
+
+def train_one_run(data: StageData, names, args, rows, initial, seed, order, held_out) -> dict:
+    """Every strategy from the `initial` weights on the same rows, one step of each in turn (all
+    three meet the same load on a shared machine); order 0 takes the rows as drawn, another a
+    seeded shuffle of them. Returns {name: training log} (mmdp.training.loop.train)."""
+    if order:
+        rows = [rows[i] for i in np.random.default_rng([seed, order]).permutation(len(rows))]
+    batches = strategy_batches(data, names, rows, args, seed=seed, epoch=order)
+    empty = [name for name in names if not batches[name]]
+    if empty:
+        raise UserError(
+            f"nothing to do: none of seed {seed}'s {len(rows)} training samples fits "
+            f"{' or '.join(empty)}'s batches; raise --train-samples or --max-length"
+        )
+    train_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    models = {}
+    for name in names:
+        models[name] = TinyVLM(data.vlm_config).to(train_device)
+        models[name].load_state_dict(copy.deepcopy(initial))
+    return train_in_turns(
+        {name: (models[name], batches[name]) for name in names},
+        lr=args.lr,
+        checkpoints=checkpoints(args),
+        evaluate_on=held_out,
+    )
+
+
+def checkpoints(args) -> list[int]:
+    """Samples seen at each evaluation: 0, every --eval-every, and the end of training."""
+    return sorted({*range(0, args.train_samples, args.eval_every), args.train_samples})
+
+
+def seeds_and_orders(args) -> str:
+    seeds = f"{args.seeds} seed{'s' * (args.seeds != 1)}"
+    return seeds + (f" x {args.orders} orders" if args.orders > 1 else "")
 
 
 def summarize_learning(runs, names, args) -> dict:
@@ -513,26 +578,27 @@ def summarize_learning(runs, names, args) -> dict:
 
 
 def print_learning(learning, runs, names, args) -> None:
-    naive, packed = names[0], names[2]
+    naive, _, packed = names
     final = {n: [losses[-1] for losses in learning["eval_loss"][n]] for n in names}
     seen = {n: [log["samples_seen"][-1] for log in runs["logs"][n]] for n in names}
-    over = f"{args.seeds} seeds" + (f" x {args.orders} orders" if args.orders > 1 else "")
+    over = seeds_and_orders(args)
     print(
         f"   final held-out loss (mean over the label tokens of {args.eval_samples} held-out "
         f"samples) over {over}, and what the runs trained on:"
     )
-    print(
-        f"   {'strategy':<17} {'mean':>6} {'min':>6} {'max':>6} {'steps':>6} "
-        f"{'samples':>8} {'label tokens/step':>18}"
-    )
+    rows = []
     for n in names:
         tokens = [t for per_step in learning["label_tokens_per_step"][n] for t in per_step]
-        print(
-            f"   {n:<17} {statistics.mean(final[n]):>6.3f} {min(final[n]):>6.3f} "
-            f"{max(final[n]):>6.3f} {statistics.mean(learning['steps'][n]):>6.1f} "
-            f"{statistics.mean(seen[n]):>8.1f} {statistics.mean(tokens):>10.0f} ± "
-            f"{statistics.pstdev(tokens):<5.0f}"
+        rows.append(
+            [n, statistics.mean(final[n]), min(final[n]), max(final[n])]
+            + [statistics.mean(learning["steps"][n]), statistics.mean(seen[n])]
+            + [statistics.mean(tokens), statistics.pstdev(tokens)]
         )
+    print_table(
+        ["strategy", "mean", "min", "max", "steps", "samples", "label tokens/step", "std"],
+        rows,
+        ["", ".3f", ".3f", ".3f", ".1f", ".1f", ".0f", ".0f"],
+    )
     mean = statistics.mean(final[packed])
     inside = min(final[naive]) <= mean <= max(final[naive])
     print(
@@ -551,66 +617,33 @@ def print_learning(learning, runs, names, args) -> None:
                 + ", ".join(f"{d:.3f}" for d in spreads)
                 + " (per seed, max - min)"
             )
+
+
+def save_learning_curves(learning, runs, names, args) -> None:
     curves = {n: [(log["samples_seen"], log["loss"]) for log in runs["logs"][n]] for n in names}
     fig = plot_learning_curves(
         learning["samples_seen"],
         learning["eval_loss"],
         learning["eval_steps"],
         curves,
-        f"Same learning? Held-out loss over {over} "
+        f"Same learning? Held-out loss over {seeds_and_orders(args)} "
         f"(TinyVLM, {args.train_samples} samples, the same initial weights per seed)",
     )
     path = display_path(save_figure(fig, args.out_dir, "06.png"))
     print(f"   Saved the learning curves to {path}")
 
 
-# 3. Useful tokens per second, and where the time goes -------------------------------------------
+# 3. Real tokens per second, and where the time goes ---------------------------------------------
 
 
-def summarize_speed(runs, names, data, args) -> dict:
-    """Per strategy and seed, from every step but each run's first (one-time allocations), unless
-    the run has only one step."""
-    naive, _, packed = names
-    per_seed = {n: [] for n in names}
-    parts = {n: {part: [] for part in PARTS} for n in names}
-    for n in names:
-        for log in runs["logs"][n]:
-            timed = slice(1 if len(log["loss"]) > 1 else 0, None)
-            seconds = [sum(s) for s in zip(*log["seconds"].values())][timed]
-            real, computed = sum(log["real_tokens"][timed]), sum(log["computed_tokens"][timed])
-            per_seed[n].append(
-                {
-                    "real_tokens": real,
-                    "computed_tokens": computed,
-                    "seconds": round(sum(seconds), 3),
-                    "steps": len(log["loss"]),
-                    "real_tokens_per_s": round(real / sum(seconds), 1),
-                    "seconds_per_step": statistics.median(seconds),
-                }
-            )
-            for part in PARTS:
-                parts[n][part].append(sum(log["seconds"][part][timed]))
-    steps_per_epoch = {naive: math.ceil(len(data["samples"]) / args.batch_size)}
-    steps_per_epoch[names[1]] = steps_per_epoch[naive]
-    steps_per_epoch[packed] = math.ceil(data["num_packs"] / data["packs_per_batch"])
-    per_strategy = {}
-    for n in names:
-        median = {k: statistics.median(s[k] for s in per_seed[n]) for k in per_seed[n][0]}
-        per_strategy[n] = {
-            **{
-                k: median[k]
-                for k in (
-                    "real_tokens",
-                    "computed_tokens",
-                    "seconds",
-                    "real_tokens_per_s",
-                    "steps",
-                )
-            },
-            "steps_per_epoch": steps_per_epoch[n],
-            "seconds_per_epoch": round(steps_per_epoch[n] * median["seconds_per_step"], 1),
-            "per_seed": {k: [s[k] for s in per_seed[n]] for k in per_seed[n][0]},
-        }
+def summarize_speed(runs, names, data: StageData, args) -> dict:
+    """Per strategy: each run's speed (speed_of_run), the median over runs, and what one epoch of
+    every row would take; the gain of packing over naive padding, run by run."""
+    naive, constrained, packed = names
+    per_seed = {n: [speed_of_run(log) for log in runs["logs"][n]] for n in names}
+    steps_per_epoch = {naive: math.ceil(len(data.samples) / args.batch_size)}
+    steps_per_epoch[constrained] = steps_per_epoch[naive]
+    steps_per_epoch[packed] = math.ceil(data.num_packs / data.packs_per_batch)
     ratios = {
         "real_tokens_per_s": [
             p["real_tokens_per_s"] / q["real_tokens_per_s"]
@@ -620,10 +653,10 @@ def summarize_speed(runs, names, data, args) -> dict:
     }
     ratios["recovered"] = [g / w for g, w in zip(ratios["real_tokens_per_s"], ratios["waste"])]
     # The logits of a padded batch: per position, do they cost more in a large tensor?
-    model = TinyVLM(data["vlm_config"])
-    shapes = [(data["packs_per_batch"], args.max_length), (args.batch_size, args.max_length)]
+    model = TinyVLM(data.vlm_config)
+    shapes = [(data.packs_per_batch, args.max_length), (args.batch_size, args.max_length)]
     return {
-        "per_strategy": per_strategy,
+        "per_strategy": {n: strategy_speed(per_seed[n], steps_per_epoch[n]) for n in names},
         "gain": {k: median_and_range(v) for k, v in ratios.items()},
         "logits_us_per_position": time_logits_per_position(model, shapes),
         # the 1-minute load average of the machine before and after training (os.getloadavg)
@@ -632,12 +665,22 @@ def summarize_speed(runs, names, data, args) -> dict:
             "before": runs["load_average"][0],
             "after": runs["load_average"][-1],
         },
-        "time_per_part": {
-            n: {part: round(statistics.median(v), 3) for part, v in parts[n].items()} for n in names
-        },
+        "time_per_part": {n: median_time_per_part(runs["logs"][n]) for n in names},
         "computed_tokens": {
             n: statistics.median(s["computed_tokens"] for s in per_seed[n]) for n in names
         },
+    }
+
+
+def strategy_speed(per_seed: list[dict], steps_per_epoch: int) -> dict:
+    """A strategy's runs (speed_of_run each): the median over them, and each run's values."""
+    median = {k: statistics.median(s[k] for s in per_seed) for k in per_seed[0]}
+    shown = ("real_tokens", "computed_tokens", "seconds", "real_tokens_per_s", "steps")
+    return {
+        **{k: median[k] for k in shown},
+        "steps_per_epoch": steps_per_epoch,
+        "seconds_per_epoch": round(steps_per_epoch * median["seconds_per_step"], 1),
+        "per_seed": {k: [s[k] for s in per_seed] for k in per_seed[0]},
     }
 
 
@@ -650,46 +693,52 @@ def median_and_range(values: list[float]) -> dict:
     }
 
 
+def with_range(values: dict, spec: str, unit: str = "") -> str:
+    """A median_and_range as text: "2.07x [1.98-2.20]" (spec ".2f", unit "x")."""
+    return f"{values['median']:{spec}}{unit} [{values['min']:{spec}}-{values['max']:{spec}}]"
+
+
 def print_speed(speed, names, args) -> None:
-    naive, _, packed = names
-    table = speed["per_strategy"]
+    packed = names[2]
     print(
-        f"\n3. Speed over the seeds (median [min-max]); a step is {args.batch_size} samples "
-        f"padded, or packs of {args.max_length} holding about as many:"
+        f"3. Speed, median over the seeds (real tok/s: also min and max); a step is "
+        f"{args.batch_size} samples padded, or packs of {args.max_length} holding about as many:"
     )
-    print(f"   {'strategy':<17} {'real tok/s':>22} {'steps':>6} {'steps/epoch':>12} {'s/epoch':>8}")
+    rows = []
     for n in names:
-        s = table[n]
+        s = speed["per_strategy"][n]
         rate = s["per_seed"]["real_tokens_per_s"]
-        print(
-            f"   {n:<17} {s['real_tokens_per_s']:>8,.0f} [{min(rate):,.0f}-{max(rate):,.0f}] "
-            f"{s['steps']:>6} {s['steps_per_epoch']:>12} {s['seconds_per_epoch']:>8.1f}"
+        rows.append(
+            [n, s["real_tokens_per_s"], min(rate), max(rate)]
+            + [s["steps"], s["steps_per_epoch"], s["seconds_per_epoch"]]
         )
-    gain = speed["gain"]
-
-    def spread(k):
-        return f"{gain[k]['median']:.2f}x [{gain[k]['min']:.2f}-{gain[k]['max']:.2f}]"
-
-    print(
-        f"   {packed} / naive real tokens per second: {spread('real_tokens_per_s')}; "
-        f"naive padding computes {spread('waste')} its real tokens; recovered "
-        f"{gain['recovered']['median']:.0%} [{gain['recovered']['min']:.0%}-"
-        f"{gain['recovered']['max']:.0%}] of that waste"
+    print_table(
+        ["strategy", "real tok/s", "min", "max", "steps", "steps/epoch", "s/epoch"],
+        rows,
+        ["", ",.0f", ",.0f", ",.0f", "", "", ".1f"],
     )
-    parts, computed = speed["time_per_part"], speed["computed_tokens"]
+    gain = speed["gain"]
+    print(
+        f"   {packed} / naive real tokens per second: "
+        f"{with_range(gain['real_tokens_per_s'], '.2f', 'x')}; naive padding computes "
+        f"{with_range(gain['waste'], '.2f', 'x')} its real tokens; recovered "
+        f"{with_range(gain['recovered'], '.0%')} of that waste"
+    )
+
+
+def print_where_the_time_goes(speed, names) -> None:
+    packed = names[2]
+    seconds, computed = speed["time_per_part"], speed["computed_tokens"]
+    columns = {part: [seconds[n][part] for n in names] for part in PARTS}
+    columns["total"] = [sum(seconds[n].values()) for n in names]
+    columns["computed tokens"] = [computed[n] for n in names]
+    rows = []
+    for label, values in columns.items():
+        spec = ",.0f" if label == "computed tokens" else ".2f"
+        ratio = values[0] / values[2] if values[2] else float("nan")
+        rows.append([label, *(f"{v:{spec}}" for v in values), f"{ratio:.2f}x"])
     print("   where the time goes (seconds over a run, median over seeds):")
-    print(f"   {'part':<25} {naive:>8} {names[1]:>12} {packed:>17} {'naive/' + packed:>24}")
-    rows = [(part, {n: parts[n][part] for n in names}) for part in PARTS]
-    rows.append(("total", {n: sum(parts[n].values()) for n in names}))
-    rows.append(("computed tokens", computed))
-    for label, values in rows:
-        ratio = values[naive] / values[packed] if values[packed] else float("nan")
-        number = (
-            "{:>8,.0f} {:>12,.0f} {:>17,.0f}"
-            if label == "computed tokens"
-            else "{:>8.2f} {:>12.2f} {:>17.2f}"
-        )
-        print(f"   {label:<25} " + number.format(*values.values()) + f" {ratio:>23.2f}x")
+    print_table(["part", *names, f"naive/{packed}"], rows)
     cost = speed["logits_us_per_position"]
     print(
         "   logits + loss, forward and backward, per position: "
@@ -708,32 +757,20 @@ def print_speed(speed, names, args) -> None:
 
 
 def check_ddp_gradient(args) -> dict:
-    """mmdp.training.ddp under torchrun: two ranks (gloo, CPU), two micro-steps each, of stage 5's packed
-    batches; each normalisation's gradient against one process's over the same batches."""
+    """mmdp.training.ddp under torchrun: two ranks (gloo, CPU), two micro-steps each, of stage 5's
+    packed batches; each normalisation's gradient against one process's over the same batches."""
     if args.skip_ddp:
-        return {
-            "grad_rel_diff_global_tokens": None,
-            "grad_rel_diff_per_rank_mean": None,
-            "reason": "skipped (--skip-ddp)",
-        }
+        return ddp_not_run("skipped (--skip-ddp)")
     data_args = [
-        f"--{name}={value}"
-        for name, value in (
-            ("dataset", args.dataset),
-            ("subset", args.subset),
-            ("split", args.split),
-        )
-        if value is not None
+        f"--{name}={getattr(args, name)}"
+        for name in ("dataset", "subset", "split")
+        if getattr(args, name) is not None
     ]
     started = time.perf_counter()
     try:
         result = run_torchrun("--max-length", str(args.max_length), *data_args)
     except RuntimeError as error:
-        return {
-            "grad_rel_diff_global_tokens": None,
-            "grad_rel_diff_per_rank_mean": None,
-            "reason": str(error),
-        }
+        return ddp_not_run(str(error))
     return {
         **result,
         "seconds": round(time.perf_counter() - started, 1),
@@ -741,8 +778,16 @@ def check_ddp_gradient(args) -> dict:
     }
 
 
+def ddp_not_run(reason: str) -> dict:
+    return {
+        "grad_rel_diff_global_tokens": None,
+        "grad_rel_diff_per_rank_mean": None,
+        "reason": reason,
+    }
+
+
 def print_ddp(ddp) -> None:
-    print("\n4. One optimizer step of packed batches under DDP (torchrun, 2 ranks, gloo):")
+    print("4. One optimizer step of packed batches under DDP (torchrun, 2 ranks, gloo):")
     if ddp["grad_rel_diff_global_tokens"] is None:
         print(f"   {ddp['reason']}")
         return
@@ -768,37 +813,36 @@ def print_ddp(ddp) -> None:
 # 5. Every strategy on one epoch ------------------------------------------------------------------
 
 
-def compare_every_strategy(data, args) -> dict:
+def compare_every_strategy(data: StageData, args) -> dict:
     # the rows were weighed once, in load_data
     results = compare_strategies(
-        data["weights"],
+        data.weights,
         max_length=args.max_length,
         max_images=args.max_images,
         batch_size=args.batch_size,
         seed=args.seed,
     )
     print(
-        f"\n5. One epoch of {len(data['samples']):,} samples, max_length {args.max_length}, "
+        f"5. One epoch of {len(data.samples):,} samples, max_length {args.max_length}, "
         f"batch size {args.batch_size}:"
     )
-    print(
-        f"   {'strategy':<17} {'utilization':>11} {'batches':>8} {'dropped':>8} "
-        f"{'tokens/row':>16} {'images/row':>11} {'samples/row':>12}"
+    per_row = ("tokens_per_row", "images_per_row", "samples_per_row")
+    print_table(
+        ["strategy", "utilization", "batches", "dropped"]
+        + ["tokens/row", "std", "images/row", "std", "samples/row", "std"],
+        [
+            [name, r["utilization"], r["batches"], sum(r["dropped"].values())]
+            + [r[key][stat] for key in per_row for stat in ("mean", "std")]
+            for name, r in results.items()
+        ],
+        ["", ".1%", "", "", ".0f", ".0f", ".1f", ".1f", ".1f", ".1f"],
     )
-    for name, r in results.items():
-        tokens, images, per_row = r["tokens_per_row"], r["images_per_row"], r["samples_per_row"]
-        print(
-            f"   {name:<17} {r['utilization']:>11.1%} {r['batches']:>8} "
-            f"{sum(r['dropped'].values()):>8} {tokens['mean']:>9.0f} ± {tokens['std']:<4.0f} "
-            f"{images['mean']:>6.1f} ± {images['std']:<3.1f} {per_row['mean']:>7.1f} ± {per_row['std']:<3.1f}"
-        )
     fig = plot_strategies(
         results,
-        f"Every strategy on one epoch ({len(data['samples']):,} samples, rows of {args.max_length})",
+        f"Every strategy on one epoch ({len(data.samples):,} samples, rows of {args.max_length})",
     )
-    print(
-        f"   Saved the comparison to {display_path(save_figure(fig, args.out_dir, 'strategies.png'))}"
-    )
+    path = display_path(save_figure(fig, args.out_dir, "strategies.png"))
+    print(f"   Saved the comparison to {path}")
     return {n: {k: v for k, v in r.items() if k != "per_row"} for n, r in results.items()}
 
 

@@ -5,8 +5,9 @@
     uv run bench/bench_packing.py --skip-peers                   # mmdp only, no bench group
     uv run bench/bench_packing.py --skip-peers --tables 2 3      # worst case and per buffer only
     uv run --group bench bench/bench_packing.py --before REV     # also mmdp as of git REV
+    uv run bench/bench_packing.py --skip-peers --tables 4        # what a patch budget costs
 
-Three tables, every packer in each getting the same items:
+Four tables, every packer in each getting the same items:
 
 1. Cauldron-like mix (64 tokens per image, 0-3 images, long-tailed text; see
    `cauldron_like_items`), --items of them (393,230 by default: the dataset size in ms-swift's
@@ -25,6 +26,11 @@ Three tables, every packer in each getting the same items:
    ~5,900 `pack_flat` calls for 24M rows. Median milliseconds of one call, over --buffers
    consecutive cauldron-like buffers, at max_length 512 with 18 images and 2,048 with 9, and what
    5,900 calls add up to.
+4. Per buffer with a third budget, vision-encoder patches (`items_with_patches`: each image has
+   its own number of patches, as in Qwen2-VL): median milliseconds of one `pack_flat` call with
+   tokens and images only (today's fast engines, the patch budget left out) and with the patch
+   budget too (the engine that scans the open packs in every budget), the packs each makes, and
+   the share of the first's packs over the patch budget (so that the budget is seen to bind).
 
 Peers (table 1; `binpacking` also in table 2):
 - TRL's BFD (`trl.data_utils.pack_dataset(..., strategy="bfd")`), on a `datasets.Dataset` of
@@ -36,12 +42,17 @@ Peers (table 1; `binpacking` also in table 2):
   `balanced_greedy` (ceil(total / max_length) + 5 packs, each item longest first into the least
   loaded pack that fits), applied per buffer of --blog-buffer items (2,048), as the blog does.
 
---before REV loads src/mmdp/packing.py as it was at git revision REV and times its packers next
-to today's, in the same run: the "before" and "speed-up" columns (and whether the packs are the
-same). The machine may be shared: compare ratios from one run, not times across runs.
+--before REV loads mmdp's packers as they were at git revision REV (src/mmdp/packing.py before
+the package layout, src/mmdp/packing/packers.py after it, with its fast engines in
+src/mmdp/packing/_engines.py once they moved there) and times them next to today's, in the same
+run: the "before" and "speed-up" columns (and whether the packs are the same). The machine may be
+shared: compare ratios from one run, not times across runs; --cpu-time times the CPU this
+process uses (time.process_time) rather than the wall clock, which other work on a busy machine
+stretches.
 """
 
 import argparse
+import functools
 import statistics
 import subprocess
 import sys
@@ -51,16 +62,20 @@ from pathlib import Path
 
 import numpy as np
 
-from mmdp import packing
-from mmdp.packing.packers import lower_bound, pack, pack_flat, reference_fit_decreasing
+from mmdp.packing import packers
+from mmdp.packing.packers import (
+    FIT_DECREASING,
+    lower_bound,
+    pack,
+    pack_flat,
+    reference_fit_decreasing,
+)
 
 IMAGE_TOKENS = 64
 # P(0, 1, 2, 3 images). Calibrated so that, as in the issue's measurement, about a third of TRL's
 # BFD packs at 2,048 tokens hold more than 9 images. --heavy-images uses a mix where 40% do.
 IMAGE_MIX = [0.35, 0.5, 0.1, 0.05]
 HEAVY_IMAGE_MIX = [0.25, 0.6, 0.1, 0.05]
-FIT_DECREASING = ("binpack", "bfd", "images_first_bfd")
-FITS = {"binpack": "first", "bfd": "best", "images_first_bfd": "images_first"}
 PLANNER_BUFFERS = 5_900  # 24M rows in buffers of 4,096
 
 
@@ -74,6 +89,31 @@ def cauldron_like_items(
     return text + IMAGE_TOKENS * images, images
 
 
+# Table 4's images, as Qwen2-VL sees them: an image of h x w pixels is (h/14)(w/14) patches of
+# 14 px, merged 2 x 2 into tokens. The tokens an image takes vary from image to image: log-normal
+# around 256 (a 448 x 448 image, 1,024 patches), between Qwen2-VL's default min_pixels (4 tokens)
+# and max_pixels (1,280 tokens, 5,120 patches).
+PATCHES_PER_TOKEN = 4
+MEDIAN_IMAGE_TOKENS, IMAGE_TOKENS_SIGMA = 256, 0.8
+MIN_IMAGE_TOKENS, MAX_IMAGE_TOKENS = 4, 1_280
+# (max_length, max_images, max_patches): patches for half a pack's tokens, so the patch budget
+# binds on image-heavy packs
+PATCH_BUDGETS = ((2_048, 9, 4_096), (8_192, 36, 16_384))
+
+
+def items_with_patches(n: int, seed: int = 0, image_mix=IMAGE_MIX):
+    """(lengths, image counts, patch counts): table 1's text and image counts, each image with
+    its own number of patches (its tokens x PATCHES_PER_TOKEN); a sample's tokens include them."""
+    rng = np.random.default_rng(seed)
+    images = rng.choice(4, size=n, p=image_mix)
+    text = np.clip(rng.lognormal(mean=4.8, sigma=0.9, size=n), 8, 8000).astype(np.int64)
+    per_image = rng.lognormal(np.log(MEDIAN_IMAGE_TOKENS), IMAGE_TOKENS_SIGMA, int(images.sum()))
+    per_image = np.clip(np.round(per_image), MIN_IMAGE_TOKENS, MAX_IMAGE_TOKENS)
+    image_tokens = np.bincount(np.repeat(np.arange(n), images), per_image, minlength=n)
+    image_tokens = image_tokens.astype(np.int64)
+    return text + image_tokens, images, PATCHES_PER_TOKEN * image_tokens
+
+
 def worst_case_items(n: int, max_length: int = 32_768, seed: int = 0) -> np.ndarray:
     """Lengths uniform in 1..max_length: every length occurs, half the items open a pack."""
     return np.random.default_rng(seed).integers(1, max_length + 1, n)
@@ -83,27 +123,46 @@ def image_budget(max_length: int) -> int:
     return max(3, round(9 * max_length / 2048))
 
 
+clock = time.perf_counter  # time.process_time with --cpu-time
+
+
 def timed(fn, repeats: int):
     times, result = [], None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         result = fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times), result
 
 
 def load_packing(revision: str) -> types.ModuleType:
-    """mmdp.packing.packers as it was at a git revision, to time it next to today's in the same run."""
+    """mmdp's packers as they were at a git revision, to time them next to today's in one run.
+
+    Up to the package layout (4b81373) one module, src/mmdp/packing.py; since then
+    src/mmdp/packing/packers.py, whose fast engines later moved to src/mmdp/packing/_engines.py:
+    that revision's engines then replace today's as the `_engines` the loaded packers call.
+    """
+    packers_at = load_module(revision, "src/mmdp/packing/packers.py") or load_module(
+        revision, "src/mmdp/packing.py"
+    )
+    if packers_at is None:
+        sys.exit(f"--before {revision}: no src/mmdp/packing/packers.py nor src/mmdp/packing.py")
+    engines_at = load_module(revision, "src/mmdp/packing/_engines.py")
+    if engines_at is not None:
+        packers_at._engines = engines_at
+    return packers_at
+
+
+def load_module(revision: str, path: str) -> types.ModuleType | None:
+    """The module at `path` as it was at git `revision`, or None if it did not exist there."""
     root = Path(__file__).resolve().parent.parent
-    source = subprocess.run(
-        ["git", "show", f"{revision}:src/mmdp/packing.py"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    module = types.ModuleType(f"packing_at_{revision}")
-    exec(compile(source, f"src/mmdp/packing.py@{revision}", "exec"), module.__dict__)
+    shown = subprocess.run(
+        ["git", "show", f"{revision}:{path}"], cwd=root, capture_output=True, text=True
+    )
+    if shown.returncode != 0:
+        return None
+    module = types.ModuleType(f"{Path(path).stem}_at_{revision}")
+    exec(compile(shown.stdout, f"{path}@{revision}", "exec"), module.__dict__)
     return module
 
 
@@ -236,8 +295,8 @@ def bench_max_length(max_length, all_lengths, all_images, args, before):
             flush=True,
         )
 
-    now = mmdp_packers(lengths, images, max_length, max_images, args, packing)
-    then = mmdp_packers(lengths, images, max_length, max_images, args, before or packing)
+    now = mmdp_packers(lengths, images, max_length, max_images, args, packers)
+    then = mmdp_packers(lengths, images, max_length, max_images, args, before or packers)
     for (name, run), (_, run_before) in zip(now, then):
         seconds, packs = timed(run, args.repeats)
         cells = empty
@@ -274,7 +333,8 @@ def bench_worst_case(args, before):
             )
             same = all(np.array_equal(a, b) for a, b in zip(flat, before_flat))
             speedup = before_seconds / seconds
-            cells = f" {before_seconds:.2f} | {speedup:.0f}x | {'yes' if same else 'NO'} |"
+            ratio = f"{speedup:.2f}" if speedup < 10 else f"{speedup:.0f}"
+            cells = f" {before_seconds:.2f} | {ratio}x | {'yes' if same else 'NO'} |"
         print(
             f"| mmdp {strategy} | {n:,} | {seconds:.2f} | {seconds:.2f} | {packs:,} | {over:+.2%} |"
             + cells,
@@ -284,11 +344,12 @@ def bench_worst_case(args, before):
     subset = lengths[:m]
     scale = (n / m) ** 2
     for strategy in FIT_DECREASING:
-        fit = FITS[strategy]
-        seconds, packs = timed(lambda f=fit: reference_fit_decreasing(subset, max_length, fit=f), 1)
+        seconds, packs = timed(
+            lambda s=strategy: reference_fit_decreasing(subset, max_length, strategy=s), 1
+        )
         assert packs == pack(subset, max_length, strategy)  # the fast packers give the same packs
         print(
-            f"| reference_fit_decreasing, fit={fit!r} (first {m:,} items) | {m:,} | "
+            f"| reference_fit_decreasing, strategy={strategy!r} (first {m:,} items) | {m:,} | "
             f"{seconds:.2f} | ~{seconds * scale:,.0f} (n^2) | {len(packs):,} | |"
             + " |"
             * (3 * bool(before)),
@@ -302,14 +363,35 @@ def bench_worst_case(args, before):
         )
 
 
-def buffer_ms(module, strategy, buffers, max_length, max_images, repeats) -> float:
-    """Median milliseconds of one `pack_flat` call, over the buffers."""
-    module.pack_flat(buffers[0][0], max_length, strategy, buffers[0][1], max_images)  # warm up
-    times = []
-    for lengths, images in buffers:
-        args = (lengths, max_length, strategy, images, max_images)
-        times.append(timed(lambda args=args: module.pack_flat(*args), repeats)[0])
-    return statistics.median(times) * 1e3
+def buffer_ms(pack_buffers, buffers, repeats) -> list[float]:
+    """Median milliseconds of one call of each of `pack_buffers` (functions of a buffer), over
+    the buffers; the functions take turns on each buffer, so that a noisy moment hits them all.
+    """
+    for pack_buffer in pack_buffers:
+        pack_buffer(buffers[0])  # warm up
+    times = [[] for _ in pack_buffers]
+    for buffer in buffers:
+        for pack_buffer, spent in zip(pack_buffers, times):
+            spent.append(timed(functools.partial(pack_buffer, buffer), repeats)[0])
+    return [statistics.median(spent) * 1e3 for spent in times]
+
+
+def buffer_packer(module, strategy, max_length, max_images, max_patches=None):
+    """`module.pack_flat` with these budgets, as a function of a buffer (lengths, images[,
+    patches]); the patch budget only when given (older revisions do not know it)."""
+
+    def pack_buffer(buffer):
+        patch_budget = () if max_patches is None else (buffer[2], max_patches)
+        return module.pack_flat(
+            buffer[0], max_length, strategy, buffer[1], max_images, *patch_budget
+        )
+
+    return pack_buffer
+
+
+def cut_into_buffers(columns, size: int, count: int) -> list[tuple]:
+    """`count` consecutive buffers of `size` items, each a tuple of the columns' slices."""
+    return [tuple(c[k * size : (k + 1) * size] for c in columns) for k in range(count)]
 
 
 def bench_buffers(args, before):
@@ -319,25 +401,26 @@ def bench_buffers(args, before):
         f"{PLANNER_BUFFERS:,} buffers, s |{columns}"
     )
     print("| --- | --- | ---: | ---: |" + " ---: |" * (2 * bool(before)))
-    size = args.buffer_size
     for max_length, max_images in ((512, 18), (2_048, 9)):
-        all_lengths, all_images = cauldron_like_items(4 * size * args.buffers, seed=1)
+        all_lengths, all_images = cauldron_like_items(4 * args.buffer_size * args.buffers, seed=1)
         fits = all_lengths <= max_length
-        lengths, images = all_lengths[fits], all_images[fits]
-        buffers = [
-            (lengths[k * size : (k + 1) * size], images[k * size : (k + 1) * size])
-            for k in range(args.buffers)
-        ]
-        budgets = (buffers, max_length, max_images, args.repeats)
-        for strategy in packing.STRATEGIES:
-            ms = buffer_ms(packing, strategy, *budgets)
+        buffers = cut_into_buffers(
+            (all_lengths[fits], all_images[fits]), args.buffer_size, args.buffers
+        )
+        for strategy in packers.STRATEGIES:
+            runs = [
+                buffer_packer(module, strategy, max_length, max_images)
+                for module in (packers, before)
+                if module is not None
+            ]
             cells = ""
-            if before:
-                try:
-                    before_ms = buffer_ms(before, strategy, *budgets)
-                    cells = f" {before_ms:.1f} | {before_ms / ms:.0f}x |"
-                except ValueError:
-                    cells = " (unknown there) | |"
+            try:
+                ms, *before_ms = buffer_ms(runs, buffers, args.repeats)
+            except ValueError:  # a strategy that revision does not know
+                ms, before_ms = buffer_ms(runs[:1], buffers, args.repeats)[0], []
+                cells = " (unknown there) | |"
+            if before_ms:
+                cells = f" {before_ms[0]:.2f} | {before_ms[0] / ms:.2f}x |"
             print(
                 f"| {max_length:,} / {max_images} | {strategy} | {ms:.2f} | "
                 f"{ms * PLANNER_BUFFERS / 1e3:.0f} |" + cells,
@@ -345,7 +428,38 @@ def bench_buffers(args, before):
             )
 
 
-def main():
+def bench_patch_budget(args):
+    """Table 4: one buffer packed with tokens and images, then with the patch budget too."""
+    print(
+        "| max_length / max_images / max_patches | strategy | ms, tokens + images | "
+        "ms, + patches | cost | packs without / with the patch budget (all buffers) | "
+        "packs over it without it |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for max_length, max_images, max_patches in PATCH_BUDGETS:
+        columns = items_with_patches(4 * args.buffer_size * args.buffers, seed=1)
+        fits = (columns[0] <= max_length) & (columns[2] <= max_patches)  # alone, in every budget
+        buffers = cut_into_buffers([c[fits] for c in columns], args.buffer_size, args.buffers)
+        for strategy in packers.STRATEGIES:
+            two = buffer_packer(packers, strategy, max_length, max_images)
+            three = buffer_packer(packers, strategy, max_length, max_images, max_patches)
+            ms_two, ms_three = buffer_ms([two, three], buffers, args.repeats)
+            packs_two = packs_three = over = 0
+            for buffer in buffers:
+                items, starts = two(buffer)
+                packs_two += len(starts) - 1
+                packs_three += len(three(buffer)[1]) - 1
+                pack_patches = np.add.reduceat(buffer[2][items], starts[:-1])
+                over += int((pack_patches > max_patches).sum())
+            print(
+                f"| {max_length:,} / {max_images} / {max_patches:,} | {strategy} | "
+                f"{ms_two:.2f} | {ms_three:.2f} | {ms_three / ms_two:.1f}x | "
+                f"{packs_two:,} / {packs_three:,} | {over / packs_two:.1%} |",
+                flush=True,
+            )
+
+
+def parse_args():
     quick = "--quick" in sys.argv  # smaller defaults; explicit flags still win
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -357,7 +471,7 @@ def main():
     parser.add_argument("--max-lengths", type=int, nargs="+", default=[512, 2048, 10_240])
     parser.add_argument("--repeats", type=int, default=1 if quick else 3)
     parser.add_argument("--binpacking-items", type=int, default=20_000)
-    parser.add_argument("--buffer-size", type=int, default=4_096, help="table 3: the planner's")
+    parser.add_argument("--buffer-size", type=int, default=4_096, help="tables 3-4: the planner's")
     parser.add_argument("--blog-buffer", type=int, default=2_048, help="table 1: the blog's")
     parser.add_argument(
         "--worst-items", type=int, default=200_000 if quick else 1_000_000, help="table 2"
@@ -365,18 +479,31 @@ def main():
     parser.add_argument(
         "--reference-items", type=int, default=2_000 if quick else 4_000, help="table 2"
     )
-    parser.add_argument("--buffers", type=int, default=5 if quick else 20, help="table 3")
-    parser.add_argument("--tables", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3])
+    parser.add_argument("--buffers", type=int, default=5 if quick else 20, help="tables 3-4")
+    parser.add_argument("--tables", type=int, nargs="+", default=[1, 2, 3, 4], choices=[1, 2, 3, 4])
     parser.add_argument("--skip-peers", action="store_true", help="only mmdp's packers")
     parser.add_argument("--heavy-images", action="store_true", help="a mix with more images")
-    parser.add_argument("--before", metavar="REV", help="also time mmdp.packing.packers at git REV")
+    parser.add_argument("--before", metavar="REV", help="also time mmdp's packers at git REV")
     parser.add_argument(
         "--before-repeats", type=int, default=1, help="table 2 'before': slow, once by default"
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time the CPU this process uses, not the wall clock (for a busy, shared machine)",
+    )
+    return parser.parse_args()
+
+
+def main():
+    global clock
+    args = parse_args()
+    if args.cpu_time:
+        clock = time.process_time
     before = load_packing(args.before) if args.before else None
     if before:
-        print(f"before: src/mmdp/packing.py at {args.before}\n")
+        print(f"before: mmdp's packers at {args.before}\n")
+    print(f"times: {'CPU time of this process' if args.cpu_time else 'wall clock'}\n")
 
     if 1 in args.tables:
         mix = HEAVY_IMAGE_MIX if args.heavy_images else IMAGE_MIX
@@ -398,6 +525,13 @@ def main():
             f"median over {args.buffers} buffers of the median of {args.repeats} calls each\n"
         )
         bench_buffers(args, before)
+    if 4 in args.tables:
+        print(
+            f"\n4. A patch budget too: one pack_flat call per buffer of {args.buffer_size:,} "
+            f"items with patch counts, median over {args.buffers} buffers of the median of "
+            f"{args.repeats} calls each\n"
+        )
+        bench_patch_budget(args)
 
 
 if __name__ == "__main__":

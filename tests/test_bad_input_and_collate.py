@@ -119,3 +119,19 @@ def test_a_batch_with_every_sample_dropped_is_empty_not_an_error(dataset, tokeni
     batch = ConstrainedPadCollator(tokenizer.pad_token_id, max_length=64)([dataset[1], dataset[9]])
     assert batch["input_ids"].shape == (0, 64)
     assert batch["dropped"] == {UNDECODABLE_IMAGE: 1, TOO_LONG: 1}
+
+
+def test_an_exif_rotated_jpeg_is_sized_and_decoded_upright():
+    """EXIF orientation 6 (turn 90 degrees): the header's 40x20 is 20x40 upright, and the
+    decoded pixels agree, without image_size decoding anything."""
+    import io
+
+    from mmdp.data.images import decode_image, image_size
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 20), (0, 0, 255)).save(buffer, format="JPEG", exif=exif.tobytes())
+    cell = {"bytes": buffer.getvalue(), "path": None}
+    assert image_size(cell) == (20, 40)
+    assert decode_image(cell)[0].size == (20, 40)

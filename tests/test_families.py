@@ -59,7 +59,8 @@ def model(family):
 def processor_input_ids(family, row: dict) -> torch.Tensor:
     """What the family's own processor makes of a row: its input_ids."""
     turns = chat_turns(row["texts"], ())
-    text = family.render(chat_messages(turns, len(row["images"])))
+    messages = chat_messages(turns, len(row["images"]))
+    text = family.processor.apply_chat_template(messages, tokenize=False)
     images = [Image.open(io.BytesIO(image["bytes"])).convert("RGB") for image in row["images"]]
     out = family.processor(text=[text], images=images or None, return_tensors="pt")
     return out["input_ids"][0]

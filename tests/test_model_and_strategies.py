@@ -15,7 +15,7 @@ from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.weighing import weigh_rows
 from mmdp.report.metrics import EpochReport
-from mmdp.training.loop import PARTS
+from mmdp.training.loop import PARTS, median_time_per_part, speed_of_run
 from mmdp.training.loss import (
     mean_over_samples,
     mean_over_tokens,
@@ -181,6 +181,48 @@ def test_strategy_comparison_matches_the_stages_own_loaders(samples, tokenizer):
     assert results["greedy"]["utilization"] < results["binpack"]["utilization"]
 
 
+def fake_log(seconds: dict, real_tokens: list[int], computed_tokens: list[int]) -> dict:
+    """A training log (mmdp.training.loop.train) with only what speed needs; unnamed parts 0 s."""
+    steps = len(real_tokens)
+    return {
+        "loss": [0.0] * steps,
+        "real_tokens": real_tokens,
+        "computed_tokens": computed_tokens,
+        "seconds": {part: seconds.get(part, [0.0] * steps) for part in PARTS},
+    }
+
+
+def test_speed_of_a_run_leaves_out_its_first_step_unless_it_is_the_only_one():
+    # steps take 5 + 1 = 6 s, 1 + 1 = 2 s and 3 + 1 = 4 s; the first is not timed
+    three_steps = fake_log(
+        {"logits + loss": [5.0, 1.0, 3.0], "optimizer": [1.0, 1.0, 1.0]},
+        real_tokens=[100, 30, 60],
+        computed_tokens=[128, 64, 64],
+    )
+    assert speed_of_run(three_steps) == {
+        "real_tokens": 30 + 60,
+        "computed_tokens": 64 + 64,
+        "seconds": 2.0 + 4.0,
+        "steps": 3,
+        "real_tokens_per_s": 90 / 6,
+        "seconds_per_step": 3.0,  # the median of 2 and 4
+    }
+    one_step = fake_log({"optimizer": [2.0]}, real_tokens=[50], computed_tokens=[64])
+    assert speed_of_run(one_step) == {
+        "real_tokens": 50,
+        "computed_tokens": 64,
+        "seconds": 2.0,
+        "steps": 1,
+        "real_tokens_per_s": 25.0,
+        "seconds_per_step": 2.0,
+    }
+    # per part: the timed steps of each run summed, then the median over the two runs
+    per_part = median_time_per_part([three_steps, one_step])
+    assert per_part["logits + loss"] == (1.0 + 3.0 + 0.0) / 2
+    assert per_part["optimizer"] == 2.0  # 1 + 1 and 2
+    assert per_part["language model"] == 0.0
+
+
 def test_stage6_runs_and_reports(run_script, tmp_path):
     metrics = tmp_path / "m.json"
     result = run_script(
@@ -204,8 +246,15 @@ def test_stage6_runs_and_reports(run_script, tmp_path):
         str(tmp_path),
         "--metrics-json",
         str(metrics),
+        # about 3 min of CPU time; it took 6 min on 2 cores shared at a load average of 6
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    # only the lines it means to print: no empty line, no progress bar; and the rows it weighs
+    # again (held out, trained on) are weighed without datasets' bars on stderr either
+    assert all(line.strip() for line in result.stdout.splitlines())
+    assert "%|" not in result.stdout and "\r" not in result.stdout
+    assert "Flattening the indices" not in result.stderr
     # no GPU: FlashAttention's routing in transformers, with mmdp's reference kernels
     assert "reference kernels, correctness only, not speed" in result.stdout
     report = json.loads(metrics.read_text())

@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from mmdp.packing import packers as packing
 from mmdp.packing.packers import (
+    FIT_DECREASING,
     STRATEGIES,
     lower_bound,
     pack,
@@ -90,8 +91,8 @@ def test_fast_binpack_and_bfd_match_the_readable_loop_with_images():
         a = pack(lengths, 20, "binpack", images, 3)
         b = pack(lengths, 20, "bfd", images, 3)
         differ += a != b
-        assert a == reference_fit_decreasing(lengths, 20, images, 3, fit="first")
-        assert b == reference_fit_decreasing(lengths, 20, images, 3, fit="best")
+        assert a == reference_fit_decreasing(lengths, 20, images, 3, strategy="binpack")
+        assert b == reference_fit_decreasing(lengths, 20, images, 3, strategy="bfd")
     assert differ > 0  # the two strategies are really different
 
 
@@ -103,12 +104,12 @@ def test_images_first_bfd_is_not_binpack():
     # left -> B (6, 0); then the text sample 6: A and B both have 0 image slots and 6 tokens
     # left, tie -> the lowest number, A
     assert pack([6, 4, 4], 10, "images_first_bfd", [0, 2, 2], 2) == [[1, 0], [2]]
-    assert reference_fit_decreasing([6, 4, 4], 10, [0, 2, 2], 2, fit="images_first") == [
+    assert reference_fit_decreasing([6, 4, 4], 10, [0, 2, 2], 2, strategy="images_first_bfd") == [
         [1, 0],
         [2],
     ]
-    with pytest.raises(ValueError, match="unknown fit rule"):
-        reference_fit_decreasing([6, 4, 4], 10, fit="images_first_bfd")
+    with pytest.raises(ValueError, match="not a fit-decreasing strategy"):
+        reference_fit_decreasing([6, 4, 4], 10, strategy="greedy")
 
 
 def test_items_that_cannot_fit_alone_are_named_not_dropped():
@@ -161,13 +162,9 @@ def test_packs_are_valid_whatever_the_input(case, strategy):
 
 
 def assert_fast_packers_match_the_readable_ones(lengths, max_length, images, max_images):
-    for strategy, fit in (
-        ("binpack", "first"),
-        ("bfd", "best"),
-        ("images_first_bfd", "images_first"),
-    ):
+    for strategy in FIT_DECREASING:
         assert pack(lengths, max_length, strategy, images, max_images) == reference_fit_decreasing(
-            lengths, max_length, images, max_images, fit=fit
+            lengths, max_length, images, max_images, strategy=strategy
         )
     assert pack(
         lengths, max_length, "balanced_greedy", images, max_images
@@ -235,4 +232,150 @@ def test_images_first_bfd_mixes_images_where_length_order_cannot():
     assert all(
         sorted(images[i] for i in p) == [0, 2]
         for p in pack(lengths, 10, "images_first_bfd", images, 2)
+    )
+
+
+# A third budget: vision-encoder patches per pack ------------------------------------------------
+
+# The module docstring's example: three samples of 3 tokens and 1 image, of 400, 300 and 500
+# patches; max_length 10, 3 images and 800 patches a pack.
+PATCH_EXAMPLE = ([3, 3, 3], 10, [1, 1, 1], 3, [400, 300, 500], 800)
+
+
+@pytest.mark.parametrize(
+    "strategy, expected",
+    [
+        # in order: 400 -> A; 300 -> A (700); 500 -> A? 1,200 > 800 -> B
+        ("greedy", [[0, 1], [2]]),
+        # most patches first: 500 -> A; 400 -> A? 900 > 800 -> B; 300 -> A (800), the first
+        ("binpack", [[2, 1], [0]]),
+        # as binpack; 300 fits A and B, both with 7 tokens of room: tie -> the lower number, A
+        ("bfd", [[2, 1], [0]]),
+        # the same order (largest share first: the most patches), the same tie
+        ("images_first_bfd", [[2, 1], [0]]),
+    ],
+)
+def test_patch_budget_binds_for_every_strategy(strategy, expected):
+    lengths, max_length, images, max_images, patches, max_patches = PATCH_EXAMPLE
+    assert pack(lengths, max_length, strategy, images, max_images, patches, max_patches) == expected
+    # without it, the tokens (9) and images (3) fit in one pack
+    assert len(pack(lengths, max_length, strategy, images, max_images)) == 1
+
+
+def test_balanced_greedy_honours_the_patch_budget(monkeypatch):
+    # With no extra packs: lower bound 1 pack, A. Longest first, ties by index: 400 -> A;
+    # 300 -> A (700); 500 -> A? 1,200 > 800 -> a new pack B
+    monkeypatch.setattr(packing, "BALANCED_GREEDY_EXTRA_PACKS", 0)
+    assert pack(*PATCH_EXAMPLE[:2], "balanced_greedy", *PATCH_EXAMPLE[2:]) == [[0, 1], [2]]
+
+
+def test_images_first_bfd_weighs_the_patches_share_too():
+    # max_length 10, 2 images, 1,000 patches a pack; lengths 6, 2, one image each, 100 and 900
+    # patches. Shares without patches: 6/10 + 1/2 = 1.1 before 2/10 + 1/2 = 0.7; with them
+    # 1.1 + 0.1 = 1.2 after 0.7 + 0.9 = 1.6: the patch-heavy sample goes first
+    assert pack([6, 2], 10, "images_first_bfd", [1, 1], 2) == [[0, 1]]
+    assert pack([6, 2], 10, "images_first_bfd", [1, 1], 2, [100, 900], 1000) == [[1, 0]]
+    # max_length 10, 4 images, 1,000 patches; (5 tokens, 900 patches) -> A (100 patches left);
+    # (3, 600) -> A? no patches -> B; (2, 100) fits A (5 tokens of room) and B (7): tightest, A
+    assert pack([2, 5, 3], 10, "images_first_bfd", [1, 1, 1], 4, [100, 900, 600], 1000) == [
+        [1, 0],
+        [2],
+    ]
+
+
+def test_budget_shares_rank_exactly_when_the_products_would_overflow():
+    # budgets of 2**31 images and patches: length * I * P is about 2**65, past int64. Shares:
+    # 2/10 + 1/2**31 + 1/2 ~ 0.7; 3/10 + ... ~ 0.3; 1/10 + ... + 1 ~ 1.1 -> items 2, 0, 1
+    items = packing.check_items([2, 3, 1], 10, [1, 1, 1], 2**31, [2**30, 0, 2**31], 2**31)
+    assert packing.decreasing_order(items, "images_first_bfd").tolist() == [2, 0, 1]
+
+
+def test_items_over_the_patch_budget_are_named():
+    with pytest.raises(ValueError, match=r"item 1 \(length 2, 0 images, 900 patches\) .*patch"):
+        pack([3, 2], 10, "bfd", patch_counts=[100, 900], max_patches=800)
+    with pytest.raises(ValueError, match="negative patch count"):
+        pack([3, 2], 10, "bfd", patch_counts=[1, -1], max_patches=800)
+    with pytest.raises(ValueError, match="2 lengths but 1 patch counts"):
+        pack([3, 2], 10, "bfd", patch_counts=[1], max_patches=800)
+
+
+def test_the_patch_engine_with_no_patches_gives_todays_packs():
+    # the engine that scans every budget, fed zero patches, places as the fast engines do
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        lengths, images = rng.integers(1, 40, 200), rng.integers(0, 3, 200)
+        for strategy in STRATEGIES:
+            today = pack(lengths, 40, strategy, images, 4)
+            assert pack(lengths, 40, strategy, images, 4, [0] * 200, 100) == today
+
+
+three_budgets = st.integers(min_value=1, max_value=64).flatmap(
+    lambda max_length: st.tuples(
+        st.just(max_length),
+        st.lists(
+            st.tuples(st.integers(1, max_length), st.integers(0, 3), st.integers(0, 40)),
+            max_size=120,
+        ),
+        st.integers(3, 8),
+        st.integers(40, 120),
+    )
+)
+
+
+def unzip(triples):
+    return tuple(list(column) for column in zip(*triples)) if triples else ([], [], [])
+
+
+@settings(max_examples=150, deadline=None)
+@given(three_budgets, st.sampled_from(STRATEGIES))
+def test_packs_respect_every_budget_whatever_the_input(case, strategy):
+    max_length, triples, max_images, max_patches = case
+    lengths, images, patches = unzip(triples)
+    packs = pack(lengths, max_length, strategy, images, max_images, patches, max_patches)
+    assert sorted(i for p in packs for i in p) == list(range(len(lengths)))  # every item once
+    assert all(p for p in packs)
+    for sizes, budget in ((lengths, max_length), (images, max_images), (patches, max_patches)):
+        assert all(sum(sizes[i] for i in p) <= budget for p in packs)
+    assert pack(lengths, max_length, strategy, images, max_images, patches, max_patches) == packs
+
+
+def assert_patch_engine_matches_the_readable_loops(lengths, max_length, *budgets):
+    for strategy in FIT_DECREASING:
+        assert pack(lengths, max_length, strategy, *budgets) == reference_fit_decreasing(
+            lengths, max_length, *budgets, strategy=strategy
+        )
+    assert pack(lengths, max_length, "balanced_greedy", *budgets) == reference_balanced_greedy(
+        lengths, max_length, *budgets
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(three_budgets)
+def test_patch_engine_matches_the_readable_reference(case):
+    max_length, triples, max_images, max_patches = case
+    lengths, images, patches = unzip(triples)
+    assert_patch_engine_matches_the_readable_loops(
+        lengths, max_length, images, max_images, patches, max_patches
+    )
+
+
+# A few kinds of items, many of each (runs placed at once); sometimes no image or patch budget.
+few_kinds_with_patches = st.tuples(
+    st.integers(12, 40),
+    st.lists(
+        st.tuples(st.integers(1, 12), st.integers(0, 3), st.integers(0, 30)), min_size=1, max_size=4
+    ),
+    st.lists(st.integers(0, 3), max_size=300),
+    st.one_of(st.none(), st.integers(3, 8)),
+    st.one_of(st.none(), st.integers(30, 90)),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(few_kinds_with_patches)
+def test_patch_engine_matches_the_readable_reference_on_long_runs(case):
+    max_length, kinds, picks, max_images, max_patches = case
+    lengths, images, patches = unzip([kinds[k % len(kinds)] for k in picks])
+    assert_patch_engine_matches_the_readable_loops(
+        lengths, max_length, images, max_images, patches, max_patches
     )

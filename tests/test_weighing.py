@@ -2,9 +2,15 @@
 on, in parallel, and (with pretokenize) the same samples and batches as tokenizing at load time."""
 
 import concurrent.futures
+import json
+import os
 import pickle
+import shutil
+import subprocess
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,3 +133,85 @@ def test_workers_receive_this_ranks_plan_not_every_rows_weights(rows, tokenizer,
     assert [
         b["sample_index"].tolist() for b in PackedDataLoader(received, num_workers=0)
     ] == expected
+
+
+def two_nodes(tmp_path, caches: list) -> list[dict]:
+    """torchrun twice on this machine, as two "nodes" of 1 rank each (--nnodes 2), each with its
+    own cache folder (its own machine) holding the embedded dataset; returns what each rank
+    weighed and ended with."""
+    dataset = load_vqa_dataset(num_rows=300).cache_files[0]["filename"]
+    for cache in caches:
+        if not cache.exists():
+            shutil.copytree(Path(dataset).parent, cache / Path(dataset).parent.name)
+    port = str(29500 + os.getpid() % 1000)
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc-per-node",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+                str(Path(__file__).parent / "weigh_on_two_nodes.py"),
+                str(tmp_path / "out"),
+            ],
+            env={**os.environ, "MMDP_CACHE": str(cache)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node, cache in enumerate(caches)
+    ]
+    logs = [process.communicate(timeout=300)[0] for process in processes]
+    assert all(process.returncode == 0 for process in processes), logs
+    return [json.loads((tmp_path / f"out.{rank}.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.slow  # two torchrun jobs: about a minute on an idle 2-core machine
+def test_two_nodes_weigh_half_each_and_end_with_the_same_weights(tmp_path):
+    caches = [tmp_path / "node0", tmp_path / "node1"]
+    cold = two_nodes(tmp_path, caches)
+    assert [r["weighed"] for r in cold] == [150, 150]
+    assert cold[0]["weights"] == cold[1]["weights"]
+    # node 1 loses its cache: node 0 (warm) weighs nothing, node 1 weighs every row, no hang
+    shutil.rmtree(caches[1])
+    half_warm = two_nodes(tmp_path, caches)
+    assert [r["weighed"] for r in half_warm] == [0, 300]
+    assert half_warm[0]["weights"] == half_warm[1]["weights"] == cold[0]["weights"]
+
+
+def test_a_truncated_or_edited_cache_is_weighed_again(rows, tokenizer, fresh_cache, capsys):
+    first = weigh_rows(rows, tokenizer)
+    saved = first.path / "weights.npz"
+    saved.write_bytes(saved.read_bytes()[:100])  # truncated
+    again = weigh_rows(rows, tokenizer)
+    assert again.weighed_here and "do not match their checksum" in capsys.readouterr().out
+    assert np.array_equal(again.weights.lengths, first.weights.lengths)
+    (again.path / "manifest.json").write_text('{"rows": 1, "sha256": "edited"}')  # edited
+    assert weigh_rows(rows, tokenizer).weighed_here
+
+
+@pytest.mark.slow  # two processes, each importing mmdp
+def test_two_jobs_weighing_at_once_end_with_the_same_complete_weights(rows, tokenizer, fresh_cache):
+    with concurrent.futures.ProcessPoolExecutor(2) as jobs:
+        done = list(jobs.map(weigh_in_a_new_process, [str(fresh_cache)] * 2))
+    assert done[0] == done[1]
+    assert len(list((fresh_cache / "weights").iterdir())) == 1  # one cache, no partial left
+
+
+def weigh_in_a_new_process(cache: str) -> list[int]:
+    os.environ["MMDP_CACHE"] = cache
+    from mmdp.data.sources import load_vqa_dataset
+    from mmdp.data.tokenizer import get_tokenizer
+
+    return weigh_rows(
+        load_vqa_dataset(None, num_rows=300), get_tokenizer()
+    ).weights.lengths.tolist()

@@ -1,10 +1,11 @@
 """Command-line pieces the stage scripts share: flags checked where they are parsed, the epoch
-loop, and printing a batch."""
+loop, and printing a batch or a table."""
 
 import argparse
 import os
 import sys
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -163,6 +164,39 @@ def print_batch(batch: dict) -> None:
             print(f"  {key:<17} {str(tuple(value.shape)):<20} {value.dtype}")
         else:
             print(f"  {key:<17} {value}")
+
+
+def print_table(
+    header: list[str], rows: list[list], formats: Sequence[str] = (), *, indent: int = 3
+) -> None:
+    """Print `rows` under `header` in columns, each as wide as its widest cell, two spaces apart:
+    the first column (the names) aligned left, the others (the numbers) aligned right.
+
+    `formats` holds a format spec per column (as in f"{value:,.1f}": ",.1f"; "" or none left:
+    str(value)); a cell that is already a string is printed as it is, so a row can format one
+    of its cells its own way. Every line starts with `indent` spaces, to sit under a heading.
+
+    >>> print_table(
+    ...     ["strategy", "utilization", "batches", "tokens/row"],
+    ...     [["naive", 0.407431, 25, 135.365], ["images_first_bfd", 0.972994, 7, 498.173]],
+    ...     ["", ".1%", "", ",.0f"],
+    ... )
+       strategy          utilization  batches  tokens/row
+       naive                   40.7%       25         135
+       images_first_bfd        97.3%        7         498
+    """
+    formats = [*formats, *[""] * (len(header) - len(formats))]
+    cells = [
+        [
+            value if isinstance(value, str) else format(value, spec)
+            for value, spec in zip(row, formats)
+        ]
+        for row in rows
+    ]
+    widths = [max(len(text) for text in column) for column in zip(header, *cells)]
+    for line in (header, *cells):
+        name, numbers = line[0].ljust(widths[0]), map(str.rjust, line[1:], widths[1:])
+        print((" " * indent + "  ".join([name, *numbers])).rstrip())
 
 
 def display_path(path) -> str:

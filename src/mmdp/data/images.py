@@ -17,13 +17,23 @@ import warnings
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 
 from mmdp import config
 from mmdp.drop_reasons import IMAGE_TOO_LARGE, UNDECODABLE_IMAGE
 
-# EXIF orientations 5 to 8 turn the image by 90 degrees: its width and height swap.
+# The EXIF orientation tag, and how each value turns the stored pixels upright (the table of
+# PIL.ImageOps.exif_transpose). Orientations 5 to 8 turn by 90 degrees: width and height swap.
 EXIF_ORIENTATION = 0x0112
+UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 SWAPS_SIDES = {5, 6, 7, 8}
 
 
@@ -58,11 +68,25 @@ def image_size(image) -> tuple[int, int]:
     width, height = pil.size
     if width * height > config.MAX_IMAGE_PIXELS:
         raise BadImage(IMAGE_TOO_LARGE, f"{width}x{height} pixels")
+    return (height, width) if orientation(pil) in SWAPS_SIDES else (width, height)
+
+
+def orientation(pil: Image.Image) -> int | None:
+    """The EXIF orientation found in the header (None without one, or if it does not parse).
+
+    Only the EXIF read with the header counts (JPEG's APP1, a PNG eXIf chunk before the pixels):
+    `Image.getexif()` would decode a PNG's pixels to look for one after them, and decode_image
+    must turn an image exactly as image_size said.
+    """
+    raw = pil.info.get("exif")
+    if not raw:
+        return None
+    exif = Image.Exif()
     try:
-        orientation = pil.getexif().get(EXIF_ORIENTATION)
-    except (OSError, ValueError, SyntaxError):  # unreadable EXIF: decode_image ignores it too
-        orientation = None
-    return (height, width) if orientation in SWAPS_SIDES else (width, height)
+        exif.load(raw)
+    except (OSError, ValueError, SyntaxError, TypeError):
+        return None
+    return exif.get(EXIF_ORIENTATION)
 
 
 def decode_image(image) -> tuple[Image.Image, str | None]:
@@ -80,8 +104,9 @@ def decode_image(image) -> tuple[Image.Image, str | None]:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             pil.load()
         converted_from = None if pil.mode == "RGB" else pil.mode
-        if pil.getexif().get(EXIF_ORIENTATION, 1) != 1:
-            pil = ImageOps.exif_transpose(pil)
+        turn = UPRIGHT.get(orientation(pil))
+        if turn is not None:
+            pil = pil.transpose(turn)
         if pil.mode in ("RGBA", "LA", "PA") or (pil.mode == "P" and "transparency" in pil.info):
             rgba = pil.convert("RGBA")
             pil = Image.new("RGB", rgba.size, (255, 255, 255))

@@ -6,25 +6,37 @@ offline_processor(name) a processor of a family, built in code with no network
 MODELS                  the names of stage 5's --model
 """
 
+import importlib
+from pathlib import Path
+
+from mmdp.data.hub import looks_like_a_path, require_hub
 from mmdp.errors import UserError
-from mmdp.models import qwen_vl, smolvlm
 from mmdp.models.family import ModelFamily, TinyFamily
 
-# The real families, by the class name of their transformers processor.
-FAMILIES: dict[str, type[ModelFamily]] = {
-    "Qwen2_5_VLProcessor": qwen_vl.Qwen2_5_VL,
-    "Qwen3VLProcessor": qwen_vl.Qwen3VL,
-    "SmolVLMProcessor": smolvlm.SmolVLM,
-    "Idefics3Processor": smolvlm.Idefics3,
+# The real families, as "module:class", imported when first asked for: a real family imports
+# transformers' image processors, and they import torchvision and torch._dynamo (20 s on a busy
+# 2-core machine), which the TinyVLM path never needs.
+# By the class name of their transformers processor:
+FAMILIES = {
+    "Qwen2_5_VLProcessor": "mmdp.models.qwen_vl:Qwen2_5_VL",
+    "Qwen3VLProcessor": "mmdp.models.qwen_vl:Qwen3VL",
+    "SmolVLMProcessor": "mmdp.models.smolvlm:SmolVLM",
+    "Idefics3Processor": "mmdp.models.smolvlm:Idefics3",
 }
-# --model NAME -> (the family's module, its family class)
+# By stage 5's --model name:
 OFFLINE = {
-    "qwen2_5_vl": (qwen_vl, qwen_vl.Qwen2_5_VL),
-    "qwen3_vl": (qwen_vl, qwen_vl.Qwen3VL),
-    "smolvlm": (smolvlm, smolvlm.SmolVLM),
-    "idefics3": (smolvlm, smolvlm.Idefics3),
+    "qwen2_5_vl": "mmdp.models.qwen_vl:Qwen2_5_VL",
+    "qwen3_vl": "mmdp.models.qwen_vl:Qwen3VL",
+    "smolvlm": "mmdp.models.smolvlm:SmolVLM",
+    "idefics3": "mmdp.models.smolvlm:Idefics3",
 }
 MODELS = ("tiny", *OFFLINE)
+
+
+def family_class(where: str) -> type[ModelFamily]:
+    """The family class at "module:class" (see FAMILIES)."""
+    module, name = where.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def family_for(processor, **tiny_settings) -> ModelFamily:
@@ -41,17 +53,37 @@ def family_for(processor, **tiny_settings) -> ModelFamily:
     if name not in FAMILIES:
         supported = ", ".join(sorted(FAMILIES))
         raise UserError(f"mmdp cannot pack for a {name}; it supports {supported}")
-    return FAMILIES[name](processor)
+    return family_class(FAMILIES[name])(processor)
 
 
 def offline_processor(name: str):
     """A processor of the family `name` (one of MODELS but "tiny"), built with no network."""
-    module, family = OFFLINE[name]
-    return module.offline_processor(family)
+    family = family_class(OFFLINE[name])
+    return importlib.import_module(family.__module__).offline_processor(family)
 
 
 def tiny_model(processor, **kwargs):
     """A small random model of the real class of `processor`'s family (for tests)."""
-    family = family_for(processor)
-    module = next(module for module, cls in OFFLINE.values() if cls is type(family))
+    module = importlib.import_module(type(family_for(processor)).__module__)
     return module.tiny_model(processor, **kwargs)
+
+
+def load_processor(name_or_path: str):
+    """A model's processor from the Hub or a local folder (AutoProcessor); one sentence when it
+    cannot be had (offline, or not a processor mmdp packs for)."""
+    from transformers import AutoProcessor
+
+    hint = "run without --processor to use the family's processor built offline (--model)"
+    if looks_like_a_path(name_or_path) and not Path(name_or_path).exists():
+        raise UserError(f"processor {name_or_path!r}: no such directory")
+    if not Path(name_or_path).exists():
+        require_hub(f"processor {name_or_path!r}", hint)
+    try:
+        processor = AutoProcessor.from_pretrained(name_or_path)
+    except (OSError, ValueError, ImportError) as error:
+        raise UserError(
+            f"could not load processor {name_or_path!r} ({error.__class__.__name__}: {error}); "
+            f"{hint}"
+        ) from error
+    family_for(processor)  # refuses a family mmdp does not pack for, in one sentence
+    return processor

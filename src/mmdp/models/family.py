@@ -73,6 +73,10 @@ class ModelFamily:
     vision_keys: tuple[str, ...] = ("pixel_values",)  # the processor's outputs for images
     token_keys: tuple[str, ...] = ()  # per-token inputs besides input_ids (0 on padding)
     needs_image_sizes = True  # weighing reads every image's header
+    # stage 5's budgets for the family when none is given: tokens a pack holds, and patches
+    # (None: no patch budget); each family sets them for a few images a pack
+    default_max_length = config.MAX_LENGTH
+    default_max_patches: int | None = None
 
     def __init__(self, processor):
         self.processor = processor
@@ -121,15 +125,25 @@ class ModelFamily:
     # The same for every family --------------------------------------------------------------
 
     def render(self, messages: list[dict]) -> str:
-        return self.processor.apply_chat_template(messages, tokenize=False)
+        """The conversation in the model's own chat template (the processor's), as text."""
+        return self.tokenizer.apply_chat_template(
+            messages, chat_template=self.processor.chat_template, tokenize=False
+        )
 
     def layouts(self, sizes: list[tuple[int, int]]) -> list[ImageLayout]:
         return [self.image_layout(width, height, len(sizes)) for width, height in sizes]
 
-    def expanded_text(self, turns, layouts: list[ImageLayout]) -> tuple[str, list[tuple[int, int]]]:
+    def expanded_text(
+        self, turns, layouts: list[ImageLayout], labels: bool = True
+    ) -> tuple[str, list[tuple[int, int]]]:
         """Steps 1-2: the rendered conversation with every image's text in place, and the
-        character spans of the replies (to label)."""
-        text, spans = reply_spans(self.render, chat_messages(turns, len(layouts)), self.end_of_turn)
+        character spans of the replies (to label; none when `labels` is False: weighing needs
+        only the text)."""
+        messages = chat_messages(turns, len(layouts))
+        if labels:
+            text, spans = reply_spans(self.render, messages, self.end_of_turn)
+        else:
+            text, spans = self.render(messages), []
         parts = text.split(self.image_token)
         if len(parts) != len(layouts) + 1:
             raise RuntimeError(
@@ -189,7 +203,8 @@ class ModelFamily:
             image_counts.append(len(images))
             try:
                 layouts = self.layouts([image_size(image) for image in images])
-                text, _ = self.expanded_text(chat_turns(texts, self.reserved), layouts)
+                turns = chat_turns(texts, self.reserved)
+                text, _ = self.expanded_text(turns, layouts, labels=False)
             except (BadConversation, BadImage) as error:
                 lengths.append(0)
                 patches.append(0)
@@ -205,6 +220,24 @@ class ModelFamily:
             for row, row_ids in zip(rendered_rows, ids):
                 lengths[row] += len(row_ids)
         return lengths, image_counts, patches, reasons
+
+    def image_tokens(self, layout: ImageLayout) -> int:
+        """The tokens one image costs (its text's, the feature token repeated per run); the
+        newlines some families put around an image may merge with their neighbours: +-1."""
+        text = len(self.tokenizer(layout.text, add_special_tokens=False)["input_ids"])
+        return text + sum(layout.runs) - len(layout.runs)
+
+    def image_costs(self, images_per_row) -> list[tuple[int, int]]:
+        """(tokens, patches) of every image of the rows, from their headers (refused images
+        left out): what a report or a figure shows of a family's rules."""
+        costs = []
+        for images in images_per_row:
+            try:
+                layouts = self.layouts([image_size(image) for image in images or []])
+            except BadImage:
+                continue
+            costs += [(self.image_tokens(layout), layout.patches) for layout in layouts]
+        return costs
 
     def tokenize(self, texts, images) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         """(input_ids, labels, images, patches) of a row, its images read from their headers
@@ -277,6 +310,11 @@ class TinyFamily(ModelFamily):
         )
         patches = [count * self.image_token_length for count in counts]
         return lengths, counts, patches, reasons
+
+    def image_layout(self, width: int, height: int, images_in_sample: int) -> ImageLayout:
+        """Every image costs the same: image_token_length tokens, one per patch."""
+        n = self.image_token_length
+        return ImageLayout(self.feature_token, (n,), n)
 
     def fingerprint(self) -> dict:
         return {

@@ -80,6 +80,9 @@ class QwenVL(ModelFamily):
     token_keys = ("mm_token_type_ids",)
     model_class = None  # the transformers model whose get_rope_index computes positions
     config_class = None
+    # a pack of a few images: Qwen2.5-VL gives a 448 px image 256 tokens and 1,024 patches
+    default_max_length = 2048
+    default_max_patches = 8192
 
     def __init__(self, processor):
         super().__init__(processor)

@@ -77,8 +77,15 @@ class PackedDataset(IterableDataset):
         self.batches_done = 0  # where the next iteration starts in this epoch (see state_dict)
 
         # 1. Weigh every item (once: later runs and the other ranks load the cached weights)
+        # (under torchrun, every rank weighs a share: unless the caller chose the ranks, a
+        # dataset then built on one rank only must not wait for the others)
+        across_ranks = rank is None and world_size is None
         self.weighing = weigh_rows(
-            dataset.dataset, dataset.family, pretokenize=pretokenize, num_proc=num_proc
+            dataset.dataset,
+            dataset.family,
+            pretokenize=pretokenize,
+            num_proc=num_proc,
+            across_ranks=across_ranks,
         )
         self.weights = self.weighing.weights
         self.tokens = (

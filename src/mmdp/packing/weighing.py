@@ -7,19 +7,24 @@ per image, or a real processor's count for each image's width and height), witho
 single image. Tokenizing the text of millions of rows takes minutes, so it is done once and kept:
 
 1. Count each row's images from the encoded column (offsets only, a chunk of rows at a time).
-2. Weigh the rows with `datasets.map(batched=True, num_proc=...)`, on every core for large
-   datasets, with a progress bar: the family's `weigh` (a real family reads each image's
-   header, never its pixels). With `pretokenize=True` the same pass keeps each sample's
-   input_ids and labels, so that building a pack later only slices them and decodes images.
+2. Weigh the rows with `datasets.map(batched=True, num_proc=...)`, with a progress bar: the
+   family's `weigh` (a real family reads each image's header, never its pixels). With
+   `pretokenize=True` the same pass keeps each sample's input_ids and labels, so that building
+   a pack later only slices them and decodes images.
 3. Save the result under the cache folder (MMDP_CACHE), keyed by everything it depends on: the
    dataset's fingerprint, the family's fingerprint (tokenizer, chat template, the processor's
    settings that change a count), and this module's version. A second run, another rank or a
-   restart loads it.
+   restart loads it. The save is atomic (written beside, then renamed) and checked when loaded
+   (a manifest holds the rows and a checksum): a truncated or edited cache is weighed again,
+   never planned from.
 
-Under torchrun the rows are weighed once per machine: local rank 0 weighs, the other ranks of the
-machine wait for its result to appear in the cache and load it. Waiting on the cache rather than
-on a barrier keeps weighing a local affair: a rank that builds a dataset the others do not (only
-rank 0 building a reference, say) cannot hang them.
+Two ways under torchrun:
+- `across_ranks=True` (PackedDataset's choice when its ranks come from torch.distributed): every
+  rank of every machine weighs its share of the rows (1/world of them, the shares of the machines
+  that have no cache), the shares are all-gathered, and each machine caches the whole. A machine
+  whose cache is warm weighs nothing and only takes part in the gathers.
+- otherwise (a dataset built on one rank only, say): local rank 0 of each machine weighs all the
+  rows, and the other local ranks wait for its cache, with no collective call.
 """
 
 import hashlib
@@ -34,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 import torch
+import torch.distributed as dist
 from datasets import Dataset, Features, List, Value, load_from_disk
 
 from mmdp.data.conversation import BadConversation
@@ -45,7 +51,7 @@ from mmdp.packing.planner import Weights
 
 # Bump when what a weight means changes (the chat template rendering, how images are counted...),
 # so that older caches are not reused.
-WEIGHING_VERSION = 2  # 2: patch counts, and the model family's rules
+WEIGHING_VERSION = 3  # 2: patch counts and the model family's rules; 3: a checked manifest
 # Below this many rows, starting processes costs more than it saves: weigh in this process.
 PARALLEL_FROM_ROWS = 20_000
 # How long the other ranks of a machine wait for local rank 0 to weigh (tens of millions of rows
@@ -60,6 +66,8 @@ WEIGHT_FEATURES = {
     "reason": Value("uint8"),
 }
 TOKEN_FEATURES = {"input_ids": List(Value("int32")), "labels": List(Value("int32"))}
+# The arrays of a weights file, in the order ranks send them to each other.
+ARRAYS = ("lengths", "image_counts", "patch_counts", "reasons")
 
 
 @dataclass
@@ -68,31 +76,45 @@ class Weighing:
 
     weights: Weights
     tokens: Dataset | None  # input_ids and labels per row, with pretokenize=True
-    weighed_here: bool  # False when this process loaded them (from the cache, or from rank 0)
+    rows_weighed_here: int  # 0 when this process loaded them (from a cache)
     seconds: float
     path: Path
 
+    @property
+    def weighed_here(self) -> bool:
+        return self.rows_weighed_here > 0
+
+
+class BadCache(Exception):
+    """A weights cache that does not match its manifest (truncated, edited, half written)."""
+
 
 def weigh_rows(
-    rows: Dataset, processor, *, pretokenize: bool = False, num_proc: int | None = None
+    rows: Dataset,
+    processor,
+    *,
+    pretokenize: bool = False,
+    num_proc: int | None = None,
+    across_ranks: bool = False,
 ) -> Weighing:
     """Weights of every row of `rows` (the_cauldron's schema), from the cache when it has them.
 
     `processor`: a tokenizer (TinyVLM), a transformers processor of a supported family, or a
     mmdp.models.family.ModelFamily. num_proc: processes (default: every core from
-    PARALLEL_FROM_ROWS rows on, else 1).
+    PARALLEL_FROM_ROWS rows on, else 1). `across_ranks`: every rank weighs its share (see the
+    module docstring); every rank must then call weigh_rows with the same rows.
     """
     start = time.perf_counter()
     family = family_for(processor)
-    path = cache_dir() / "weights" / cache_key(rows, family, pretokenize)
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # set by torchrun
-    weighed_here = local_rank == 0 and not is_complete(path)
-    if weighed_here:
-        compute(rows, family, pretokenize, num_proc, path)
+    key = cache_key(rows, family, pretokenize)
+    path = cache_dir() / "weights" / key
+    shared = across_ranks and not pretokenize and dist.is_available() and dist.is_initialized()
+    if shared and dist.get_world_size() > 1:
+        weights, weighed = weigh_across_ranks(rows, family, key, path, num_proc)
+        tokens = None
     else:
-        wait_for(path, local_rank)
-    weights, tokens = load(path, pretokenize)
-    return Weighing(weights, tokens, weighed_here, time.perf_counter() - start, path)
+        weights, tokens, weighed = weigh_on_this_machine(rows, family, pretokenize, num_proc, path)
+    return Weighing(weights, tokens, weighed, time.perf_counter() - start, path)
 
 
 def cache_key(rows: Dataset, family, pretokenize: bool) -> str:
@@ -108,8 +130,22 @@ def cache_key(rows: Dataset, family, pretokenize: bool) -> str:
     return digest.hexdigest()[:20]
 
 
-def is_complete(path: Path) -> bool:
-    return (path / "weights.npz").exists()
+# One machine: local rank 0 weighs -------------------------------------------------------------
+
+
+def weigh_on_this_machine(rows, family, pretokenize: bool, num_proc, path: Path):
+    """(weights, tokens, rows weighed here): local rank 0 weighs unless its cache holds them,
+    the other local ranks wait for that cache."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # set by torchrun
+    if local_rank != 0:
+        wait_for(path, local_rank)
+        return (*load(path, pretokenize), 0)
+    cached = load_if_sound(path, pretokenize)
+    if cached is not None:
+        return (*cached, 0)
+    arrays, tokens = weigh(rows, family, pretokenize, num_proc, path.with_name(f"{path.name}.map"))
+    save(path, arrays, tokens)
+    return (*load(path, pretokenize), len(rows))
 
 
 def wait_for(path: Path, local_rank: int) -> None:
@@ -126,19 +162,73 @@ def wait_for(path: Path, local_rank: int) -> None:
         time.sleep(POLL_SECONDS)
 
 
-def compute(rows, family, pretokenize, num_proc, path: Path) -> None:
-    # 1. Image counts from the list offsets of the encoded column: no image bytes are decoded.
-    image_counts = count_images(rows)
-    # 2. Weigh the rows, in parallel for large datasets. A real family reads each image's header.
+# Every rank of every machine weighs a share ---------------------------------------------------
+
+
+def weigh_across_ranks(rows, family, key: str, path: Path, num_proc) -> tuple[Weights, int]:
+    """(weights, rows weighed here): the ranks of machines without the cache weigh a share each;
+    all ranks gather the shares; local rank 0 of each such machine caches the whole."""
+    group = gloo_group()
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    cached = load_if_sound(path, pretokenize=False)
+    keys_and_caches = [None] * world_size
+    dist.all_gather_object(keys_and_caches, (key, cached is not None), group=group)
+    if len({k for k, _ in keys_and_caches}) > 1:
+        raise RuntimeError(
+            "the ranks weighing together built different datasets or processors (their weights' "
+            "cache keys differ); build the same dataset on every rank"
+        )
+    cold = [r for r, (_, warm) in enumerate(keys_and_caches) if not warm]
+    if not cold:
+        return cached[0], 0
+    share = np.arange(cold.index(rank), len(rows), len(cold)) if rank in cold else np.arange(0)
+    if len(share):
+        mine, _ = weigh(rows.select(share), family, False, num_proc, None)
+    else:
+        mine = {name: np.zeros(0, np.int32) for name in ARRAYS}
+    arrays = gather_shares(mine, cold, len(rows), group)
+    print(f"rank {rank}: weighed {len(share):,} of {len(rows):,} rows (its share)", flush=True)
+    if rank in cold and int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        save(path, arrays)
+    return weights_of(arrays), len(share)
+
+
+def gloo_group():
+    """A gloo group of every rank (the default one when it is gloo): the shares cross as CPU
+    tensors, whatever the training backend."""
+    return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+
+def gather_shares(mine: dict, cold: list[int], num_rows: int, group) -> dict:
+    """Every row's weights, from the shares: cold rank k weighed rows k, k + C, k + 2C, ...
+    (C cold ranks); the other ranks send nothing."""
+    longest = -(-num_rows // len(cold))
+    sent = torch.zeros(longest, len(ARRAYS), dtype=torch.int32)
+    for column, name in enumerate(ARRAYS):
+        sent[: len(mine[name]), column] = torch.from_numpy(mine[name].astype(np.int32))
+    received = [torch.zeros_like(sent) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(received, sent, group=group)
+    whole = torch.zeros(num_rows, len(ARRAYS), dtype=torch.int32)
+    for k, rank in enumerate(cold):
+        count = len(range(k, num_rows, len(cold)))
+        whole[k :: len(cold)] = received[rank][:count]
+    return {name: whole[:, column].numpy() for column, name in enumerate(ARRAYS)}
+
+
+# Weighing, saving, loading ---------------------------------------------------------------------
+
+
+def weigh(rows, family, pretokenize: bool, num_proc, scratch: Path | None):
+    """(arrays, tokens) of `rows`: steps 1-2 (tokens: a Dataset with pretokenize, else None)."""
+    image_counts = count_images(rows)  # from the list offsets: no image bytes read
     if num_proc is None:
         num_proc = os.cpu_count() if len(rows) >= PARALLEL_FROM_ROWS else 1
     columns = ["texts", "images"] if family.needs_image_sizes else ["texts"]
     features = {**WEIGHT_FEATURES, **(TOKEN_FEATURES if pretokenize else {})}
-    partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    selected = rows.select_columns(columns)
-    weighed = selected.map(
+    if pretokenize:
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+    weighed = rows.select_columns(columns).map(
         weigh_batch,
         batched=True,
         batch_size=256,
@@ -148,28 +238,95 @@ def compute(rows, family, pretokenize, num_proc, path: Path) -> None:
         remove_columns=columns,
         features=Features(features),
         keep_in_memory=not pretokenize,
-        cache_file_name=None if not pretokenize else str(partial / "map.arrow"),
+        cache_file_name=str(scratch / "map.arrow") if pretokenize else None,
         desc=f"Weighing rows ({num_proc} process{'es' * (num_proc > 1)})",
     )
-    # 3. Save (write next to the final place, then rename: an interrupted run leaves no cache).
     # one read of whole columns: indexing a formatted column row by row would take longer than
     # tokenizing (bench/bench_scale.py measured it)
     columns = weighed.select_columns(list(WEIGHT_FEATURES)).with_format("numpy")[:]
-    np.savez(
-        partial / "weights.npz",
-        lengths=columns["length"],
-        image_counts=columns["image_count"],
-        patch_counts=columns["patches"],
-        reasons=columns["reason"],
-    )
-    if pretokenize:
-        weighed.select_columns(list(TOKEN_FEATURES)).save_to_disk(str(partial / "tokens"))
-        for leftover in partial.glob("map*.arrow"):
-            leftover.unlink()
+    arrays = {
+        "lengths": columns["length"],
+        "image_counts": columns["image_count"],
+        "patch_counts": columns["patches"],
+        "reasons": columns["reason"],
+    }
+    tokens = weighed.select_columns(list(TOKEN_FEATURES)) if pretokenize else None
+    return arrays, tokens
+
+
+def save(path: Path, arrays: dict, tokens: Dataset | None = None) -> None:
+    """Step 3: write next to the final place, then rename: an interrupted run, a full disk or a
+    second job writing at the same time never leaves a half cache under `path`."""
+    partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
     try:
+        np.savez(partial / "weights.npz", **{name: arrays[name] for name in ARRAYS})
+        if tokens is not None:
+            tokens.save_to_disk(str(partial / "tokens"))
+        manifest = {"rows": len(arrays["lengths"]), "sha256": checksum(partial / "weights.npz")}
+        (partial / "manifest.json").write_text(json.dumps(manifest))
         partial.rename(path)
-    except OSError:  # another machine sharing this folder got there first, with the same weights
+    except OSError:  # another process got there first (the same weights), or the disk is full
         shutil.rmtree(partial, ignore_errors=True)
+        if not is_complete(path):
+            raise
+    finally:
+        shutil.rmtree(path.with_name(f"{path.name}.map"), ignore_errors=True)
+
+
+def is_complete(path: Path) -> bool:
+    """The cache under `path` was saved whole (its manifest is written last)."""
+    return (path / "manifest.json").exists()
+
+
+def load_if_sound(path: Path, pretokenize: bool):
+    """(weights, tokens) from a sound cache; None without one. A cache that does not match its
+    manifest is removed, with one line saying so, so that the rows are weighed again."""
+    if not is_complete(path):
+        return None
+    try:
+        return load(path, pretokenize)
+    except BadCache as error:
+        print(f"{error}; weighing the rows again", flush=True)
+        shutil.rmtree(path, ignore_errors=True)
+        return None
+
+
+def load(path: Path, pretokenize: bool) -> tuple[Weights, Dataset | None]:
+    """The cached weights (and tokens), checked against the manifest."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        if checksum(path / "weights.npz") != manifest["sha256"]:
+            raise BadCache(f"the weights in {path} do not match their checksum")
+        with np.load(path / "weights.npz") as saved:
+            arrays = {name: saved[name] for name in ARRAYS}
+        tokens = load_from_disk(str(path / "tokens")) if pretokenize else None
+    except (OSError, ValueError, KeyError) as error:
+        message = f"the weights in {path} cannot be read ({error.__class__.__name__})"
+        raise BadCache(message) from error
+    if len(arrays["lengths"]) != manifest["rows"] or (
+        tokens is not None and len(tokens) != manifest["rows"]
+    ):
+        raise BadCache(f"the weights in {path} do not hold {manifest['rows']:,} rows")
+    return weights_of(arrays), tokens
+
+
+def weights_of(arrays: dict) -> Weights:
+    return Weights(
+        arrays["lengths"].astype(np.int32, copy=False),
+        arrays["image_counts"].astype(np.int32, copy=False),
+        arrays["reasons"].astype(np.uint8, copy=False),
+        arrays["patch_counts"].astype(np.int32, copy=False),
+    )
+
+
+def checksum(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def count_images(rows: Dataset, chunk_rows: int = 4096) -> np.ndarray:
@@ -216,15 +373,3 @@ def weigh_batch(batch: dict, indices, family, pretokenize: bool, image_counts) -
         out["input_ids"].append(input_ids.numpy().astype(np.int32))
         out["labels"].append(labels.numpy().astype(np.int32))
     return out
-
-
-def load(path: Path, pretokenize: bool) -> tuple[Weights, Dataset | None]:
-    arrays = np.load(path / "weights.npz")
-    weights = Weights(
-        arrays["lengths"].astype(np.int32, copy=False),
-        arrays["image_counts"].astype(np.int32, copy=False),
-        arrays["reasons"].astype(np.uint8, copy=False),
-        arrays["patch_counts"].astype(np.int32, copy=False),
-    )
-    tokens = load_from_disk(str(path / "tokens")) if pretokenize else None
-    return weights, tokens

@@ -173,12 +173,21 @@ class PackReport(EpochReport):
             "sample_index": self.sample_index,
         }
 
-    def summary(self) -> str:
+    def summary(self, max_patches: int | None = None) -> str:
+        """The epoch's figures; with a patch budget, the patches per row and how full it is."""
         lines = [super().summary(), f"{'packs (rows):':<18}{len(self.tokens_per_row):,}"]
-        for name in ("tokens", "images", "samples"):
+        names = (
+            ("tokens", "images", "patches", "samples")
+            if max_patches
+            else ("tokens", "images", "samples")
+        )
+        for name in names:
             s = spread(getattr(self, f"{name}_per_row"))
             lines.append(
                 f"{name + ' per row:':<18}min {s['min']}, max {s['max']}, "
                 f"mean {s['mean']:.1f}, std {s['std']:.1f}"
             )
+        if max_patches:
+            used = sum(self.patches_per_row) / (len(self.patches_per_row) * max_patches or 1)
+            lines.append(f"{'patch budget:':<18}{used:.1%} used ({max_patches:,} patches a row)")
         return "\n".join(lines)

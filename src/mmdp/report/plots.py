@@ -20,6 +20,7 @@ from mmdp.report.metrics import row_of_image  # noqa: E402
 REAL_COLOUR = "skyblue"
 PADDING_COLOUR = "lightgrey"
 LIMIT_COLOUR = "red"
+CONTENT_HIGHLIGHT = "tab:blue"
 # Colours for items / samples: matplotlib's tab20 without its two greys (grey means padding).
 ITEM_COLOURS = [c for i, c in enumerate(plt.cm.tab20.colors) if i not in (14, 15)]
 
@@ -313,5 +314,47 @@ def plot_strategies(results: dict, title: str) -> Figure:
     for ax in axes.flat:  # long strategy names side by side
         plt.setp(ax.get_xticklabels(), rotation=25, ha="right", rotation_mode="anchor")
     fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_model_budgets(
+    tokens_per_image: dict,
+    tokens_per_row: list,
+    patches_per_row: list,
+    *,
+    model: str,
+    max_length: int,
+    max_patches: int | None,
+) -> Figure:
+    """Stage 5 --model: left, what the same images cost each family (tokens per image, one box
+    per family, `model` highlighted); right, how full each pack of the run is in tokens and in
+    vision-encoder patches (the two budgets)."""
+    fig, (costs, fill) = plt.subplots(1, 2, figsize=(14, 5.2))
+    names = list(tokens_per_image)
+    boxes = costs.boxplot(
+        [tokens_per_image[n] for n in names], tick_labels=names, showfliers=False, patch_artist=True
+    )
+    for name, box in zip(names, boxes["boxes"]):
+        box.set_facecolor(CONTENT_HIGHLIGHT if name == model else PADDING_COLOUR)
+    costs.set_yscale("log")
+    costs.set_ylabel("tokens per image (log scale)")
+    costs.set_title("What the same images cost each model family")
+    plt.setp(costs.get_xticklabels(), rotation=20, ha="right", rotation_mode="anchor")
+    token_fill = np.asarray(tokens_per_row) / max_length
+    if max_patches:
+        patch_fill = np.asarray(patches_per_row) / max_patches
+        fill.scatter(
+            token_fill, patch_fill, s=12, alpha=0.6, color=CONTENT_HIGHLIGHT, label="a pack"
+        )
+        fill.axhline(1, color=LIMIT_COLOUR, linestyle="--", label=f"patch budget ({max_patches:,})")
+        fill.set_ylabel("patches / patch budget")
+    else:
+        fill.hist(token_fill, bins=30, color=CONTENT_HIGHLIGHT, label="packs")
+        fill.set_ylabel("packs")
+    fill.axvline(1, color=LIMIT_COLOUR, linestyle=":", label=f"token budget ({max_length:,})")
+    fill.set_xlabel("tokens / token budget")
+    fill.set_title(f"{model}: how full each pack is, in both budgets")
+    fill.legend(loc="lower left")
     fig.tight_layout()
     return fig

@@ -1,4 +1,5 @@
-"""Train and evaluate a TinyVLM on any mmdp batch, timing each part of a step (stage 6).
+"""Train and evaluate a TinyVLM on any mmdp batch, timing each part of a step, and read a run's
+speed from its log (stage 6).
 
 One optimizer step, in the order it runs, and the name each part is timed under:
 
@@ -201,3 +202,38 @@ def time_logits_per_position(
         model.zero_grad(set_to_none=True)
         result[f"{rows} x {length}"] = round(statistics.median(runs) / (rows * length) * 1e6, 1)
     return result
+
+
+# What a log says about speed (stage 6) ----------------------------------------------------------
+
+
+def timed_steps(log: dict) -> slice:
+    """The steps a run is timed on: all but its first (one-time allocations), unless it is the
+    only one."""
+    return slice(1 if len(log["loss"]) > 1 else 0, None)
+
+
+def speed_of_run(log: dict) -> dict:
+    """A run's real and computed tokens, seconds and real tokens per second over its timed steps
+    (every part of a step counted), its steps, and the median seconds of a timed step."""
+    timed = timed_steps(log)
+    seconds = [sum(parts) for parts in zip(*log["seconds"].values())][timed]
+    real, computed = sum(log["real_tokens"][timed]), sum(log["computed_tokens"][timed])
+    return {
+        "real_tokens": real,
+        "computed_tokens": computed,
+        "seconds": round(sum(seconds), 3),
+        "steps": len(log["loss"]),
+        "real_tokens_per_s": round(real / sum(seconds), 1),
+        "seconds_per_step": statistics.median(seconds),
+    }
+
+
+def median_time_per_part(logs: list[dict]) -> dict:
+    """Seconds of each part of a step (PARTS) over a run's timed steps: the median over runs."""
+    return {
+        part: round(
+            statistics.median(sum(log["seconds"][part][timed_steps(log)]) for log in logs), 3
+        )
+        for part in PARTS
+    }

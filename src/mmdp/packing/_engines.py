@@ -1,0 +1,603 @@
+"""The fast engines behind mmdp.packing.packers: the same packs as its readable loops, at scale.
+
+Private: call `pack` or `pack_flat` (mmdp.packing.packers). They check the items, choose the order
+the items go in, and call an engine here; every engine returns (items, starts) as `pack_flat`
+does, and tests/test_packing.py holds each to its readable twin in packers
+(`reference_fit_decreasing`, `reference_balanced_greedy`) on thousands of random inputs.
+
+Tokens and images (stage 5's two budgets): binpack, bfd and images_first_bfd
+(`pack_fit_decreasing`)
+1. Cut the sorted items into runs of identical (length, image count) items (`cut_into_runs`).
+2. Place a run at once: the pack the rule picks for one item stays its pick for the next one
+   until it is full (its room only shrinks), so it takes as many as fit, then the next pick does;
+   the rest of the run opens new packs, each with as many as fit (`Placements.open_new`).
+3. Find the pick without scanning all open packs. First fit (`first_fit_runs`): the packs with
+   room for the current length wait in heaps of pack numbers, the others by room until the
+   length comes down to it (`FirstFitIndex`). Best fit (`best_fit_runs`): packs wait grouped by
+   state (room, image slots left); a bytearray over rooms finds the tightest room that fits in
+   one C scan (`RoomIndex`), and images_first's text-only samples search by image slots first
+   (`SlotLevels`).
+4. Forget the packs with less room than the shortest item still to come.
+About O(n log n) in all: a million items of 1 to 32,768 tokens pack in about a second at
+max_length 32,768, a buffer of 4,096 cauldron-like items in a few ms (bench/bench_packing.py).
+balanced_greedy likewise: `pack_balanced_greedy` keeps the packs in heaps by load.
+
+Three budgets (tokens, images, vision-encoder patches): `scan_fit_decreasing` and
+`scan_balanced_greedy` keep the room the open packs have left in every budget in numpy arrays
+(`OpenPacks`) and scan them all for every pick, under the same rules (`pick`); runs of identical
+items still go at once. O(n * open packs), vectorised: tens of ms for a buffer of 4,096
+cauldron-like items (bench/bench_packing.py, table 4).
+"""
+
+from bisect import bisect_left, insort
+from heapq import heappop, heappush
+
+import numpy as np
+
+FIT_DECREASING = ("binpack", "bfd", "images_first_bfd")
+
+
+def group_by_pack(order, pack_of) -> tuple[np.ndarray, np.ndarray]:
+    """Item order[k] went into pack pack_of[k], k in placement order -> (items, starts).
+
+    Packs come by number, items within a pack in the order they were placed; numbers that got
+    no item (balanced_greedy's unused packs) are dropped.
+
+    >>> items, starts = group_by_pack(np.array([1, 3, 0, 2]), np.array([0, 1, 1, 0]))
+    >>> items.tolist(), starts.tolist()
+    ([1, 2, 3, 0], [0, 2, 4])
+    """
+    by_pack = np.argsort(pack_of, kind="stable")
+    sizes = np.bincount(pack_of)
+    return order[by_pack], np.r_[0, np.cumsum(sizes[sizes > 0])]
+
+
+def cut_into_runs(columns, max_length: int):
+    """Runs of identical items in placement order: (starts, counts, shortest_after) arrays.
+
+    `columns`: the items' sizes in placement order, one array per budget, lengths first. Run r
+    holds the items at starts[r] : starts[r] + counts[r]; shortest_after[r] is the shortest length
+    in the runs after it (max_length + 1 after the last): a pack with less room is full for good.
+
+    >>> lengths, images = np.array([5, 5, 3, 3, 3]), np.array([1, 1, 0, 0, 1])
+    >>> [a.tolist() for a in cut_into_runs((lengths, images), 8)]
+    [[0, 2, 4], [2, 2, 1], [3, 3, 9]]
+    """
+    n = len(columns[0])
+    change = np.zeros(max(n - 1, 0), dtype=bool)
+    for column in columns:
+        change |= np.diff(column) != 0
+    starts = np.flatnonzero(np.r_[True, change])
+    run_lengths = columns[0][starts]
+    shortest_after = np.r_[np.minimum.accumulate(run_lengths[::-1])[::-1][1:], max_length + 1]
+    return starts, np.diff(np.r_[starts, n]), shortest_after
+
+
+class Placements:
+    """Where the runs went, in placement order: pack packs[k] took takes[k] items."""
+
+    def __init__(self):
+        self.packs, self.takes = [], []
+        self.opened = 0  # packs opened so far: the next new pack's number
+
+    def add(self, pack: int, take: int) -> None:
+        """Pack `pack` took `take` items (the hot loops append to the two lists directly)."""
+        self.packs.append(pack)
+        self.takes.append(take)
+
+    def open_new(self, todo: int, sizes, budgets) -> list[tuple[range, int]]:
+        """New packs for the rest of a run: each takes as many items as fit, the last the rest.
+
+        `sizes`: one item's size in each budget (tokens first, never 0); `budgets`: a pack's.
+        Returns [(numbers, items each of them took)], the full packs first. Five items of 4
+        tokens, max_length 10: two packs take two each, a third the last one:
+
+        >>> placed = Placements()
+        >>> placed.open_new(5, (4,), (10,))
+        [(range(0, 2), 2), (range(2, 3), 1)]
+        >>> placed.packs, placed.takes
+        ([0, 1, 2], [2, 2, 1])
+        """
+        per_pack = budgets[0] // sizes[0]  # tokens: never 0
+        for size, budget in zip(sizes, budgets):
+            if size and budget // size < per_pack:
+                per_pack = budget // size
+        full, rest = divmod(todo, per_pack)
+        first, self.opened = self.opened, self.opened + full + (rest > 0)
+        self.packs.extend(range(first, self.opened))
+        self.takes += [per_pack] * full
+        if not rest:
+            return [(range(first, self.opened), per_pack)]
+        self.takes.append(rest)
+        if not full:
+            return [(range(first, self.opened), rest)]
+        return [(range(first, first + full), per_pack), (range(first + full, self.opened), rest)]
+
+    def pack_of(self) -> np.ndarray:
+        """The pack of every item, in placement order."""
+        return np.repeat(np.array(self.packs, dtype=np.int64), self.takes)
+
+
+# Tokens and images: binpack, bfd, images_first_bfd ---------------------------------------------
+
+
+def pack_fit_decreasing(
+    lengths, images, order, max_length: int, max_images: int, strategy: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """binpack (first fit), bfd or images_first_bfd (best fit), a run of identical items at a time.
+
+    `order`: the order to place the items in (packers.decreasing_order). Returns (items, starts)
+    as pack_flat does, identical to packers.reference_fit_decreasing.
+    """
+    if strategy not in FIT_DECREASING:  # an unknown rule must fail, not fall back to first fit
+        raise ValueError(f"{strategy!r} is not one of {', '.join(FIT_DECREASING)}")
+    sorted_lengths, sorted_images = lengths[order], images[order]
+    starts, counts, shortest_after = cut_into_runs((sorted_lengths, sorted_images), max_length)
+    runs = list(
+        zip(
+            sorted_lengths[starts].tolist(),
+            sorted_images[starts].tolist(),
+            counts.tolist(),
+            shortest_after.tolist(),
+        )
+    )
+    if strategy == "binpack":
+        placed = first_fit_runs(runs, max_length, max_images)
+    else:
+        placed = best_fit_runs(runs, max_length, max_images, strategy)
+    return group_by_pack(order, placed.pack_of())
+
+
+class FirstFitIndex:
+    """The open packs first fit picks from, found without scanning them all.
+
+    1. The packs with room for the current length wait in heaps of pack numbers (lowest on top),
+       one heap per number of image slots left (counted up to `most`, the most images an item
+       has: more make no difference): the first fit is the lowest top among the heaps with
+       enough slots (`fill`).
+    2. The others wait by room until the length, which only decreases (binpack's order), comes
+       down to their room; then they join the heaps.
+    3. Packs with less room than the shortest item still to come are forgotten.
+    """
+
+    def __init__(self, most: int):
+        self.room, self.slots = [], []  # tokens and image slots left, by pack number
+        self.most = most
+        self.heaps = {}  # image slots left (up to `most`) -> heap of pack numbers
+        self.waiting = {}  # room -> numbers of the packs with that room, less than the length
+        self.waiting_rooms = []  # the rooms in `waiting`, negated: a max-heap
+
+    def heap(self, pack: int) -> list[int]:
+        return self.heaps.setdefault(min(self.slots[pack], self.most), [])
+
+    def fill(self, length: int, count: int, todo: int, shortest: int, placed) -> int:
+        """The lowest-numbered pack that fits takes as many of the run's `todo` items as fit,
+        then the next one, and so on; returns the items left for new packs. First the waiting
+        packs with room for this length join the heaps."""
+        room, slots, heaps, waiting_rooms = self.room, self.slots, self.heaps, self.waiting_rooms
+        # 2. the waiting packs with room for this length join the heaps
+        while waiting_rooms and -waiting_rooms[0] >= length:
+            for pack in self.waiting.pop(-heappop(waiting_rooms)):
+                heappush(self.heap(pack), pack)
+        while todo:
+            # 1. the lowest-numbered pack among the heaps with enough image slots
+            best = None
+            for free, heap in heaps.items():
+                if heap and free >= count and (best is None or heap[0] < best[0]):
+                    best = heap
+            if best is None:
+                return todo
+            pack = heappop(best)
+            take = room[pack] // length
+            if count and slots[pack] // count < take:
+                take = slots[pack] // count
+            if take > todo:
+                take = todo
+            left = room[pack] = room[pack] - take * length
+            slots[pack] -= take * count
+            placed.packs.append(pack)
+            placed.takes.append(take)
+            todo -= take
+            if left >= length:  # out of image slots, or the run is placed: still a candidate
+                heappush(heaps.setdefault(min(slots[pack], self.most), []), pack)
+            elif left >= shortest:  # 2. waits for a shorter length; else forgotten
+                self.wait(pack, left)
+        return todo
+
+    def open(self, numbers: range, left: int, slots: int, length: int, shortest: int) -> None:
+        """New packs, numbered above all others, each with `left` room and `slots` slots."""
+        self.room.extend([left] * len(numbers))
+        self.slots.extend([slots] * len(numbers))
+        if left >= length:
+            # numbers above all others, appended in increasing order: still a heap
+            self.heap(numbers[0]).extend(numbers)
+        elif left >= shortest:
+            for pack in numbers:
+                self.wait(pack, left)
+
+    def wait(self, pack: int, left: int) -> None:
+        numbers = self.waiting.get(left)
+        if numbers is None:
+            self.waiting[left] = [pack]
+            heappush(self.waiting_rooms, -left)
+        else:
+            numbers.append(pack)
+
+
+def first_fit_runs(runs, max_length: int, max_images: int) -> Placements:
+    """First fit, a run (length, image count, items, shortest length after) at a time.
+
+    The lowest-numbered pack that fits takes as many of the run as fit, then the next one, and
+    so on; the rest open new packs. `FirstFitIndex` finds that pack. A pack joins the heaps at
+    most once per item it takes: O(n log n) in all (times the number of heaps looked at per
+    pick: at most the most images an item has + 1).
+    """
+    index = FirstFitIndex(most=max(count for _, count, _, _ in runs))
+    placed, budgets = Placements(), (max_length, max_images)
+    for length, count, todo, shortest in runs:
+        todo = index.fill(length, count, todo, shortest, placed)
+        if todo:
+            for numbers, take in placed.open_new(todo, (length, count), budgets):
+                left, slots = max_length - take * length, max_images - take * count
+                index.open(numbers, left, slots, length, shortest)
+    return placed
+
+
+class RoomIndex:
+    """bfd's search, and images_first's for samples with images: the tightest room that fits.
+
+    `rooms_with[c]` is a bytearray over rooms, 1 where some state (room, slots) has >= c image
+    slots (c: an image count some item has), so the tightest room >= length with enough slots is
+    rooms_with[c].find(1, length), a C scan. `slots_at[room]` lists the image slots of the states
+    at that room, in increasing order. Memory: max_length + 1 bytes per image count.
+    """
+
+    def __init__(self, states: dict, max_length: int, counts, most_slots_first: bool):
+        self.states = states  # (room, slots) -> pack numbers, shared with BestFit
+        self.rooms_with = {c: bytearray(max_length + 1) for c in counts}
+        self.slots_at = {}
+        self.most_slots_first = most_slots_first  # images_first's tie rule
+
+    def add(self, room: int, slots: int) -> None:
+        """A new state."""
+        here = self.slots_at.setdefault(room, [])
+        insort(here, slots)
+        if here[-1] == slots:
+            self.mark(room, slots)
+
+    def remove(self, room: int, slots: int) -> None:
+        """A state left with no pack."""
+        here = self.slots_at[room]
+        here.remove(slots)
+        if not here:
+            del self.slots_at[room]
+        if not here or here[-1] < slots:
+            self.mark(room, here[-1] if here else -1)
+
+    def mark(self, room: int, most: int) -> None:
+        """The most image slots at this room changed (-1: no pack left there)."""
+        for c, line in self.rooms_with.items():
+            line[room] = most >= c
+
+    def find(self, length: int, count: int, start: int) -> tuple[int, int, int] | None:
+        """(room, slots, first): the state to take packs from and how many of its packs come
+        first; None if no pack fits. The tightest room from `start` on with `count` image slots;
+        there images_first takes the state with the most slots, bfd the lowest-numbered pack."""
+        room = self.rooms_with[count].find(1, start)
+        if room < 0:
+            return None
+        here = self.slots_at[room]
+        if self.most_slots_first:
+            return room, here[-1], len(self.states[room, here[-1]])
+        i = bisect_left(here, count)
+        if i == len(here) - 1:
+            return room, here[i], len(self.states[room, here[i]])
+        # several states with enough slots: merge them by number
+        heads = sorted((self.states[room, s][0], s) for s in here[i:])
+        slots = heads[0][1]
+        return room, slots, bisect_left(self.states[room, slots], heads[1][0])
+
+
+class SlotLevels:
+    """images_first's search for text-only samples: the fewest image slots left, then the
+    tightest room.
+
+    `levels[slots]` is a bytearray over the rooms of the states with that many image slots left;
+    `slot_counts` lists those numbers in increasing order; `most_room[slots]` is at least the
+    largest room there (an upper bound: lowered when a search finds nothing, raised when a pack
+    arrives), to skip levels. Memory: max_length + 1 bytes per number of image slots.
+    """
+
+    def __init__(self, states: dict, max_length: int):
+        self.states = states
+        self.max_length = max_length
+        self.levels, self.most_room, self.slot_counts = {}, {}, []
+        for room, slots in states:
+            self.add(room, slots)
+
+    def add(self, room: int, slots: int) -> None:
+        if slots not in self.levels:
+            self.levels[slots] = bytearray(self.max_length + 1)
+            self.most_room[slots] = room
+            insort(self.slot_counts, slots)
+        self.levels[slots][room] = 1
+        self.most_room[slots] = max(self.most_room[slots], room)
+
+    def remove(self, room: int, slots: int) -> None:
+        self.levels[slots][room] = 0
+
+    def find(self, length: int, count: int, start: int) -> tuple[int, int, int] | None:
+        """As RoomIndex.find, for a text-only run (`count` and `start` play no part)."""
+        for slots in self.slot_counts:
+            if self.most_room[slots] >= length:
+                room = self.levels[slots].find(1, length)
+                if room >= 0:
+                    return room, slots, len(self.states[room, slots])
+                self.most_room[slots] = length - 1
+        return None
+
+
+class BestFit:
+    """bfd and images_first_bfd, a run at a time.
+
+    Packs in the same state (room, image slots left) differ only by their number, so they wait
+    together: states[room, slots] lists their numbers, lowest first. The search (`RoomIndex`, or
+    `SlotLevels` once images_first reaches its text-only samples) picks a state; its first packs
+    take as many of the run as fit (each as many: same state) and move to their new state, with
+    less room than the run's length or too few image slots, so the search for the next state
+    goes on from the same room.
+    """
+
+    def __init__(self, runs, max_length: int, max_images: int, strategy: str):
+        self.states = {}  # (room, image slots left) -> numbers of the packs there, lowest first
+        self.images_first = strategy == "images_first_bfd"
+        counts = {0, *(count for _, count, _, _ in runs)}
+        self.search = RoomIndex(self.states, max_length, counts, self.images_first)
+        self.budgets = (max_length, max_images)
+        self.placed = Placements()
+
+    def place(self, length: int, count: int, todo: int, shortest: int) -> None:
+        """Place a run of `todo` items of `length` tokens and `count` images."""
+        if self.images_first and count == 0 and isinstance(self.search, RoomIndex):
+            # the text-only samples (they come last): from now on, fewest image slots first
+            self.search = SlotLevels(self.states, self.budgets[0])
+        start = length
+        while todo:
+            found = self.search.find(length, count, start)
+            if found is None:
+                break
+            room, slots, first = found
+            start = room
+            todo = self.take(room, slots, first, length, count, todo, shortest)
+        if todo:
+            max_length, max_images = self.budgets
+            for numbers, take in self.placed.open_new(todo, (length, count), self.budgets):
+                left, slots = max_length - take * length, max_images - take * count
+                self.file(left, slots, list(numbers), shortest)
+
+    def take(self, room, slots, first, length, count, todo, shortest) -> int:
+        """The state's `first` packs each take as many items as fit; returns the items left."""
+        per_pack = room // length
+        if count and slots // count < per_pack:
+            per_pack = slots // count
+        state = self.states[room, slots]
+        use = min(first, -(-todo // per_pack))
+        numbers = state[:use]
+        del state[:use]
+        if not state:
+            del self.states[room, slots]
+            self.search.remove(room, slots)
+        full = min(use, todo // per_pack)
+        self.placed.packs.extend(numbers)
+        self.placed.takes += [per_pack] * full
+        todo -= full * per_pack
+        if full:
+            self.file(room - per_pack * length, slots - per_pack * count, numbers[:full], shortest)
+        if full < use:  # the last pack takes the rest of the run
+            self.placed.takes.append(todo)
+            self.file(room - todo * length, slots - todo * count, numbers[full:], shortest)
+            todo = 0
+        return todo
+
+    def file(self, room: int, slots: int, numbers: list[int], shortest: int) -> None:
+        """Packs now in state (room, slots) wait there, unless they can take no item to come."""
+        if room < shortest:
+            return
+        state = self.states.get((room, slots))
+        if state is None:
+            self.states[room, slots] = numbers
+            self.search.add(room, slots)
+            return
+        in_order = numbers[0] > state[-1]  # keep the state's numbers in increasing order
+        state.extend(numbers)
+        if not in_order:
+            state.sort()
+
+
+def best_fit_runs(runs, max_length: int, max_images: int, strategy: str) -> Placements:
+    """bfd or images_first_bfd over the runs (length, image count, items, shortest after).
+
+    bfd: the pack with the least token room left that fits (ties: lowest number). images_first:
+    for a sample with images as bfd, ties to the most image slots left; for a text-only sample
+    the fewest image slots left, ties to the least token room (see packers' docstring).
+    """
+    fit = BestFit(runs, max_length, max_images, strategy)
+    for run in runs:
+        fit.place(*run)
+    return fit.placed
+
+
+# Tokens and images: balanced_greedy ------------------------------------------------------------
+
+
+def pack_balanced_greedy(
+    lengths, images, max_length: int, max_images: int, opened: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The blog's balanced greedy knapsack, fast, starting from `opened` empty packs.
+
+    As packers.reference_balanced_greedy, without sorting the packs for every item: a less
+    loaded pack has more room, so if the least loaded pack with enough image slots cannot take
+    the item, no pack can. The packs wait in heaps of (load, number), one heap per number of
+    image slots left: the least loaded candidate is the lowest top among the heaps with enough
+    slots for the item's images. Slots beyond the most images any item has make no difference,
+    so they count as that many: at most that many + 1 heaps to look at. O(n log P).
+    """
+    most = int(images.max())  # the most images an item has
+    slots = [max_images] * opened  # image slots left in each pack
+    # image slots left (counted up to `most`) -> heap of (load, number)
+    heaps = {min(max_images, most): [(0, pack) for pack in range(opened)]}
+    order = np.argsort(-lengths, kind="stable")  # longest first, ties by index
+    pack_of = []
+    for length, count in zip(lengths[order].tolist(), images[order].tolist()):
+        best = None
+        for free, heap in heaps.items():
+            if heap and free >= count and (best is None or heap[0] < best[0]):
+                best = heap
+        if best is not None and best[0][0] + length <= max_length:
+            load, pack = heappop(best)
+        else:  # no pack fits: a new, empty one
+            load, pack = 0, opened
+            opened += 1
+            slots.append(max_images)
+        slots[pack] -= count
+        heappush(heaps.setdefault(min(slots[pack], most), []), (load + length, pack))
+        pack_of.append(pack)
+    return group_by_pack(order, np.array(pack_of, dtype=np.int64))
+
+
+# Any budgets (tokens, images, patches): a vectorised scan of the open packs --------------------
+
+
+class OpenPacks:
+    """The open packs' room left in every budget, in numpy arrays scanned whole for each pick.
+
+    room[b][k]: room left in budget b (0: tokens, 1: images, 2: patches) of pack numbers[k], one
+    array per budget. Numbers increase with k, so the first of equal candidates is the
+    lowest-numbered pack.
+    """
+
+    def __init__(self, budgets, count: int = 0):
+        self.budgets = [int(b) for b in budgets]
+        self.storage = np.empty((len(self.budgets), max(count, 64)), dtype=np.int64)
+        self.all_numbers = np.empty(self.storage.shape[1], dtype=np.int64)
+        self.resize(0)
+        if count:
+            self.open(range(count), self.budgets)
+
+    def resize(self, size: int) -> None:
+        """Views of the first `size` packs: what the scans read."""
+        self.size = size
+        self.room = list(self.storage[:, :size])
+        self.numbers = self.all_numbers[:size]
+
+    def open(self, numbers: range, room) -> int:
+        """Append packs `numbers`, each with `room`; returns the position of the last."""
+        start, end = self.size, self.size + len(numbers)
+        if end > self.storage.shape[1]:  # twice the space, as a list grows
+            storage, all_numbers = self.storage, self.all_numbers
+            self.storage = np.empty((len(self.budgets), max(2 * start, end)), dtype=np.int64)
+            self.all_numbers = np.empty(self.storage.shape[1], dtype=np.int64)
+            self.storage[:, :start] = storage[:, :start]
+            self.all_numbers[:start] = all_numbers[:start]
+        self.storage[:, start:end] = np.array(room, dtype=np.int64)[:, None]
+        self.all_numbers[start:end] = numbers
+        self.resize(end)
+        return end - 1
+
+    def fitting(self, sizes) -> np.ndarray:
+        """Positions of the packs with room for an item of these sizes in every budget."""
+        fits = self.room[0] >= sizes[0]
+        for room, size in zip(self.room[1:], sizes[1:]):
+            if size:
+                fits &= room >= size
+        return fits.nonzero()[0]
+
+    def take(self, position: int, sizes, todo: int) -> int:
+        """Put as many of a run's `todo` items into the pack as fit; returns how many."""
+        for room, size in zip(self.room, sizes):
+            if size:
+                todo = min(todo, int(room[position]) // size)
+        for room, size in zip(self.room, sizes):
+            if size:
+                room[position] -= todo * size
+        return todo
+
+    def forget(self, shortest: int) -> None:
+        """Drop the packs with less token room than the shortest item still to come."""
+        keep = (self.room[0] >= shortest).nonzero()[0]
+        if len(keep) < self.size:
+            self.storage[:, : len(keep)] = self.storage[:, keep]
+            self.all_numbers[: len(keep)] = self.numbers[keep]
+            self.resize(len(keep))
+
+
+def pick(strategy: str, room: list[np.ndarray], fits: np.ndarray, with_images: bool) -> int:
+    """The position, among `fits` (increasing), of the pack the strategy's rule picks.
+
+    binpack: the first; bfd: the least token room; balanced_greedy: the least loaded (the most
+    token room); images_first_bfd: with images as bfd, ties to the most image slots, text-only
+    the fewest image slots, ties to the least token room. Further ties: the lowest number
+    (argmin and argmax return the first).
+    """
+    if strategy == "binpack":
+        return fits[0]
+    tokens = room[0][fits]
+    if strategy == "bfd":
+        return fits[tokens.argmin()]
+    if strategy == "balanced_greedy":
+        return fits[tokens.argmax()]
+    if with_images:
+        tightest = fits[tokens == tokens.min()]
+        return tightest[room[1][tightest].argmax()]
+    slots = room[1][fits]
+    fewest = fits[slots == slots.min()]
+    return fewest[room[0][fewest].argmin()]
+
+
+def scan_fit_decreasing(sizes, budgets, order, strategy: str) -> tuple[np.ndarray, np.ndarray]:
+    """binpack, bfd or images_first_bfd under every budget given, a run at a time.
+
+    `sizes`: one row per budget (tokens, images, patches), one column per item; `budgets`: a
+    pack's; `order`: the order to place the items in. Each pick scans all open packs (`pick`);
+    the picked pack takes as many of the run as fit, as in the fast engines.
+    """
+    if strategy not in FIT_DECREASING:
+        raise ValueError(f"{strategy!r} is not one of {', '.join(FIT_DECREASING)}")
+    sizes = sizes[:, order]
+    starts, counts, shortest_after = cut_into_runs(sizes, int(budgets[0]))
+    packs, placed, forgotten_below = OpenPacks(budgets), Placements(), 0
+    for start, todo, shortest in zip(starts.tolist(), counts.tolist(), shortest_after.tolist()):
+        need = sizes[:, start].tolist()
+        while todo:
+            fits = packs.fitting(need)
+            if not len(fits):
+                break
+            k = pick(strategy, packs.room, fits, need[1] > 0)
+            take = packs.take(k, need, todo)
+            placed.add(int(packs.numbers[k]), take)
+            todo -= take
+        if todo:
+            for numbers, take in placed.open_new(todo, need, packs.budgets):
+                packs.open(numbers, [b - take * size for size, b in zip(need, packs.budgets)])
+        if shortest > forgotten_below:  # shortest only grows: forget when it does
+            packs.forget(shortest)
+            forgotten_below = shortest
+    return group_by_pack(order, placed.pack_of())
+
+
+def scan_balanced_greedy(sizes, budgets, opened: int) -> tuple[np.ndarray, np.ndarray]:
+    """balanced_greedy under every budget given: `opened` empty packs to start, then each item,
+    longest first (ties: lowest index), to the least loaded pack that fits, or a new one."""
+    order = np.argsort(-sizes[0], kind="stable")
+    packs = OpenPacks(budgets, opened)
+    pack_of = []
+    for need in sizes[:, order].T.tolist():
+        fits = packs.fitting(need)
+        if len(fits):
+            k = pick("balanced_greedy", packs.room, fits, need[1] > 0)
+        else:  # no pack fits: a new, empty one
+            k = packs.open(range(opened, opened + 1), packs.budgets)
+            opened += 1
+        packs.take(k, need, 1)
+        pack_of.append(int(packs.numbers[k]))
+    return group_by_pack(order, np.array(pack_of, dtype=np.int64))
