@@ -187,17 +187,22 @@ def three_row_positions(batch: dict, inputs: dict) -> dict:
     return {**inputs, "position_ids": inputs["position_ids"][1:]}
 
 
-def positions_left_to_the_model(batch: dict, inputs: dict) -> dict:
-    """SmolVLM: no position_ids, as its processor returns none. The model numbers the whole row
-    0..L-1 and builds one causal mask over it."""
-    return {key: value for key, value in inputs.items() if key != "position_ids"}
+def packs_tiles_swapped(batch: dict, inputs: dict) -> dict:
+    """SmolVLM and Idefics3: the second pack's tiles before the first's, as a collator that
+    gathers a batch's images in another order than its rows does. The model takes any order of
+    the right number of tiles (it fills the <image> runs of the flattened rows in turn), so it
+    raises nothing and gives each run another image's features."""
+    tiles = inputs["pixel_values"][0]  # [T, 3, M, M]; every tile the same patches
+    patches = batch["patches_per_row"]
+    first = len(tiles) * int(patches[0]) // int(patches.sum())
+    return {**inputs, "pixel_values": torch.cat([tiles[first:], tiles[:first]])[None]}
 
 
 # Each family's trap: what trainers get wrong for it, and what mixes its samples.
 TRAPS = {
     "qwen2_5_vl": three_row_positions,
     "qwen3_vl": three_row_positions,
-    "smolvlm": positions_left_to_the_model,
+    "smolvlm": packs_tiles_swapped,
 }
 
 

@@ -28,7 +28,6 @@ OFFLINE = {
     "qwen2_5_vl": "mmdp.models.qwen_vl:Qwen2_5_VL",
     "qwen3_vl": "mmdp.models.qwen_vl:Qwen3VL",
     "smolvlm": "mmdp.models.smolvlm:SmolVLM",
-    "idefics3": "mmdp.models.smolvlm:Idefics3",
 }
 MODELS = ("tiny", *OFFLINE)
 

@@ -59,9 +59,10 @@ CHAT_TEMPLATE = (
 )
 # The tokens SmolVLM's tokenizer adds to SmolLM2's 49,152, in its order, so that they get its
 # ids: <global-img> 49152, <row_1_col_1>..<row_6_col_6> 49153-49188, <fake_token_around_image>
-# 49189, <image> 49190, 88 reserved tokens, <end_of_utterance> 49279 (49,280 tokens: the real
-# config's vocab_size; ids as in copies of the real added tokens). The processors find them by
-# these strings (processing_smolvlm.py:118-124; processing_idefics3.py:52-62).
+# 49189, <image> 49190 and <end_of_utterance> 49279, 49,280 tokens in all (the real
+# text_config.vocab_size). The 88 tokens between stand in for the real tokenizer's other added
+# tokens, whose names mmdp does not rely on. The processors find the family's tokens by these
+# strings (processing_smolvlm.py:118-124; processing_idefics3.py:52-62).
 FAMILY_TOKENS = [
     "<global-img>",
     *[f"<row_{row}_col_{col}>" for row in range(1, 7) for col in range(1, 7)],
@@ -92,6 +93,11 @@ class SmolVLM(ModelFamily):
     vision_keys = ("pixel_values",)
     model_class = transformers.SmolVLMForConditionalGeneration
     config_class = transformers.SmolVLMConfig
+    # a pack of about 3 images: at SmolVLM-256M's settings a 512 x 512 image is upscaled to
+    # 2048 x 2048, 17 tiles: 1,127 tokens and 17 x 1,024 = 17,408 patches (any image costs 5 to
+    # 17 tiles); 64 tiles of patches is about what 4,096 tokens of image features hold
+    default_max_length = 4096
+    default_max_patches = 65536
 
     def __init__(self, processor):
         super().__init__(processor)
@@ -240,14 +246,20 @@ def offline_processor(family: type[SmolVLM]):
 
 def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa"):
     """A randomly initialised model of the real class, small enough for a CPU test, its token
-    ids and its tiles aligned with `processor`: the vision encoder reads tiles of the processor's
-    side with the real checkpoint's patch, and its pixel shuffle leaves image_seq_len tokens."""
+    ids and its tiles aligned with `processor`.
+
+    Its vision encoder reads tiles of the processor's side, but in coarse patches (32 px for
+    512 px tiles, 16 x 16 a tile rather than the real 32 x 32), and its pixel shuffle (scale
+    factor 2) leaves the processor's image_seq_len tokens a tile: a test batch holds about 60
+    tiles, and real patches made the vision tower most of a test's time.
+    """
     family = Idefics3 if isinstance(processor, transformers.Idefics3Processor) else SmolVLM
     tokenizer, tile = processor.tokenizer, processor.image_processor.max_image_size["longest_edge"]
-    patch_size = PATCH_SIZES[tile]
-    patches_per_side = tile // patch_size
-    scale_factor = math.isqrt(patches_per_side**2 // processor.image_seq_len)
-    assert (patches_per_side // scale_factor) ** 2 == processor.image_seq_len
+    scale_factor = 2
+    patches_per_side = scale_factor * math.isqrt(processor.image_seq_len)
+    patch_size = tile // patches_per_side
+    if (tile // patch_size) ** 2 != scale_factor**2 * processor.image_seq_len:
+        raise ValueError(f"no tiny patch size gives {processor.image_seq_len} tokens a tile")
     text = {
         "model_type": "llama",
         "vocab_size": len(tokenizer),
