@@ -38,7 +38,9 @@ def parse_args():
         default=0,
         help="DataLoader workers; each packs its own share of the items (default: 0, as the blog)",
     )
-    parser.add_argument("--out-dir", default=str(config.ASSETS_DIR), help="default: assets/")
+    parser.add_argument(
+        "--out-dir", default=display_path(config.ASSETS_DIR), help="default: assets/"
+    )
     args = parser.parse_args()
     if args.start >= args.end:
         parser.error(f"--start ({args.start}) must be below --end ({args.end}): no items to pack")

@@ -5,7 +5,9 @@ image budget, each pack padded to a fixed length, ready for a trainer.
     uv run 05_knapsack_multimodal.py --max-length 1024 --save-batch /tmp/batch.pt
     uv run torchrun --nproc_per_node 2 05_knapsack_multimodal.py --metrics-json /tmp/05.json
     uv run 05_knapsack_multimodal.py --streaming --buffer-size 1024
+    uv run 05_knapsack_multimodal.py --prepared s3://bucket/prepared   # from uv run -m mmdp.prepare
     uv run 05_knapsack_multimodal.py --model qwen2_5_vl     # or qwen3_vl, smolvlm, llava_onevision, gemma3
+    uv run 05_knapsack_multimodal.py --mixture examples/mixture.json
 
 Prints the shapes of one batch and the epoch report (utilization, dropped samples by reason,
 tokens / images / samples per pack), and saves assets/05.png (the blog's figure),
@@ -18,6 +20,11 @@ and vision-encoder patches its processor gives it (mmdp.models), a pack has a to
 patch budget (--max-length, --max-patches; each family has defaults), and the batches carry what
 that model takes. Offline, the family's processor is built in code; --processor NAME_OR_PATH loads
 a Hub or local one. It also prints the tokens per image and saves assets/05_MODEL.png.
+
+With --mixture FILE.json, the rows come from several sources, each with its share of the epoch
+(by tokens by default), a loss weight and a label policy (mmdp.data.mixture; the embedded
+synthetic data offers one source per task, `synthetic:describe` ...). The report adds a line per
+source: rows, drops by reason, tokens, and the share asked vs realised, overall and per rank.
 
 With --streaming, the same stage reads the dataset as a stream (a Hub dataset with
 streaming=True, parquet files one by one) and packs it a buffer at a time, as the blog's
@@ -46,6 +53,14 @@ from mmdp.cli import (
     print_settings,
     run_epoch,
 )
+from mmdp.data.mixture import (
+    MixedRows,
+    MixturePlan,
+    format_source_report,
+    load_mixture,
+    read_mixture,
+    source_report,
+)
 from mmdp.data.padding import ConstrainedPadCollator
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.stream import load_vqa_stream
@@ -58,6 +73,7 @@ from mmdp.packing.batch import real_token_mask
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.planner import batch_loads
+from mmdp.packing.prepared import read_manifest
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.report.metrics import PackReport, rank_balance, write_json
 from mmdp.report.plots import (
@@ -147,11 +163,29 @@ def parse_args():
         "only slices them and decodes images",
     )
     parser.add_argument(
+        "--prepared",
+        default=None,
+        help="read the weights (and tokens) that `uv run -m mmdp.prepare --out URL` wrote to this "
+        "path or fsspec URL, and weigh nothing; the budgets not given are its own",
+    )
+    parser.add_argument(
         "--save-batch", default=None, help="torch.save the first collated batch to this path"
     )
+    parser.add_argument(
+        "--mixture",
+        default=None,
+        help="a JSON file of sources with shares, loss weights and label policies (see "
+        "mmdp.data.mixture; examples/mixture.json); replaces --dataset",
+    )
     args = parser.parse_args()
+    if args.mixture and (args.streaming or args.dataset):
+        parser.error(
+            "--mixture names its own datasets, and is planned: not with --dataset or --streaming"
+        )
     if args.streaming and args.pretokenize:
         parser.error("--pretokenize needs the whole dataset weighed first: not with --streaming")
+    if args.streaming and args.prepared:
+        parser.error("--prepared holds the weights of a whole dataset: not with --streaming")
     return args
 
 
@@ -167,9 +201,14 @@ def main():
         # Or read the dataset as a stream, pack it a buffer at a time, stop the ranks together
         epoch, samples = run_streaming_epoch(processor, args)
     else:
-        # Get the dataset, and stage 2's tokenized map-style dataset
-        rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
-        samples = VQADataset(rows, processor)
+        # Get the dataset (or the mixture's sources), and stage 2's tokenized map-style dataset
+        mixed = load_sources(args)
+        rows = (
+            mixed.dataset
+            if mixed
+            else load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
+        )
+        samples = VQADataset(rows, processor, mixture=mixed)
 
         # Wrap it: weigh every sample, filter, pack with a token and an image budget, shard
         packed = PackedDataset(
@@ -182,6 +221,8 @@ def main():
             buffer_size=args.buffer_size,
             seed=args.seed,
             pretokenize=args.pretokenize,
+            prepared=args.prepared,
+            mixture=MixturePlan.of(mixed, seed=args.seed) if mixed else None,
         )
         packed.set_epoch(args.epoch)
         if rank == 0:
@@ -189,6 +230,9 @@ def main():
 
         # Go through one epoch on every rank; rank 0 reports for all of them
         epoch = run_packed_epoch(packed, args)
+        if mixed:
+            epoch["sources"] = report_sources(mixed, packed, epoch["reports"], args)
+            epoch["share_by"] = mixed.mixture.share_by
     if rank != 0:
         dist.destroy_process_group()
         return
@@ -205,6 +249,30 @@ def main():
         draw_model_figure(epoch["report"], samples, args)
 
 
+def load_sources(args) -> MixedRows | None:
+    """--mixture: every source's rows one after the other (None without a mixture)."""
+    if not args.mixture:
+        return None
+    return load_mixture(read_mixture(args.mixture), args.num_rows or config.DEFAULT_NUM_ROWS)
+
+
+def report_sources(mixed: MixedRows, packed: PackedDataset, reports: list, args) -> list[dict]:
+    """Per source: rows, drops by reason, tokens, share asked vs realised (overall, per rank)."""
+    budgets = {
+        "max_length": args.max_length,
+        "max_images": args.max_images,
+        "max_patches": args.max_patches,
+    }
+    return source_report(
+        mixed,
+        packed.mixture,
+        packed.weights,
+        [report.sample_index for report in reports],
+        budgets=budgets,
+        epoch=packed.epoch,
+    )
+
+
 def model_processor(args):
     """--model's processor (TinyVLM: the --tokenizer), or --processor's; the budgets the family
     sets when none is given."""
@@ -216,6 +284,10 @@ def model_processor(args):
         processor = offline_processor(args.model)
     family = family_for(processor)
     args.model = family.name
+    if args.prepared:  # the budgets the prepared rows were checked against, unless given
+        manifest = read_manifest(args.prepared)
+        args.max_length = args.max_length or manifest["max_length"]
+        args.max_patches = args.max_patches or manifest["max_patches"]
     if args.max_length is None:
         args.max_length = family.default_max_length
     if args.max_patches is None:
@@ -232,6 +304,12 @@ def start_ranks() -> int:
 
 def print_weighing(packed: PackedDataset) -> None:
     weighing = packed.weighing
+    if packed.prepared:
+        print(
+            f"Read the prepared weights of {len(weighing.weights):,} rows from {packed.prepared} "
+            f"in {weighing.seconds:.2f} s (weighed nothing)"
+        )
+        return
     if weighing.weighed_here:
         how = f"Weighed {weighing.rows_weighed_here:,} of {len(weighing.weights):,} rows here"
     else:
@@ -336,6 +414,9 @@ def print_report(epoch: dict, args) -> None:
     print(report.summary(args.max_patches))
     if HELD_WHEN_RANKS_STOPPED in report.dropped:
         print(f"({HELD_WHEN_RANKS_STOPPED}: read, not yielded: another rank ran out first)")
+    if "sources" in epoch:
+        print(f"\nThe mixture ({epoch['share_by']}):")
+        print(format_source_report(epoch["sources"], epoch["share_by"]))
     balance = epoch["rank_balance"]
     if balance["world_size"] > 1:
         print(
@@ -354,6 +435,8 @@ def write_outputs(epoch: dict, args) -> None:
             "rank_balance": epoch["rank_balance"],
             "seconds": round(epoch["seconds"], 3),
         }
+        if "sources" in epoch:  # --mixture
+            metrics["mixture"] = {"share_by": epoch["share_by"], "sources": epoch["sources"]}
         if "weighing" in epoch:  # planned: the rows were weighed (or loaded) up front
             metrics["weighing"] = epoch["weighing"]
         print(f"Wrote the epoch report to {display_path(write_json(metrics, args.metrics_json))}")

@@ -11,6 +11,7 @@ from transformers import DataCollatorWithFlattening
 from mmdp import config
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.models.attention import reference_flash_attn_func, reference_flash_attn_varlen_func
 from mmdp.packing.batch import (
     MIN_TRANSFORMERS,
     check_transformers,
@@ -170,3 +171,26 @@ def test_in_bf16_packing_differs_by_rounding_not_leakage(attention, image_sample
         mixed = summed_loss(model(input_ids=batch["input_ids"]).logits, batch["labels"])
     assert relative_difference(float(packed), alone) < 1e-4
     assert relative_difference(float(mixed), alone) > 1e-3
+
+
+def test_the_reference_kernels_honour_window_size_as_flash_attn_does():
+    """window_size=(left, right): keys at most `left` before and `right` after each query (-1: no
+    limit), queries aligned bottom-right. With equal scores each query averages the values of
+    the keys it sees: values 0..4, causal, window (1, -1) -> each value with the one before."""
+    values = torch.arange(5.0).view(1, 5, 1, 1)  # [batch, length, heads, dim]
+    zeros = torch.zeros(1, 5, 1, 1)
+
+    def averages(q, **kwargs) -> list[float]:
+        return reference_flash_attn_func(q, zeros, values, **kwargs).flatten().tolist()
+
+    assert averages(zeros, causal=True) == pytest.approx([0, 0.5, 1, 1.5, 2])
+    assert averages(zeros, causal=True, window_size=(1, -1)) == pytest.approx(
+        [0, 0.5, 1.5, 2.5, 3.5]
+    )
+    assert averages(zeros, window_size=(1, 1)) == pytest.approx([0.5, 1, 2, 3, 3.5])
+    assert averages(zeros[:, 3:], causal=True, window_size=(1, -1)) == pytest.approx([2.5, 3.5])
+    bounds = torch.tensor([0, 3, 5], dtype=torch.int32)  # two sequences: 0, 1, 2 and 3, 4
+    varlen = reference_flash_attn_varlen_func(
+        zeros[0], zeros[0], values[0], bounds, bounds, causal=True, window_size=(1, -1)
+    )
+    assert varlen.flatten().tolist() == pytest.approx([0, 0.5, 1.5, 3, 3.5])

@@ -13,12 +13,19 @@ import io
 import pytest
 import torch
 from PIL import Image
+from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
 
 from mmdp.data.conversation import chat_messages, chat_turns
 from mmdp.data.synthetic import encode_png
 from mmdp.drop_reasons import IMAGE_SIZE_REFUSED, UNDECODABLE_IMAGE
 from mmdp.models.attention import use_attention
-from mmdp.models.families import OFFLINE, family_for, offline_processor, tiny_model
+from mmdp.models.families import (
+    OFFLINE,
+    family_for,
+    offline_processor,
+    tiny_model,
+    tiny_processor,
+)
 from mmdp.packing.batch import build_pack, collate_packs, model_inputs, sample_ids
 from mmdp.training.loss import summed_loss, token_losses
 
@@ -52,17 +59,25 @@ def family(request):
 
 
 @pytest.fixture(scope="module")
-def model(family):
-    return tiny_model(family.processor, attn_implementation="eager")
+def tiny_family(family):
+    """The family with the images its tiny model tests fast with (LLaVA-OneVision: 32 px tiles,
+    not 384), for the packed batches; weights are checked with the real processor above."""
+    return family_for(tiny_processor(family.name))
+
+
+@pytest.fixture(scope="module")
+def model(tiny_family):
+    return tiny_model(tiny_family.processor, attn_implementation="eager")
 
 
 def processor_input_ids(family, row: dict) -> torch.Tensor:
-    """What the family's own processor makes of a row: its input_ids."""
+    """What the family's own processor makes of a row: its input_ids. The images go in nested,
+    as one sample's (LLaVA-OneVision reads a flat list as one image per sample)."""
     turns = chat_turns(row["texts"], ())
     messages = chat_messages(turns, len(row["images"]))
     text = family.processor.apply_chat_template(messages, tokenize=False)
     images = [Image.open(io.BytesIO(image["bytes"])).convert("RGB") for image in row["images"]]
-    out = family.processor(text=[text], images=images or None, return_tensors="pt")
+    out = family.processor(text=[text], images=[images] if images else None, return_tensors="pt")
     return out["input_ids"][0]
 
 
@@ -164,30 +179,43 @@ def language_model(model):
     return getattr(inner, "language_model", None) or inner.text_model
 
 
-ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+# flex_attention compiles its kernels for the packed batch's shape: 46 s for LLaVA-OneVision on a
+# quiet 2-core machine, 3-4 minutes on a loaded one, so it runs with the slow group (pytest -m slow).
+ATTENTION = (
+    "eager",
+    "sdpa",
+    pytest.param("flex_attention", marks=pytest.mark.slow),
+    "flash_attention_2",
+)
 
 
 @pytest.mark.parametrize("attention", ATTENTION, indirect=True)
-def test_packed_samples_see_only_themselves(family, model, attention):
+def test_packed_samples_see_only_themselves(tiny_family, model, attention):
+    """Alone under the same attention (flex_attention: eager, which it equals on one sample;
+    compiling it for each sample's length would take minutes): what packing must not change.
+    Whether an implementation computes the model's own attention is another question (Gemma 3
+    under FlashAttention does not: tests/test_gemma3.py)."""
     if attention == "flex_attention" and not model._supports_flex_attn:
         pytest.skip(f"{type(model).__name__} does not accept flex_attention")
-    batch, samples = packed_batch(family)
+    batch, samples = packed_batch(tiny_family)
     assert len(batch["samples_per_row"]) == 2 and batch["samples_per_row"].tolist() == [3, 3]
-    alone = summed_losses_alone(family, use_attention(model, "eager"), samples)
-    use_attention(language_model(model), attention)  # the images are encoded one by one anyway
+    alone_attention = "eager" if attention == "flex_attention" else attention
     try:
+        use_attention(language_model(model), alone_attention)
+        alone = summed_losses_alone(tiny_family, model, samples)
+        use_attention(language_model(model), attention)  # the images are encoded one by one
         packed = summed_losses_packed(model, batch)
     finally:
         use_attention(model, "eager")
     assert packed == pytest.approx(alone, rel=1e-5)
 
 
-def three_row_positions(batch: dict, inputs: dict) -> dict:
+def three_row_positions(batch: dict, inputs: dict, model) -> dict:
     """Qwen-VL: the mRoPE rows alone, [3, B, L], as several trainers pass them."""
     return {**inputs, "position_ids": inputs["position_ids"][1:]}
 
 
-def packs_tiles_swapped(batch: dict, inputs: dict) -> dict:
+def packs_tiles_swapped(batch: dict, inputs: dict, model) -> dict:
     """SmolVLM and Idefics3: the second pack's tiles before the first's, as a collator that
     gathers a batch's images in another order than its rows does. The model takes any order of
     the right number of tiles (it fills the <image> runs of the flattened rows in turn), so it
@@ -198,21 +226,68 @@ def packs_tiles_swapped(batch: dict, inputs: dict) -> dict:
     return {**inputs, "pixel_values": torch.cat([tiles[first:], tiles[:first]])[None]}
 
 
-# Each family's trap: what trainers get wrong for it, and what mixes its samples.
+def images_out_of_order(batch: dict, inputs: dict, model) -> dict:
+    """LLaVA-OneVision: the first and the last image of the batch (ROWS[0]'s and ROWS[5]'s, each
+    alone in its sample) swapped, crops and sizes, as a collator that orders images otherwise
+    than their tokens would. The model checks only the total of image features, so one sample's
+    features flow into the other's tokens, silently."""
+    pixels, sizes = inputs["pixel_values"], inputs["image_sizes"]
+    alone = [n == 1 for n in batch["batch_num_images"].tolist() for _ in range(n)]
+    assert alone[0] and alone[-1]
+    tile = pixels.shape[-1]  # both processors' pinpoints: the 6 x 6 grid of tiles
+    grid = [[tile * i, tile * j] for i in range(1, 7) for j in range(1, 7)]
+    crops = [
+        image_size_to_num_patches(size.tolist(), grid, tile) if a else 1
+        for size, a in zip(sizes, alone)
+    ]
+    blocks = list(pixels.split(crops))
+    order = [len(crops) - 1, *range(1, len(crops) - 1), 0]
+    return {
+        **inputs,
+        "pixel_values": torch.cat([blocks[i] for i in order]),
+        "image_sizes": sizes[order],
+    }
+
+
+def the_models_own_masks(batch: dict, inputs: dict, model) -> dict:
+    """Gemma 3: no attention_mask, so the model builds its own masks, as transformers 5.23 does
+    them (its sliding-window mask is wrong for every sample after the first of a row)."""
+    return {key: value for key, value in inputs.items() if key != "attention_mask"}
+
+
+def images_numbered_per_sample(batch: dict, inputs: dict, model) -> dict:
+    """Gemma 3: image blocks numbered from 0 in each sample (as a collator that computes them per
+    sample would): blocks are matched by id across the row, so the images of different samples
+    attend to each other, both ways."""
+    from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_for_mask
+
+    from mmdp.models.gemma3 import masks_with_image_blocks
+
+    owner = sample_ids(batch)
+    blocks = torch.full_like(owner, -1)
+    for sample in owner.unique().tolist():
+        where = owner == sample
+        types = batch["token_type_ids"][where][None]
+        blocks[where] = get_block_sequence_ids_for_mask(types)[0]
+    masks = masks_with_image_blocks(model, batch["position_ids"], blocks)
+    return {**inputs, "attention_mask": masks}
+
+
+# Each family's traps: what trainers get wrong for it, and what mixes its samples.
 TRAPS = {
-    "qwen2_5_vl": three_row_positions,
-    "qwen3_vl": three_row_positions,
-    "smolvlm": packs_tiles_swapped,
+    "qwen2_5_vl": (three_row_positions,),
+    "qwen3_vl": (three_row_positions,),
+    "llava_onevision": (images_out_of_order,),
+    "gemma3": (the_models_own_masks, images_numbered_per_sample),
+    "smolvlm": (packs_tiles_swapped,),
 }
 
 
-def trap(family, batch: dict, inputs: dict) -> dict:
-    return TRAPS[family.name](batch, inputs)
-
-
-def test_the_familys_trap_breaks_the_equality(family, model):
-    batch, samples = packed_batch(family)
-    alone = summed_losses_alone(family, model, samples)
-    packed = summed_losses_packed(model, batch, trap(family, batch, model_inputs(batch, model)))
-    worst = max(abs(p - a) / a for p, a in zip(packed, alone))
-    assert worst > 1e-4
+def test_the_familys_traps_break_the_equality(tiny_family, model):
+    batch, samples = packed_batch(tiny_family)
+    alone = summed_losses_alone(tiny_family, model, samples)
+    for trap in TRAPS[tiny_family.name]:
+        inputs = trap(batch, model_inputs(batch, model), model)
+        packed = summed_losses_packed(model, batch, inputs)
+        worst = max(abs(p - a) / a for p, a in zip(packed, alone))
+        assert worst > 1e-4, trap.__name__

@@ -77,6 +77,8 @@ def fake_sample(row: int, input_ids: list[int], images: int) -> dict:
         "input_ids": torch.tensor(input_ids),
         "labels": torch.tensor(input_ids),
         "pixel_values": torch.zeros(images, 3, 8, 8),
+        "image_count": images,
+        "patches": images,
         "converted": {},
     }
 
@@ -90,7 +92,7 @@ def test_pack_samples_figure_names_samples_images_and_padding():
         [fake_sample(2, [image, 1, 2, 3, 4], 1)],
     ]
     batch = collate_packs(
-        [{**layout_pack(p, 8, 0, 8), "batch_index": 0, "dropped": {}} for p in packs]
+        [{**layout_pack(p, 8, 0), "batch_index": 0, "dropped": {}} for p in packs]
     )
     fig = plot_pack_samples(batch, image_token_id=image, title="Packed batch: 2 packs")
     ax = fig.axes[0]

@@ -46,10 +46,11 @@ def test_one_tile_without_splitting():
 
 
 @pytest.mark.slow
-def test_idefics3_packed_samples_see_only_themselves(idefics3):
-    model = tiny_model(idefics3.processor, attn_implementation="sdpa")
+def test_idefics3_packed_samples_see_only_themselves():
+    tiny = family_for(smolvlm.tiny_processor(smolvlm.Idefics3))
+    model = tiny_model(tiny.processor, attn_implementation="sdpa")
     assert type(model).__name__ == "Idefics3ForConditionalGeneration"
-    batch, samples = packed_batch(idefics3)
+    batch, samples = packed_batch(tiny)
     assert len(samples) == len(ROWS)
-    alone = summed_losses_alone(idefics3, model, samples)
+    alone = summed_losses_alone(tiny, model, samples)
     assert summed_losses_packed(model, batch) == pytest.approx(alone, rel=1e-5)

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from mmdp.drop_reasons import TOO_LONG
+from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS, TOO_LONG
 
 KEYS = {"samples", "dropped", "batches", "real_tokens", "computed_tokens", "utilization"}
 
@@ -149,6 +149,75 @@ def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
     assert report["weighing"]["rows_weighed_per_rank"] == [300, 0]
 
 
+def test_stage3_grouped_by_modality_length_pads_little_and_puts_the_heaviest_batch_first(
+    run_script, tmp_path
+):
+    metrics = tmp_path / "m.json"
+    result = run_script(
+        "03_constrained_pad_dataloader.py",
+        "--group-by",
+        "modality_length",
+        "--num-rows",
+        "300",
+        "--num-workers",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+        "--metrics-json",
+        str(metrics),
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(metrics.read_text())
+    assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"] == 300
+    waste = {name: 1 - r["utilization"] for name, r in report["comparison"].items()}
+    assert waste["modality_length"] < 0.1 < 0.5 < waste["constrained"]
+    assert 1 - report["utilization"] == pytest.approx(waste["modality_length"], abs=1e-6)
+    padded = [max(step) for step in report["padded_tokens"]]  # as the loader gave them
+    assert padded[0] == max(padded) and len(padded) == report["batches"]
+    assert (tmp_path / "03_grouped.png").stat().st_size > 10_000
+    assert "modality_length " in result.stdout and "naive " in result.stdout
+
+
+@pytest.mark.slow  # two processes, each weighing and loading a whole epoch
+def test_stage3_grouped_under_torchrun_two_ranks(run_script, tmp_path):
+    metrics = tmp_path / "m.json"
+    result = run_script(
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "03_constrained_pad_dataloader.py",
+        "--group-by",
+        "modality_length",
+        "--num-rows",
+        "300",
+        "--num-workers",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+        "--metrics-json",
+        str(metrics),
+        python_args=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(metrics.read_text())
+    # every rank yielded the same number of batches: no DDP hang at the end of the epoch
+    yielded = report["batches_per_rank_yielded"]
+    assert len(yielded) == 2 and yielded[0] == yielded[1] > 0
+    assert report["rank_balance"]["batches_per_rank"] == yielded
+    # disjoint and complete: every row in one rank's batches, or counted as dropped by reason
+    rank_0, rank_1 = (set(rows) for rows in report["sample_index_per_rank"])
+    assert not rank_0 & rank_1
+    assert len(rank_0) + len(rank_1) == report["samples"]
+    assert report["samples"] + sum(report["dropped"].values()) == 300
+    assert set(report["dropped"]) <= {TOO_LONG, LEFT_OUT_TO_EQUALISE_RANKS}
+    # the heaviest step first; ranks within a few tokens of each other at every step
+    padded = [max(step) for step in report["padded_tokens"]]
+    assert padded[0] == max(padded)
+    assert report["rank_balance"]["token_spread_per_step"]["mean"] < 20
+
+
 @pytest.mark.parametrize(
     ("script", "args", "says"),
     [
@@ -161,6 +230,12 @@ def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
         ("02_naive_pad_dataloader.py", ["--batch-size", "0"], "--batch-size: must be a positive"),
         ("02_naive_pad_dataloader.py", ["--dataset", "/nonexistent/x.parquet"], "no such file"),
         ("03_constrained_pad_dataloader.py", ["--max-length", "10"], "nothing to do"),
+        (
+            "03_constrained_pad_dataloader.py",
+            ["--group-by", "modality_length", "--max-length", "10"],
+            "nothing to do",
+        ),
+        ("03_constrained_pad_dataloader.py", ["--group-by", "length"], "--group-by: invalid"),
         ("04_knapsack_toy.py", ["--max-length", "0"], "--max-length: must be a positive"),
         ("04_knapsack_toy.py", ["--max-length", "10"], "raise --max-length to at least 24"),
         ("04_knapsack_toy.py", ["--start", "30"], "no items to pack"),
@@ -191,3 +266,33 @@ def test_impossible_settings_get_one_sentence_and_status_2(run_main, tmp_path, s
     last = stderr.strip().splitlines()[-1]
     assert "error:" in last and says in last
     assert "Traceback" not in stderr
+
+
+@pytest.mark.slow  # two processes, each loading and packing a whole epoch
+def test_stage5_mixture_under_torchrun_realises_the_asked_token_shares(run_script, tmp_path):
+    metrics = tmp_path / "m.json"
+    result = run_script(
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "05_knapsack_multimodal.py",
+        "--mixture",
+        "examples/mixture.json",
+        "--num-workers",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+        "--metrics-json",
+        str(metrics),
+        python_args=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    sources = json.loads(metrics.read_text())["mixture"]["sources"]
+    assert [s["source"] for s in sources] == ["describe", "charts", "multiturn"]
+    for source in sources:
+        assert abs(source["realised_share"] - source["asked_share"]) < 0.01
+        for share in source["realised_share_per_rank"]:
+            assert abs(share - source["asked_share"]) < 0.01
+    assert "The mixture (tokens):" in result.stdout

@@ -7,7 +7,8 @@ The package follows the blog's parts; to use mmdp in your trainer, copy `src/mmd
     packing/    stages 4-5: the packers, weighing, the planner, the batch contract, and the two
                 loaders (planned: PackedDataset; streamed: StreamingPackedDataset)
     models/     TinyVLM (stage 6's tiny vision-language model) and the attention helpers
-    training/   stage 6: the loss, the training loop, DDP, every strategy compared
+    training/   stage 6: the loss, the training loop, DDP, every strategy compared; training
+                with Trainer, accelerate or torchrun (recipes, trainer)
     report/     epoch metrics and the figures
     config, errors, cli, drop_reasons   shared defaults, one-line errors, flags, why rows are
                 left out
@@ -29,6 +30,15 @@ from mmdp.packing.planner import EpochPlan, Weights, plan_epoch
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.weighing import weigh_rows
 from mmdp.training.loss import label_tokens, mean_over_samples, mean_over_tokens, summed_loss
+from mmdp.training.recipes import (
+    checkpoint_loader_with,
+    gradient_sync,
+    load_loader_state,
+    micro_batch_loss,
+    optimizer_steps,
+    save_loader_state,
+    step_label_tokens,
+)
 
 __all__ = [
     # data (stages 1-3)
@@ -60,4 +70,12 @@ __all__ = [
     "label_tokens",
     "mean_over_tokens",
     "mean_over_samples",
+    # training in your own loop: accelerate, torchrun (Trainer: mmdp.training.trainer.MMDPTrainer)
+    "optimizer_steps",
+    "step_label_tokens",
+    "micro_batch_loss",
+    "gradient_sync",
+    "save_loader_state",
+    "load_loader_state",
+    "checkpoint_loader_with",
 ]

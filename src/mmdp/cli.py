@@ -91,7 +91,9 @@ def add_data_args(parser: argparse.ArgumentParser, num_rows: int = config.DEFAUL
     )
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
     parser.add_argument(
-        "--out-dir", default=str(config.ASSETS_DIR), help="where figures go (default: assets/)"
+        "--out-dir",
+        default=display_path(config.ASSETS_DIR),
+        help="where figures go (default: assets/)",
     )
 
 
@@ -202,4 +204,4 @@ def print_table(
 def display_path(path) -> str:
     """A path as a user would type it: relative to the working directory when inside it."""
     relative = os.path.relpath(path)
-    return path if relative.startswith("..") else relative
+    return str(path) if relative.startswith("..") else relative

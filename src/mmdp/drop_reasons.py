@@ -27,6 +27,10 @@ LEFT_OUT_TO_EQUALISE_RANKS = "left_out_to_equalise_ranks"
 # every rank stops at the same step (mmdp.packing.streaming): the batch in hand and the rest of its buffer.
 HELD_WHEN_RANKS_STOPPED = "held_when_ranks_stopped"
 
+# Not chosen for this epoch by a mixture of sources (mmdp.data.mixture): its source had more
+# than its share.
+LEFT_OUT_BY_MIXTURE = "left_out_by_mixture"
+
 # Every reason, in the order reports list them. A row's reason is stored as its position in this
 # tuple (mmdp.packing.planner keeps millions of them as one byte each); 0 means "not dropped".
 REASONS = (
@@ -42,5 +46,6 @@ REASONS = (
     HELD_WHEN_RANKS_STOPPED,
     TOO_MANY_PATCHES,
     IMAGE_SIZE_REFUSED,
+    LEFT_OUT_BY_MIXTURE,
 )
 CODE = {reason: code for code, reason in enumerate(REASONS)}

@@ -37,7 +37,10 @@ def normalize_texts(texts) -> list[dict]:
     if isinstance(texts, dict):  # {"user": [...], "assistant": [...]}
         keys = list(texts)
         texts = [dict(zip(keys, values)) for values in zip(*texts.values())]
-    return list(texts or [])
+    turns = list(texts or [])
+    if any(not isinstance(turn, dict) for turn in turns):  # a null turn (nulls in a parquet list)
+        raise BadConversation(NO_TEXTS, "a turn of the conversation is null")
+    return turns
 
 
 def build_messages(texts, num_images: int, tokenizer, image_token_length: int) -> list[dict]:

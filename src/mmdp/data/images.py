@@ -35,6 +35,8 @@ UPRIGHT = {
     8: Image.Transpose.ROTATE_90,
 }
 SWAPS_SIDES = {5, 6, 7, 8}
+# 16-bit grayscale (a 16-bit PNG): values 0..65535, kept as the top 8 bits
+SIXTEEN_BIT_MODES = {"I;16", "I;16L", "I;16B", "I;16N"}
 
 
 class BadImage(Exception):
@@ -104,6 +106,8 @@ def decode_image(image) -> tuple[Image.Image, str | None]:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             pil.load()
         converted_from = None if pil.mode == "RGB" else pil.mode
+        if pil.mode in SIXTEEN_BIT_MODES:  # convert("RGB") would clip every value over 255 to white
+            pil = Image.fromarray((np.asarray(pil, dtype=np.uint32) >> 8).astype(np.uint8), "L")
         turn = UPRIGHT.get(orientation(pil))
         if turn is not None:
             pil = pil.transpose(turn)

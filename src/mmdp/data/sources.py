@@ -9,6 +9,7 @@ rows carry the encoded bytes, so counting images costs nothing, and decoding hap
 place (`mmdp.data.images.load_image`) where a broken file becomes a counted skip instead of a crash.
 """
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -101,9 +102,12 @@ def load_synthetic(num_rows: int, seed: int = 0) -> Dataset:
 def load_local(path: Path, split: str) -> Dataset:
     parquet_files = [path] if path.suffix == ".parquet" else sorted(path.glob("**/*.parquet"))
     if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
-        loaded = load_from_disk(str(path))
+        with unreadable_files_named(sorted(path.glob("**/*.arrow"))):
+            loaded = load_from_disk(str(path))
     elif parquet_files:
-        loaded = load_dataset("parquet", data_files=[str(f) for f in parquet_files], split="train")
+        with unreadable_files_named(parquet_files):
+            data_files = [str(f) for f in parquet_files]
+            loaded = load_dataset("parquet", data_files=data_files, split="train")
     else:
         raise UserError(
             f"{path} is neither a directory written by save_to_disk nor parquet file(s)"
@@ -113,6 +117,45 @@ def load_local(path: Path, split: str) -> Dataset:
             raise UserError(f"{path} has no split {split!r} (it has {', '.join(loaded)})")
         loaded = loaded[split]
     return loaded
+
+
+@contextlib.contextmanager
+def unreadable_files_named(files: list[Path]):
+    """Turn a failure to read local data files into one sentence naming the file at fault."""
+    try:
+        yield
+    except Exception as error:  # datasets and pyarrow raise many kinds, without the file's name
+        bad = first_unreadable(files)
+        if bad is None:
+            raise
+        raise UserError(bad) from error
+
+
+def first_unreadable(files) -> str | None:
+    """A sentence naming the first of `files` (parquet or Arrow) that is missing or does not
+    read whole, else None. Reads each file's footer (parquet) or every record batch (Arrow)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for file in map(str, files):
+        try:
+            if file.endswith(".parquet"):
+                pq.ParquetFile(file).metadata  # noqa: B018 - reading the footer is the check
+            else:
+                with pa.memory_map(file) as source:
+                    pa.ipc.open_stream(source).read_all()
+        except FileNotFoundError:
+            return f"data file {file} has disappeared; restore it, or start again without it"
+        except (OSError, pa.ArrowException) as error:
+            return (
+                f"data file {file} is damaged ({error.__class__.__name__}: {first_line(error)}); "
+                "copy it again, or delete it to go on without its rows"
+            )
+    return None
+
+
+def first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
 def load_hub(name: str, subset: str | None, split: str) -> Dataset:

@@ -3,6 +3,7 @@
 from torch.utils.data import Dataset
 
 from mmdp import config
+from mmdp.data.mixture import apply_source_rules
 from mmdp.models.families import family_for
 
 
@@ -23,6 +24,7 @@ class VQADataset(Dataset):
         position_ids (real families) the sample's positions, as its model computes them
         image_count, patches  the images, and the vision encoder's patches they make
         converted    Counter of image modes converted to RGB (e.g. {"RGBA": 1})
+        loss_weight  (a mixture only) the weight of the sample's label tokens in the loss
         drop_reason  None, or why this row cannot be used (mmdp.drop_reasons: a broken image,
                      no reply...); a dropped row has no tensors. __getitem__ never raises for bad
                      data, because inside a DataLoader worker that would kill the whole epoch:
@@ -35,8 +37,12 @@ class VQADataset(Dataset):
         processor,
         image_size: int = config.IMAGE_SIZE,
         image_token_length: int = config.IMAGE_TOKEN_LENGTH,
+        mixture=None,
     ):
         self.dataset = dataset
+        # a mmdp.data.mixture.MixedRows: each row's source sets its labels and loss weight
+        self.sources = None if mixture is None else mixture.mixture.sources
+        self.source_of_row = None if mixture is None else mixture.source_of_row
         self.family = family_for(
             processor, image_size=image_size, image_token_length=image_token_length
         )
@@ -46,4 +52,12 @@ class VQADataset(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> dict:
-        return self.family.make_sample(self.dataset[index], index)
+        return self.sample(self.dataset[index], index)
+
+    def sample(self, row: dict, index: int, tokenized=None) -> dict:
+        """Row `index` (given) as a sample; in a mixture, as its source asks (label policy, loss
+        weight: mmdp.data.mixture.apply_source_rules). `tokenized`: its tokens, computed ahead."""
+        sample = self.family.make_sample(row, index, tokenized=tokenized)
+        if self.sources is None:
+            return sample
+        return apply_source_rules(sample, self.sources[self.source_of_row[index]])

@@ -16,26 +16,46 @@ import torch
 import transformers
 
 
-def attend(q, k, v, causal: bool, scale: float | None) -> torch.Tensor:
+def attend(q, k, v, causal: bool, scale: float | None, window_size=(-1, -1)) -> torch.Tensor:
     """Plain softmax attention of one sequence: q [Lq, H, D], k and v [Lk, Hkv, D] -> [Lq, H, D].
 
-    Causal masks align bottom-right, as FlashAttention's do (query i sees keys up to
-    i + Lk - Lq); key/value heads are repeated for grouped-query attention.
+    FlashAttention's conventions: queries align bottom-right with the keys (query i stands at key
+    position i + Lk - Lq), so a causal query sees keys up to its own position; window_size =
+    (left, right) keeps only keys within `left` positions before and `right` after it (-1: no
+    limit), which is how transformers runs sliding-window layers (Gemma 3's, Mistral's). Key/value
+    heads are repeated for grouped-query attention.
     """
     groups = q.shape[1] // k.shape[1]
     q, k, v = q.transpose(0, 1), k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     scores = q @ k.transpose(0, 1).transpose(1, 2) * (scale or q.shape[-1] ** -0.5)
+    lq, lk = q.shape[1], k.shape[0]
+    query_at = torch.arange(lq)[:, None] + (lk - lq)  # each query's position among the keys
+    key_at = torch.arange(lk)[None, :]
+    left, right = window_size
+    allowed = torch.ones(lq, lk, dtype=torch.bool)
     if causal:
-        lq, lk = q.shape[1], k.shape[0]
-        allowed = torch.ones(lq, lk, dtype=torch.bool).tril(diagonal=lk - lq)
-        scores = scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+        allowed &= key_at <= query_at
+    if left >= 0:
+        allowed &= key_at >= query_at - left
+    if right >= 0:
+        allowed &= key_at <= query_at + right
+    scores = scores.masked_fill(~allowed.to(scores.device), float("-inf"))
     weights = scores.float().softmax(dim=-1).to(v.dtype)
     return (weights @ v.transpose(0, 1)).transpose(0, 1)
 
 
-def reference_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):
-    """flash_attn_func's contract in plain torch: q, k, v [B, L, heads, D], no padding."""
-    return torch.stack([attend(q[b], k[b], v[b], causal, softmax_scale) for b in range(len(q))])
+def reference_flash_attn_func(
+    q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1)
+):
+    """flash_attn_func's contract in plain torch: q, k, v [B, L, heads, D], no padding.
+
+    It declares `window_size` as flash_attn's does: transformers passes only the arguments a
+    kernel's signature names (modeling_flash_attention_utils.py:249-270), and without it every
+    sliding-window layer would silently run as full causal attention.
+    """
+    return torch.stack(
+        [attend(q[b], k[b], v[b], causal, softmax_scale, window_size) for b in range(len(q))]
+    )
 
 
 def reference_flash_attn_varlen_func(
@@ -49,15 +69,16 @@ def reference_flash_attn_varlen_func(
     dropout_p=0.0,
     softmax_scale=None,
     causal=False,
+    window_size=(-1, -1),
 ):
     """flash_attn_varlen_func's contract in plain torch: q, k, v [total tokens, heads, D], and
     sequence i is q[cu_seqlens_q[i] : cu_seqlens_q[i + 1]] (keys likewise). Each sequence attends
-    only to itself: that is what keeps packed samples apart."""
+    only to itself: that is what keeps packed samples apart. window_size as in `attend`."""
     out = torch.empty_like(q)
     bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for i in range(len(bounds_q) - 1):
         (q0, q1), (k0, k1) = bounds_q[i : i + 2], bounds_k[i : i + 2]
-        out[q0:q1] = attend(q[q0:q1], k[k0:k1], v[k0:k1], causal, softmax_scale)
+        out[q0:q1] = attend(q[q0:q1], k[k0:k1], v[k0:k1], causal, softmax_scale, window_size)
     return out
 
 
@@ -69,7 +90,8 @@ def flash_attention_on_cpu(implementation: str = "flash_attention_2"):
     (integrations.flash_attention.flash_attention_forward -> _flash_attention_forward: varlen when
     cu_seq_lens_* are given or position_ids restart in a single row, plain causal attention over
     each whole row otherwise); only the two kernels are replaced. That is how a CPU test sees what
-    a GPU run with FlashAttention would compute. Set the model's implementation with
+    a GPU run with FlashAttention would compute, sliding windows included (the kernels take
+    window_size, as flash_attn's do). Set the model's implementation with
     `use_attention(model, implementation)`.
     """
     from transformers import modeling_flash_attention_utils as fa

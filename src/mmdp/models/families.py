@@ -3,6 +3,8 @@
 family_for(processor)   the ModelFamily of a tokenizer (mmdp's TinyVLM), of a transformers
                         processor of a supported family, or a ModelFamily as it is
 offline_processor(name) a processor of a family, built in code with no network
+tiny_processor(name)    the same with the smaller images a tiny model tests fast with, where the
+                        family has them (LLaVA-OneVision: 32 px tiles; Gemma 3: 28 px, not 896)
 MODELS                  the names of stage 5's --model
 """
 
@@ -20,6 +22,8 @@ from mmdp.models.family import ModelFamily, TinyFamily
 FAMILIES = {
     "Qwen2_5_VLProcessor": "mmdp.models.qwen_vl:Qwen2_5_VL",
     "Qwen3VLProcessor": "mmdp.models.qwen_vl:Qwen3VL",
+    "LlavaOnevisionProcessor": "mmdp.models.llava_onevision:LlavaOnevision",
+    "Gemma3Processor": "mmdp.models.gemma3:Gemma3",
     "SmolVLMProcessor": "mmdp.models.smolvlm:SmolVLM",
     "Idefics3Processor": "mmdp.models.smolvlm:Idefics3",
 }
@@ -27,6 +31,8 @@ FAMILIES = {
 OFFLINE = {
     "qwen2_5_vl": "mmdp.models.qwen_vl:Qwen2_5_VL",
     "qwen3_vl": "mmdp.models.qwen_vl:Qwen3VL",
+    "llava_onevision": "mmdp.models.llava_onevision:LlavaOnevision",
+    "gemma3": "mmdp.models.gemma3:Gemma3",
     "smolvlm": "mmdp.models.smolvlm:SmolVLM",
 }
 MODELS = ("tiny", *OFFLINE)
@@ -59,6 +65,14 @@ def offline_processor(name: str):
     """A processor of the family `name` (one of MODELS but "tiny"), built with no network."""
     family = family_class(OFFLINE[name])
     return importlib.import_module(family.__module__).offline_processor(family)
+
+
+def tiny_processor(name: str):
+    """A processor of the family `name` for tests of its tiny model on CPU: the family's own rules
+    with smaller images where its real ones make those tests slow, else offline_processor(name)."""
+    family = family_class(OFFLINE[name])
+    module = importlib.import_module(family.__module__)
+    return getattr(module, "tiny_processor", module.offline_processor)(family)
 
 
 def tiny_model(processor, **kwargs):

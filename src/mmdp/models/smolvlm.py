@@ -80,7 +80,12 @@ CHECKPOINT_IMAGE_SEQ_LEN = 64
 # The vision encoder's patch side for each tile side of the real checkpoints (config.json's
 # vision_config): SmolVLM-256M/500M 512/16, SmolVLM-Instruct (2B) and SmolVLM2-2.2B 384/14,
 # Idefics3-8B 364/14. The processor does not know it, and weighing needs it for the patches.
-PATCH_SIZES = {512: 16, 384: 14, 364: 14}
+# The 32 px tiles of 8 px patches are tiny_processor's (tests).
+PATCH_SIZES = {512: 16, 384: 14, 364: 14, 32: 8}
+# tiny_processor: tiles of 32 px, images upscaled to 64 px (up to 2 x 2 tiles + the global one,
+# 2 to 5 tiles as the real settings give 2 to 17), (32 / 8)^2 / 2^2 = 4 <image> a tile
+TINY_SETTINGS = {"size": {"longest_edge": 64}, "max_image_size": {"longest_edge": 32}}
+TINY_IMAGE_SEQ_LEN = 4
 MAX_IMAGE_SIZE = 4096  # image_processing_smolvlm.py:60: no side is resized above this
 
 
@@ -225,41 +230,49 @@ def smolvlm_tokenizer():
     return tokenizer
 
 
-def offline_processor(family: type[SmolVLM]):
+def offline_processor(
+    family: type[SmolVLM],
+    settings: dict = CHECKPOINT_SETTINGS,
+    image_seq_len: int = CHECKPOINT_IMAGE_SEQ_LEN,
+):
     """A processor of `family` built with no network (see the module docstring)."""
     tokenizer = smolvlm_tokenizer()
     if family is Idefics3:
         return transformers.Idefics3Processor(
-            image_processor=transformers.Idefics3ImageProcessor(**CHECKPOINT_SETTINGS),
+            image_processor=transformers.Idefics3ImageProcessor(**settings),
             tokenizer=tokenizer,
-            image_seq_len=CHECKPOINT_IMAGE_SEQ_LEN,
+            image_seq_len=image_seq_len,
             chat_template=CHAT_TEMPLATE,
         )
     return transformers.SmolVLMProcessor(  # needs num2words, and a video processor (not None)
-        image_processor=transformers.SmolVLMImageProcessor(**CHECKPOINT_SETTINGS),
+        image_processor=transformers.SmolVLMImageProcessor(**settings),
         tokenizer=tokenizer,
         video_processor=transformers.SmolVLMVideoProcessor(),
-        image_seq_len=CHECKPOINT_IMAGE_SEQ_LEN,
+        image_seq_len=image_seq_len,
         chat_template=CHAT_TEMPLATE,
     )
 
 
+def tiny_processor(family: type[SmolVLM] = SmolVLM):
+    """offline_processor with 32 px tiles and 4 <image> a tile, for tiny_model on CPU: at the
+    real settings every image is upscaled to 5-17 tiles of 64 tokens, a test batch of 5 images
+    holds 4,300 tokens and 57 tiles, and each test took 10 s of CPU. The same rules (resize,
+    split, the global tile, the text around each tile) apply."""
+    return offline_processor(family, TINY_SETTINGS, TINY_IMAGE_SEQ_LEN)
+
+
 def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa"):
     """A randomly initialised model of the real class, small enough for a CPU test, its token
-    ids and its tiles aligned with `processor`.
-
-    Its vision encoder reads tiles of the processor's side, but in coarse patches (32 px for
-    512 px tiles, 16 x 16 a tile rather than the real 32 x 32), and its pixel shuffle (scale
-    factor 2) leaves the processor's image_seq_len tokens a tile: a test batch holds about 60
-    tiles, and real patches made the vision tower most of a test's time.
-    """
+    ids and its tiles aligned with `processor`: the vision encoder reads tiles of the
+    processor's side in the patches of PATCH_SIZES, and its pixel shuffle leaves the processor's
+    image_seq_len tokens a tile (modeling_smolvlm.py:415-424)."""
     family = Idefics3 if isinstance(processor, transformers.Idefics3Processor) else SmolVLM
     tokenizer, tile = processor.tokenizer, processor.image_processor.max_image_size["longest_edge"]
-    scale_factor = 2
-    patches_per_side = scale_factor * math.isqrt(processor.image_seq_len)
-    patch_size = tile // patches_per_side
-    if (tile // patch_size) ** 2 != scale_factor**2 * processor.image_seq_len:
-        raise ValueError(f"no tiny patch size gives {processor.image_seq_len} tokens a tile")
+    patch_size = PATCH_SIZES[tile]
+    patches_per_side = tile // patch_size
+    scale_factor = math.isqrt(patches_per_side**2 // processor.image_seq_len)
+    if (patches_per_side // scale_factor) ** 2 != processor.image_seq_len:
+        raise ValueError(f"no pixel shuffle gives {processor.image_seq_len} tokens a tile")
     text = {
         "model_type": "llama",
         "vocab_size": len(tokenizer),

@@ -14,6 +14,9 @@ A batch of B packs, each a row of L = max_length tokens:
                              in the B * L tokens read as one flat row, then B * L. FlashAttention
                              needs them: it reads restarting position_ids only when B == 1
     max_length_q/k   int     the longest segment (a Python int, as FlashAttention takes it)
+    loss_weights     [B, L]  float32, only from a mixture with loss weights: each token's
+                             sample's weight (0 on padding), for
+                             mmdp.training.loss.weighted_mean_over_tokens
     real_token_mask  [B, L]  bool, True on real tokens. Deliberately NOT called attention_mask: a
                              2-D attention_mask makes transformers drop the per-sample mask, and
                              samples would attend to each other. Read it with
@@ -137,6 +140,7 @@ def layout_pack(samples: list[dict], max_length: int, pad_token_id: int) -> dict
             if samples and key in samples[0]
         },
         "real_token_mask": torch.arange(max_length) < used,
+        **token_loss_weights(samples, seq_lens, pad),
         "seq_lens": seq_lens + ([pad] if pad else []),
         "sample_index": [s["row"] for s in samples],
         "vision": [{key: s[key] for key in VISION_INPUTS if key in s} for s in samples],
@@ -144,6 +148,17 @@ def layout_pack(samples: list[dict], max_length: int, pad_token_id: int) -> dict
         "patches": sum(s["patches"] for s in samples),
         "converted": converted,
     }
+
+
+def token_loss_weights(samples: list[dict], seq_lens: list[int], pad: int) -> dict:
+    """{"loss_weights": float32 [L]}: each token gets its sample's loss weight (a mixture's
+    per-source weight), 0 on padding; {} when no sample carries one."""
+    if not any("loss_weight" in s for s in samples):
+        return {}
+    weights = [
+        torch.full((n,), float(s.get("loss_weight", 1.0))) for s, n in zip(samples, seq_lens)
+    ]
+    return {"loss_weights": torch.cat([*weights, torch.zeros(pad)])}
 
 
 def collate_packs(packs: list[dict], family=None) -> dict:
@@ -168,6 +183,7 @@ def collate_packs(packs: list[dict], family=None) -> dict:
         converted.update(p["converted"])
     cu_seq_lens = torch.tensor(cu_seq_lens, dtype=torch.int32)
     longest = max(max(p["seq_lens"]) for p in packs)
+    no_weights = torch.zeros(max_length)
     positions = [p["position_ids"] for p in packs]
     samples = [
         {**vision, "image_count": count}
@@ -185,6 +201,12 @@ def collate_packs(packs: list[dict], family=None) -> dict:
         "max_length_q": longest,
         "max_length_k": longest,
         "real_token_mask": torch.stack([p["real_token_mask"] for p in packs]),
+        # a pack whose samples were all dropped while built has no weights: zeros
+        **(
+            {"loss_weights": torch.stack([p.get("loss_weights", no_weights) for p in packs])}
+            if any("loss_weights" in p for p in packs)
+            else {}
+        ),
         "sample_index": torch.tensor(
             [r for p in packs for r in p["sample_index"]], dtype=torch.long
         ),

@@ -28,9 +28,12 @@ from mmdp import config
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
+from mmdp.packing.guards import STATEFUL_REFUSED, RefusesAcceleratePrepare, iterated_elsewhere
 from mmdp.packing.planner import EpochPlan, plan_epoch
+from mmdp.packing.prepared import load_prepared
 from mmdp.packing.sharding import rank_and_world_size
-from mmdp.packing.weighing import weigh_rows
+from mmdp.packing.weighing import cache_key, weigh_rows
+from mmdp.packing.workers import name_failed_worker
 
 
 class PackedDataset(IterableDataset):
@@ -40,10 +43,18 @@ class PackedDataset(IterableDataset):
 
     Use it with `PackedDataLoader` (or a DataLoader with batch_size=packs_per_batch and
     collate_fn=dataset.collate). Works unchanged under torchrun: rank and world size come from
-    torch.distributed when it is initialised.
+    torch.distributed when it is initialised. With tensor or pipeline parallelism, pass the
+    data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`: the
+    ranks that share a model replica's shard must read the same batches.
+
+    mixture (a mmdp.data.mixture.MixturePlan, with a VQADataset made with the same MixedRows):
+    each epoch takes every source's share of the rows, balanced across ranks per source.
 
     pretokenize=True keeps every sample's input_ids and labels from the weighing pass (cached
     with the weights), so that building a pack only slices them and decodes images.
+
+    prepared=URL (or `PackedDataset.from_prepared(URL, dataset)`): weigh nothing, read the
+    weights (and the tokens, when prepared with them) that `uv run -m mmdp.prepare` wrote there.
     """
 
     def __init__(
@@ -59,9 +70,12 @@ class PackedDataset(IterableDataset):
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        group=None,
         max_queued_packs: int = 16,
         pretokenize: bool = False,
         num_proc: int | None = None,
+        mixture=None,
+        prepared: str | None = None,
     ):
         self.dataset = dataset
         self.max_length = max_length
@@ -71,23 +85,39 @@ class PackedDataset(IterableDataset):
         self.strategy = strategy
         self.buffer_size = buffer_size
         self.seed = seed
+        self.mixture = mixture  # a mmdp.data.mixture.MixturePlan: rows chosen by source shares
         self.max_queued_packs = max_queued_packs
-        self.rank, self.world_size = rank_and_world_size(rank, world_size)
+        self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
         self.epoch = 0
-        self.batches_done = 0  # where the next iteration starts in this epoch (see state_dict)
+        # where the next iteration starts in this epoch (PackedDataLoader.state_dict)
+        self.batches_done = 0
 
         # 1. Weigh every item (once: later runs and the other ranks load the cached weights)
         # (under torchrun, every rank weighs a share: unless the caller chose the ranks, a
         # dataset then built on one rank only must not wait for the others)
         across_ranks = rank is None and world_size is None
-        self.weighing = weigh_rows(
-            dataset.dataset,
-            dataset.family,
-            pretokenize=pretokenize,
-            num_proc=num_proc,
-            across_ranks=across_ranks,
-        )
+        self.prepared = prepared
+        if prepared is None:
+            self.weighing = weigh_rows(
+                dataset.dataset,
+                dataset.family,
+                pretokenize=pretokenize,
+                num_proc=num_proc,
+                across_ranks=across_ranks,
+            )
+        else:  # read from a prepared dataset: weighed by mmdp.prepare, checked against this run
+            self.weighing = load_prepared(
+                prepared,
+                dataset,
+                max_length=max_length,
+                max_images=max_images,
+                max_patches=max_patches,
+                pretokenize=pretokenize,
+            )
+            pretokenize = self.weighing.tokens is not None
         self.weights = self.weighing.weights
+        # names the dataset and the tokenizer (with or without pretokenize: the same plan)
+        self.weights_key = cache_key(dataset.dataset, dataset.family, pretokenize=False)
         self.tokens = (
             None if self.weighing.tokens is None else self.weighing.tokens.with_format("numpy")
         )
@@ -95,6 +125,14 @@ class PackedDataset(IterableDataset):
         self.image_rows = dataset.dataset.select_columns(["images"]) if pretokenize else None
         self._plan = None  # (epoch, plan of every rank), in the process that plans
         self._rank_plan = None  # (epoch, this rank's part, its rows' lengths): what workers get
+
+    @classmethod
+    def from_prepared(cls, url: str, dataset: VQADataset, **settings) -> "PackedDataset":
+        """A PackedDataset that weighs nothing: the weights (and tokens, if prepared with them) of
+        `dataset`'s rows are read from a prepared dataset at `url`, a path or any fsspec URL
+        (`uv run -m mmdp.prepare`; mmdp.packing.prepared). It is refused in one sentence (a
+        UserError) when prepared for another model, processor, budget or rows."""
+        return cls(dataset, prepared=url, **settings)
 
     # 2-4. Plan the epoch ------------------------------------------------------------------------
 
@@ -115,6 +153,7 @@ class PackedDataset(IterableDataset):
                 buffer_size=self.buffer_size,
                 seed=self.seed,
                 epoch=epoch,
+                mixture=self.mixture,
             )
             mine = plan.for_rank(self.rank)
             self._plan = (epoch, plan)
@@ -142,25 +181,82 @@ class PackedDataset(IterableDataset):
     # Epochs, and resuming mid-epoch ---------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for a new epoch (call it before iterating, as with DistributedSampler)."""
-        self.epoch = epoch
-        self.batches_done = 0
+        """Reshuffle for a new epoch (call it before iterating, as with DistributedSampler).
 
-    def state_dict(self) -> dict:
-        return {"seed": self.seed, "epoch": self.epoch, "batches_done": self.batches_done}
+        The epoch it is already in keeps its position: trainers call set_epoch before every pass
+        (transformers/trainer.py:1851-1852), and right after a resume that call must not restart
+        the epoch.
+        """
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.batches_done = 0
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue an epoch after `batches_done` batches: the next iteration yields the rest."""
-        if state["seed"] != self.seed:
+    def settings(self) -> dict:
+        """What decides the epoch's plan and this rank's part of it: a resume needs the same.
+        (The number of DataLoader workers does not: batch k goes to worker k % workers from
+        wherever the epoch resumes.) `weights` names the dataset and the tokenizer: the key of
+        their weights in the cache (mmdp.packing.weighing.cache_key)."""
+        return {
+            "seed": self.seed,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "max_length": self.max_length,
+            "max_images": self.max_images,
+            "max_patches": self.max_patches,
+            "packs_per_batch": self.packs_per_batch,
+            "strategy": self.strategy,
+            "buffer_size": self.buffer_size,
+            "rows": len(self.dataset),
+            "weights": self.weights_key,
+        }
+
+    def position(self) -> dict:
+        """Where this epoch is, with the settings that decide it (PackedDataLoader.state_dict)."""
+        return {**self.settings(), "epoch": self.epoch, "batches_done": self.batches_done}
+
+    def resume_at(self, state: dict) -> None:
+        """Continue an epoch after `batches_done` batches: the next iteration yields the rest.
+
+        Refuses, in one sentence naming each difference, a state saved with other settings
+        (another dataset, max_length, seed, world size...): the rest of that epoch is not this one's.
+        """
+        now = self.settings()
+        different = [
+            f"{k} {state[k]!r} (now {now[k]!r})" for k in now if state.get(k, now[k]) != now[k]
+        ]
+        if different:
             raise ValueError(
-                f"state is for seed {state['seed']}, this dataset has seed {self.seed}"
+                "cannot resume: the state was saved with "
+                + ", ".join(different)
+                + "; they decide which rows go in which batch, so resume with the same ones "
+                "(or start the epoch afresh without load_state_dict)"
             )
         self.epoch = state["epoch"]
         self.batches_done = state["batches_done"]
 
+    def state_dict(self) -> dict:
+        """Refused: the position is the loader's (PackedDataLoader.state_dict).
+
+        torchdata's StatefulDataLoader saves the state_dict of any dataset that has one, inside
+        each worker (torchdata/stateful_dataloader/worker.py:46-52), where batches_done never
+        advances: it would resume at the start of the epoch. This raises instead.
+        """
+        raise TypeError(STATEFUL_REFUSED)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Refused, as state_dict: use PackedDataLoader.load_state_dict."""
+        raise TypeError(STATEFUL_REFUSED)
+
     # 5. Build the packs -----------------------------------------------------------------------
 
+    # Set by the PackedDataLoader that owns this dataset: True only while that loader starts its
+    # iterator (its workers copy the dataset then), False otherwise. None: no PackedDataLoader
+    # owns it, and a plain DataLoader may iterate it.
+    _loader_starting: bool | None = None
+
     def __iter__(self):
+        if self._loader_starting is False:
+            raise RuntimeError(iterated_elsewhere("PackedDataset", "PackedDataLoader"))
         plan, lengths = self.rank_plan()
         worker = get_worker_info()
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
@@ -193,7 +289,7 @@ class PackedDataset(IterableDataset):
             return [self.dataset[row] for row in rows]
         tokens, images = self.tokens[rows], self.image_rows[rows]["images"]
         return [
-            self.dataset.family.make_sample(
+            self.dataset.sample(
                 {"images": row_images},
                 row,
                 tokenized=(
@@ -211,12 +307,16 @@ class PackedDataset(IterableDataset):
         return collate_packs(packs, self.dataset.family)
 
 
-class PackedDataLoader(DataLoader):
+class PackedDataLoader(RefusesAcceleratePrepare, DataLoader):
     """A DataLoader over a PackedDataset that keeps track of where the epoch is.
 
-    `state_dict()` after k batches says so; a new loader whose dataset gets it through
-    `load_state_dict` yields exactly the batches after those k. After a full epoch the position
-    resets, and `set_epoch` picks the next shuffle.
+    `state_dict()` after k batches says so; a new loader that gets it through `load_state_dict`
+    yields exactly the batches after those k. After a full epoch the position resets, and
+    `set_epoch` picks the next shuffle. `len()` is the epoch's batch count, wherever it resumes.
+
+    It owns its dataset: another DataLoader that iterates the dataset (accelerate's, torchdata's)
+    gets one sentence saying what to do instead, and so does `accelerator.prepare(loader)`
+    (mmdp.packing.guards).
     """
 
     def __init__(self, dataset: PackedDataset, num_workers: int = 2, **kwargs):
@@ -231,22 +331,35 @@ class PackedDataLoader(DataLoader):
             num_workers=num_workers,
             **kwargs,
         )
+        dataset._loader_starting = False
 
     def __iter__(self):
         self.dataset.rank_plan()  # plan once here; workers receive this rank's part
-        for batch in super().__iter__():
+        # Workers are started (and copy the dataset), or iter(dataset) runs, inside
+        # DataLoader.__iter__: only then may the dataset be iterated.
+        self.dataset._loader_starting = True
+        try:
+            batches = super().__iter__()
+        finally:
+            self.dataset._loader_starting = False
+        pids = [worker.pid for worker in getattr(batches, "_workers", [])]
+        where = lambda: (self.dataset.rank, self.dataset.batches_done)  # noqa: E731
+        for batch in name_failed_worker(batches, where, pids):
             self.dataset.batches_done = batch["batch_index"] + 1
             yield batch
         self.dataset.batches_done = 0
 
     def __len__(self) -> int:
-        return self.dataset.num_batches() - self.dataset.batches_done
+        """The epoch's batches on this rank, wherever the epoch resumes: a trainer takes len()
+        once as the epoch's length (transformers/trainer.py:2504-2512)."""
+        return self.dataset.num_batches()
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        return self.dataset.state_dict()
+        return self.dataset.position()
 
     def load_state_dict(self, state: dict) -> None:
-        self.dataset.load_state_dict(state)
+        """Continue an epoch after `batches_done` batches (PackedDataset.resume_at)."""
+        self.dataset.resume_at(state)

@@ -35,6 +35,7 @@ import numpy as np
 
 from mmdp.drop_reasons import (
     CODE,
+    LEFT_OUT_BY_MIXTURE,
     LEFT_OUT_TO_EQUALISE_RANKS,
     REASONS,
     TOO_LONG,
@@ -266,9 +267,21 @@ def plan_epoch(
     buffer_size: int = 4096,
     seed: int = 0,
     epoch: int = 0,
+    mixture=None,
 ) -> EpochPlan:
-    """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed."""
+    """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed.
+
+    `mixture` (a mmdp.data.mixture.MixturePlan): the rows come from several sources, each with
+    its share; after step 1 it chooses the epoch's rows (some left out, some repeated), and after
+    step 3 each step's batches go to the ranks so that every rank's share of every source holds.
+    """
     rows, dropped = filter_rows(weights, max_length, max_images, max_patches)
+    if mixture is not None:
+        usable = rows
+        rows = mixture.choose(usable, weights.lengths, epoch)
+        left_out = len(usable) - len(np.intersect1d(usable, rows))
+        if left_out:
+            dropped[LEFT_OUT_BY_MIXTURE] += left_out
     rng = np.random.default_rng([seed, epoch])
     packed_rows, pack_starts, shuffled = shuffle_and_pack(
         rows,
@@ -291,7 +304,41 @@ def plan_epoch(
         remainder = shuffled[num_packs - left_out :]
         dropped[LEFT_OUT_TO_EQUALISE_RANKS] += int(np.diff(pack_starts)[remainder].sum())
     rows, pack_starts = gather_packs(packed_rows, pack_starts, shuffled[order])
-    return EpochPlan(rows, pack_starts, batch_starts, world_size, dict(dropped))
+    plan = EpochPlan(rows, pack_starts, batch_starts, world_size, dict(dropped))
+    if mixture is not None and world_size > 1:
+        plan = balance_groups(plan, mixture.source_of_row, weights.lengths)
+    return plan
+
+
+def balance_groups(plan: EpochPlan, group_of_row: np.ndarray, lengths: np.ndarray) -> EpochPlan:
+    """Step 3b (mixtures): the same batches, given to the ranks of each step so that every
+    rank's tokens of every group (a mixture's source) stay even over the epoch.
+
+    Steps in order; within a step, the batch with the most tokens first, each to the rank whose
+    tokens per group then come closest (squared distance) to an even share of the epoch so far.
+    The batches of a step do not change, so neither does the balance the dealer gave them.
+    """
+    world_size, num_groups = plan.world_size, int(group_of_row.max(initial=0)) + 1
+    num_batches = len(plan.batch_starts) - 1
+    pack_of_row = np.repeat(np.arange(len(plan.pack_starts) - 1), np.diff(plan.pack_starts))
+    batch_of_pack = np.repeat(np.arange(num_batches), np.diff(plan.batch_starts))
+    loads = np.zeros((num_batches, num_groups))
+    np.add.at(loads, (batch_of_pack[pack_of_row], group_of_row[plan.rows]), lengths[plan.rows])
+    loads = loads.reshape(-1, world_size, num_groups)  # [step, batch of the step, group]
+    held = np.zeros((world_size, num_groups))
+    order = np.empty(num_batches, dtype=np.int64)
+    for step, step_loads in enumerate(loads):
+        even = (held.sum(axis=0) + step_loads.sum(axis=0)) / world_size
+        free = list(range(world_size))
+        for b in np.argsort(-step_loads.sum(axis=1), kind="stable"):
+            cost = ((held[free] + step_loads[b] - even) ** 2).sum(axis=1)
+            rank = free.pop(int(np.argmin(cost)))
+            order[step * world_size + rank] = step * world_size + b
+            held[rank] += step_loads[b]
+    sizes = np.diff(plan.batch_starts)[order]
+    packs = ranges(plan.batch_starts[order], plan.batch_starts[order + 1])
+    rows, pack_starts = gather_packs(plan.rows, plan.pack_starts, packs)
+    return EpochPlan(rows, pack_starts, np.r_[0, np.cumsum(sizes)], world_size, plan.dropped)
 
 
 def shuffle_and_pack(

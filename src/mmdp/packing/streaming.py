@@ -54,6 +54,7 @@ import dataclasses
 import warnings
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
+from datetime import timedelta
 from itertools import islice
 
 import datasets
@@ -63,14 +64,17 @@ from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mmdp import config
-from mmdp.data.sources import with_undecoded_images
+from mmdp.data.sources import first_line, first_unreadable, with_undecoded_images
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
+from mmdp.errors import UserError
 from mmdp.models.families import family_for
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
+from mmdp.packing.guards import RefusesAcceleratePrepare, iterated_elsewhere
 from mmdp.packing.packers import Strategy
 from mmdp.packing.planner import Weights, filter_rows, shuffle_and_pack
-from mmdp.packing.sharding import all_ranks_have_a_batch, rank_and_world_size
+from mmdp.packing.sharding import ANSWER_TIMEOUT, all_ranks_have_a_batch, rank_and_world_size
+from mmdp.packing.workers import name_failed_worker
 
 # 2-3. Pack one buffer (pure: weights in, packs out) --------------------------------------------
 
@@ -141,9 +145,12 @@ class ReaderStream:
         """The next n rows of this reader (fewer at the end), without reading one row further."""
         taken = []
         if self.stream is not None:
-            for row in islice(self.iterator, n):
-                taken.append((self.rows_taken * self.readers + self.reader, row))
-                self.rows_taken += 1
+            try:
+                for row in islice(self.iterator, n):
+                    taken.append((self.rows_taken * self.readers + self.reader, row))
+                    self.rows_taken += 1
+            except Exception as error:  # a damaged or vanished file: say which, in one sentence
+                raise UserError(self.unreadable(error)) from error
             return taken
         while len(taken) < n:  # a plain iterable: keep 1 row in `readers`
             row = next(self.iterator, END)
@@ -154,6 +161,16 @@ class ReaderStream:
             self.rows_taken += 1
         return taken
 
+    def unreadable(self, error: Exception) -> str:
+        """Why the stream stopped: the data file at fault when one is, else the error itself."""
+        named = first_unreadable(stream_files(self.stream))
+        if named is not None:
+            return named
+        return (
+            f"the stream failed after {self.rows_taken:,} rows of reader {self.reader} "
+            f"({error.__class__.__name__}: {first_line(error)})"
+        )
+
     def position(self) -> dict:
         """Where this reader is: rows taken, and the datasets stream's own state."""
         stream = self.stream.state_dict() if self.stream is not None else None
@@ -163,6 +180,19 @@ class ReaderStream:
         """Close the underlying generator now (a parquet reader, say), not at interpreter exit."""
         if hasattr(self.iterator, "close"):
             self.iterator.close()
+
+
+def stream_files(stream: datasets.IterableDataset) -> list[str]:
+    """The data files behind a datasets stream of files (parquet, arrow...), [] for others.
+
+    datasets keeps them in the `files` argument of the innermost examples iterable (not public
+    API: anything else gives [], and the error then names the reader instead of a file)."""
+    files, iterable = [], getattr(stream, "_ex_iterable", None)
+    while iterable is not None:
+        for group in (getattr(iterable, "kwargs", None) or {}).get("files", []):
+            files += [group] if isinstance(group, str) else [str(f) for f in group]
+        iterable = getattr(iterable, "ex_iterable", None)
+    return [f for f in files if "://" not in f]  # local files only: remote ones cannot be checked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,7 +274,8 @@ class StreamingPackedDataset(IterableDataset):
     `iter()` and gives the same rows in the same order (a list, a reader of files): not an
     iterator, which can be read only once. `processor`: a tokenizer (mmdp's TinyVLM) or a
     transformers processor of a supported family, as for VQADataset. Under torchrun, rank and
-    world size come from torch.distributed.
+    world size come from torch.distributed; with tensor or pipeline parallelism, pass the
+    data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`.
     """
 
     def __init__(
@@ -261,6 +292,7 @@ class StreamingPackedDataset(IterableDataset):
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        group=None,
         image_size: int = config.IMAGE_SIZE,
         image_token_length: int = config.IMAGE_TOKEN_LENGTH,
         max_queued_batches: int = 2,
@@ -284,7 +316,7 @@ class StreamingPackedDataset(IterableDataset):
         self.buffer_size = buffer_size
         self.seed = seed
         self.max_queued_batches = max_queued_batches
-        self.rank, self.world_size = rank_and_world_size(rank, world_size)
+        self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
         self.total_shards = None  # a plain iterable has none
         if isinstance(rows, datasets.IterableDataset):
             rows = with_undecoded_images(rows)
@@ -312,9 +344,11 @@ class StreamingPackedDataset(IterableDataset):
         )
 
     def __iter__(self):
+        if self.resume_states is None:  # only StreamingDataLoader.__iter__ sets them
+            raise RuntimeError(iterated_elsewhere("StreamingPackedDataset", "StreamingDataLoader"))
         worker = get_worker_info()
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
-        resume = self.resume_states[worker_id] if self.resume_states else None
+        resume = self.resume_states[worker_id]
         produced = iterate_in_background(
             lambda: self.produce(worker_id, num_workers, resume), max_queued=self.max_queued_batches
         )
@@ -398,7 +432,7 @@ def collate(item: dict, family) -> dict:
 # The loader: order, reader states, ranks that stop together ---------------------------------
 
 
-class StreamingDataLoader(DataLoader):
+class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
     """A DataLoader over a StreamingPackedDataset: yields its batches (mmdp.packing.batch, plus
     `reader_state`), keeps every worker's latest reader state for `state_dict()`, and under
     torchrun stops every rank at the same step.
@@ -412,9 +446,15 @@ class StreamingDataLoader(DataLoader):
     reason: those dropped after a worker's last batch, and `held_when_ranks_stopped`.
 
     `stop_together` (default: when torch.distributed runs more than one rank) all-reduces one
-    flag per step over `group` (default: the world). With NCCL the flag is a GPU tensor and
-    reading it waits for the GPU; pass a gloo group (`dist.new_group(backend="gloo")`) to keep
-    it on the CPU.
+    flag per step over `group` (default: the world; the data-parallel group is enough). With NCCL
+    the flag is a GPU tensor and reading it waits for the GPU; pass a gloo group
+    (`dist.new_group(backend="gloo")`) to keep it on the CPU. A rank that does not answer that
+    all-reduce within `answer_timeout` (it died or hangs) makes the others raise
+    RanksStoppedAnswering, naming it.
+
+    `len()` is not known ahead: a trainer needs a number of steps. It owns its dataset: another
+    DataLoader that iterates the dataset (accelerate's, torchdata's) gets one sentence saying what
+    to do instead, and so does `accelerator.prepare(loader)` (mmdp.packing.guards).
     """
 
     def __init__(
@@ -424,6 +464,7 @@ class StreamingDataLoader(DataLoader):
         *,
         stop_together: bool | None = None,
         group=None,
+        answer_timeout: timedelta = ANSWER_TIMEOUT,
         **kwargs,
     ):
         for name in ("batch_size", "collate_fn", "persistent_workers"):
@@ -436,6 +477,7 @@ class StreamingDataLoader(DataLoader):
         )
         self.stop_together = stop_together  # None: decided when iterating
         self.group = group
+        self.answer_timeout = answer_timeout
         self.readers = max(num_workers, 1)
         self.dropped_at_end = Counter()
         self.start_epoch()
@@ -446,8 +488,12 @@ class StreamingDataLoader(DataLoader):
         self.batches_done = 0
 
     def set_epoch(self, epoch: int) -> None:
-        self.dataset.set_epoch(epoch)
-        self.start_epoch()
+        """A new shuffle for a new epoch. The epoch it is already in keeps its position:
+        trainers call set_epoch before every pass (transformers/trainer.py:1851-1852), and right
+        after a resume that call must not restart the epoch."""
+        if epoch != self.dataset.epoch:
+            self.dataset.set_epoch(epoch)
+            self.start_epoch()
 
     def __iter__(self):
         note = self.dataset.sharding_note(self.num_workers)
@@ -460,12 +506,18 @@ class StreamingDataLoader(DataLoader):
             stop_together = distributed and dist.get_world_size(self.group) > 1
         # Where each worker resumes from: travels to the workers with the dataset.
         self.dataset.resume_states = list(self.reader_states)
-        items = in_turns(super().__iter__(), self.readers, self.next_worker)
+        loaded = super().__iter__()
+        pids = [worker.pid for worker in getattr(loaded, "_workers", [])]
+        where = lambda: (self.dataset.rank, self.batches_done)  # noqa: E731
+        items = in_turns(name_failed_worker(loaded, where, pids), self.readers, self.next_worker)
         batches = self.follow(items)
         try:
             while True:
                 batch = next(batches, None)
-                if stop_together and not all_ranks_have_a_batch(batch is not None, self.group):
+                have_one = batch is not None
+                if stop_together and not all_ranks_have_a_batch(
+                    have_one, self.group, self.answer_timeout, self.batches_done
+                ):
                     self.count_held(batch)
                     break
                 if batch is None:
@@ -515,6 +567,7 @@ class StreamingDataLoader(DataLoader):
             "max_images": d.max_images,
             "max_patches": d.max_patches,
             "model_family": d.family.name,
+            "shards": d.total_shards,  # another dataset has other shards (often)
         }
 
     def state_dict(self) -> dict:
@@ -538,7 +591,7 @@ class StreamingDataLoader(DataLoader):
         same tokenizer: they decide which rows each reader reads and how it packs them.
         """
         now = self.settings()
-        different = [f"{k} {state[k]} (now {v})" for k, v in now.items() if state[k] != v]
+        different = [f"{k} {state[k]} (now {v})" for k, v in now.items() if state.get(k, v) != v]
         if different:
             raise ValueError(
                 "cannot resume: the state was saved with "

@@ -27,10 +27,12 @@ Two ways under torchrun:
   rows, and the other local ranks wait for its cache, with no collective call.
 """
 
+import errno
 import hashlib
 import json
 import os
 import shutil
+import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -46,6 +48,7 @@ from mmdp.data.conversation import BadConversation
 from mmdp.data.images import BadImage
 from mmdp.data.sources import cache_dir
 from mmdp.drop_reasons import CODE
+from mmdp.errors import UserError
 from mmdp.models.families import family_for
 from mmdp.packing.planner import Weights
 
@@ -143,23 +146,48 @@ def weigh_on_this_machine(rows, family, pretokenize: bool, num_proc, path: Path)
     cached = load_if_sound(path, pretokenize)
     if cached is not None:
         return (*cached, 0)
-    arrays, tokens = weigh(rows, family, pretokenize, num_proc, path.with_name(f"{path.name}.map"))
-    save(path, arrays, tokens)
+    weigher = path.with_name(f"{path.name}.weigher")  # who weighs: for the waiting ranks
+    weigher.parent.mkdir(parents=True, exist_ok=True)
+    weigher.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    try:
+        scratch = path.with_name(f"{path.name}.map")
+        arrays, tokens = weigh(rows, family, pretokenize, num_proc, scratch)
+        save(path, arrays, tokens)
+    finally:
+        weigher.unlink(missing_ok=True)
     return (*load(path, pretokenize), len(rows))
 
 
 def wait_for(path: Path, local_rank: int) -> None:
-    """Wait until local rank 0 of this machine has saved the weights under `path`."""
+    """Wait until local rank 0 of this machine has saved the weights under `path`; raise at
+    once if it stopped while weighing (its process is gone), or after WAIT_FOR_WEIGHING."""
     deadline = time.monotonic() + WAIT_FOR_WEIGHING.total_seconds()
     if not is_complete(path):
         print(f"local rank {local_rank}: waiting for local rank 0 to weigh the rows", flush=True)
     while not is_complete(path):
+        gone = weigher_gone(path.with_name(f"{path.name}.weigher"))
+        if gone is not None:
+            raise RuntimeError(
+                f"local rank {local_rank}: local rank 0 (pid {gone}) stopped while weighing the "
+                f"rows into {path}; its own error says why"
+            )
         if time.monotonic() > deadline:
             raise RuntimeError(
                 f"local rank {local_rank} waited {WAIT_FOR_WEIGHING} for local rank 0 to weigh "
                 f"the rows into {path}; did local rank 0 build the same dataset?"
             )
         time.sleep(POLL_SECONDS)
+
+
+def weigher_gone(weigher: Path) -> int | None:
+    """The pid of the process of this machine that was weighing, if it no longer runs."""
+    try:
+        who = json.loads(weigher.read_text())
+    except (OSError, ValueError):  # nobody is weighing yet, or the file is being written
+        return None
+    if who.get("host") != socket.gethostname():
+        return None  # a cache shared with another machine: its processes cannot be seen
+    return None if process_exists(who["pid"]) else who["pid"]
 
 
 # Every rank of every machine weighs a share ---------------------------------------------------
@@ -194,9 +222,10 @@ def weigh_across_ranks(rows, family, key: str, path: Path, num_proc) -> tuple[We
 
 
 def gloo_group():
-    """A gloo group of every rank (the default one when it is gloo): the shares cross as CPU
-    tensors, whatever the training backend."""
-    return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    """A gloo group of every rank, with its own timeout: the shares cross as CPU tensors,
+    whatever the training backend, and a rank that stops answering fails the others after
+    WAIT_FOR_WEIGHING (gloo fails them at once when its process is gone)."""
+    return dist.new_group(backend="gloo", timeout=WAIT_FOR_WEIGHING)
 
 
 def gather_shares(mine: dict, cold: list[int], num_rows: int, group) -> dict:
@@ -267,12 +296,37 @@ def save(path: Path, arrays: dict, tokens: Dataset | None = None) -> None:
         manifest = {"rows": len(arrays["lengths"]), "sha256": checksum(partial / "weights.npz")}
         (partial / "manifest.json").write_text(json.dumps(manifest))
         partial.rename(path)
-    except OSError:  # another process got there first (the same weights), or the disk is full
+    except OSError as error:  # another process got there first (the same weights), or no room
         shutil.rmtree(partial, ignore_errors=True)
-        if not is_complete(path):
-            raise
+        if is_complete(path):
+            return
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(
+                f"the disk is full: the weights could not be saved under {path.parent}; free "
+                "some space there or set MMDP_CACHE to a folder on another disk"
+            ) from error
+        raise
     finally:
         shutil.rmtree(path.with_name(f"{path.name}.map"), ignore_errors=True)
+        remove_abandoned_partials(path)
+
+
+def remove_abandoned_partials(path: Path) -> None:
+    """Remove the half-written copies that killed processes of this machine left beside `path`."""
+    for partial in path.parent.glob(f"{path.name}.partial-*"):
+        pid = partial.name.rsplit("-", 1)[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not process_exists(int(pid)):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def is_complete(path: Path) -> bool:

@@ -32,6 +32,17 @@ class EpochReport:
         self.dropped.update(batch["dropped"])
         self.converted.update(batch["converted"])
 
+    @classmethod
+    def merged(cls, reports: list["EpochReport"]) -> "EpochReport":
+        """One report for all ranks: their counts added up."""
+        total = cls()
+        for report in reports:
+            for name in ("samples", "batches", "real_tokens", "computed_tokens"):
+                setattr(total, name, getattr(total, name) + getattr(report, name))
+            total.dropped.update(report.dropped)
+            total.converted.update(report.converted)
+        return total
+
     @property
     def rows_read(self) -> int:
         return self.samples + sum(self.dropped.values())
@@ -145,12 +156,8 @@ class PackReport(EpochReport):
     @classmethod
     def merged(cls, reports: list["PackReport"]) -> "PackReport":
         """One report for all ranks; rows in step order (step 0 of rank 0, of rank 1, ...)."""
-        total = cls()
+        total = super().merged(reports)
         for report in reports:
-            for name in ("samples", "batches", "real_tokens", "computed_tokens"):
-                setattr(total, name, getattr(total, name) + getattr(report, name))
-            total.dropped.update(report.dropped)
-            total.converted.update(report.converted)
             for name in ("tokens_per_row", "images_per_row", "patches_per_row", "samples_per_row"):
                 getattr(total, name).extend(getattr(report, name))
         steps = max((len(r.batch_samples) for r in reports), default=0)

@@ -213,6 +213,7 @@ STRATEGY_COLOURS = {
     "bfd": "tab:cyan",
     "images_first_bfd": "tab:blue",
     "balanced_greedy": "tab:purple",
+    "modality_length": "tab:red",  # stage 3's padded batches grouped by modality and length
 }
 
 
@@ -230,49 +231,11 @@ def plot_learning_curves(
     fig, (held_out, per_step, train) = plt.subplots(1, 3, figsize=(18, 5.4), sharey=True)
     # different line styles: two strategies that learn alike (naive, constrained) stay visible
     styles = dict(zip(eval_loss, ["-", "--", "-.", ":"] * len(eval_loss)))
-    for name, per_run in eval_loss.items():
-        losses = np.asarray(per_run, dtype=np.float64)  # [runs, checkpoints]
-        colour = STRATEGY_COLOURS.get(name)
-        held_out.fill_between(
-            samples_seen,
-            losses.min(axis=0),
-            losses.max(axis=0),
-            color=colour,
-            alpha=0.2,
-            linewidth=0,
-        )
-        held_out.plot(
-            samples_seen,
-            losses.mean(axis=0),
-            marker="o",
-            markersize=4,
-            color=colour,
-            linestyle=styles[name],
-            label=f"{name} (mean, min-max over {len(losses)} runs)",
-        )
-        for i, (steps, run) in enumerate(zip(eval_steps[name], per_run)):
-            per_step.plot(
-                steps,
-                run,
-                marker="o",
-                markersize=3,
-                color=colour,
-                alpha=0.7,
-                linewidth=1,
-                linestyle=styles[name],
-                label=f"{name} (one line per run)" if i == 0 else None,
-            )
-    for name, runs in training.items():
-        for i, (seen, losses) in enumerate(runs):
-            train.plot(
-                seen,
-                losses,
-                color=STRATEGY_COLOURS.get(name),
-                alpha=0.6,
-                linewidth=1,
-                linestyle=styles[name],
-                label=f"{name} (one line per run)" if i == 0 else None,
-            )
+    _plot_held_out_loss(held_out, samples_seen, eval_loss, styles)
+    _plot_runs(
+        per_step, {name: list(zip(eval_steps[name], eval_loss[name])) for name in eval_loss}, styles
+    )
+    _plot_runs(train, training, styles)
     held_out.set_title("held-out loss against samples seen")
     held_out.set_xlabel("samples seen")
     held_out.set_ylabel("loss (mean over reply tokens)")
@@ -286,6 +249,47 @@ def plot_learning_curves(
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def _plot_held_out_loss(ax, samples_seen: list, eval_loss: dict, styles: dict) -> None:
+    """One line per strategy: the mean over runs, with the runs' min-max as a band."""
+    for name, per_run in eval_loss.items():
+        losses = np.asarray(per_run, dtype=np.float64)  # [runs, checkpoints]
+        colour = STRATEGY_COLOURS.get(name)
+        ax.fill_between(
+            samples_seen,
+            losses.min(axis=0),
+            losses.max(axis=0),
+            color=colour,
+            alpha=0.2,
+            linewidth=0,
+        )
+        ax.plot(
+            samples_seen,
+            losses.mean(axis=0),
+            marker="o",
+            markersize=4,
+            color=colour,
+            linestyle=styles[name],
+            label=f"{name} (mean, min-max over {len(losses)} runs)",
+        )
+
+
+def _plot_runs(ax, runs: dict, styles: dict, marker: str | None = None) -> None:
+    """One line per run, `runs[strategy]` being one (x, losses) pair per run."""
+    for name, pairs in runs.items():
+        for i, (x, losses) in enumerate(pairs):
+            ax.plot(
+                x,
+                losses,
+                marker=marker,
+                markersize=3,
+                color=STRATEGY_COLOURS.get(name),
+                alpha=0.6,
+                linewidth=1,
+                linestyle=styles[name],
+                label=f"{name} (one line per run)" if i == 0 else None,
+            )
 
 
 def plot_strategies(results: dict, title: str) -> Figure:
@@ -313,6 +317,64 @@ def plot_strategies(results: dict, title: str) -> Figure:
         ax.set_title(f"{label} (padded row or pack)")
     for ax in axes.flat:  # long strategy names side by side
         plt.setp(ax.get_xticklabels(), rotation=25, ha="right", rotation_mode="anchor")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_grouped(first_batch: dict, comparison: dict, title: str) -> Figure:
+    """Stage 3 --group-by: the first batch (the heaviest of the epoch), real and padded tokens of
+    the epoch for each way of batching, and the padded tokens of every step in the order the
+    loader yields them (a band: from the lightest rank's batch to the heaviest's).
+
+    `first_batch`: draw_padding's arguments; `comparison`: training.strategies.compare_padding's.
+    """
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8), gridspec_kw={"width_ratios": [1.1, 1, 1.6]})
+    draw_padding(axes[0], **first_batch)
+    # lower than draw_padding puts it: these axes are short
+    axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, frameon=False)
+    names = list(comparison)
+    ax = axes[1]
+    real = np.array([comparison[n]["real_tokens"] for n in names])
+    padding = np.array([comparison[n]["computed_tokens"] for n in names]) - real
+    ax.barh(names, real, color=REAL_COLOUR, label="real tokens")
+    bars = ax.barh(names, padding, left=real, color=PADDING_COLOUR, label="padding")
+    ax.bar_label(bars, labels=[f" {p / (r + p):.1%} padding" for r, p in zip(real, padding)])
+    ax.invert_yaxis()
+    ax.set_xlim(0, (real + padding).max() * 1.45)
+    ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:,.0f}k")
+    ax.set_xlabel("tokens computed over the epoch")
+    ax.set_title("one epoch")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
+    ax = axes[2]
+    for name in names:
+        padded = np.asarray(comparison[name]["padded_tokens"])  # [step, rank]
+        steps = np.arange(1, len(padded) + 1)
+        heaviest = padded.max(axis=1)
+        colour = STRATEGY_COLOURS.get(name)
+        ax.plot(steps, heaviest, color=colour, linewidth=0.8, alpha=0.8, label=name)
+        if padded.shape[1] > 1:
+            ax.fill_between(steps, padded.min(axis=1), heaviest, color=colour, alpha=0.2)
+        top = int(np.argmax(heaviest))
+        ax.plot(
+            steps[top],
+            heaviest[top],
+            marker="v",
+            markersize=11,
+            markeredgecolor="black",
+            color=colour,
+            linestyle="none",
+            label=f"{name}'s heaviest: step {top + 1}",
+        )
+    ranks = np.asarray(comparison[names[0]]["padded_tokens"]).shape[1]
+    ax.set_xlabel("step, in the order the loader yields them")
+    ax.set_ylabel("padded tokens (rows x padded length)")
+    ax.set_ylim(0, None)
+    ax.set_title(
+        "every step: its heaviest batch"
+        + (f" (band: down to the lightest of {ranks} ranks)" if ranks > 1 else "")
+    )
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, frameon=False)
     fig.suptitle(title)
     fig.tight_layout()
     return fig

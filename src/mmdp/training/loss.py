@@ -3,10 +3,12 @@ micro-batches and ranks.
 
     mean_over_tokens   every label token weighs the same (transformers' loss)
     mean_over_samples  every sample weighs the same: each sample's mean, then the mean of those
+    weighted_mean_over_tokens  each label token weighs its sample's loss weight (a mixture's
+                       per-source weight, the batch's `loss_weights`), divided by the label tokens
 
 Padded and packed batches of the same samples give the same value for both
 (tests/test_model_and_strategies.py). For DDP and gradient accumulation, add up their parts
-(`summed_loss` and `label_tokens`, `summed_sample_means`) over ranks and micro-batches before
+(`summed_loss` or `summed_weighted_loss`, and `label_tokens`; `summed_sample_means`) over ranks and micro-batches before
 dividing: see mmdp.training.ddp.
 """
 
@@ -85,3 +87,30 @@ def summed_sample_means(logits: torch.Tensor, batch: dict) -> tuple[torch.Tensor
     sums = torch.zeros(len(ids), device=losses.device).index_add(0, owner, losses)
     counts = torch.bincount(owner, minlength=len(ids))
     return (sums / counts).sum(), len(ids)
+
+
+def summed_weighted_loss(logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    """sum over label tokens t of w_t * loss_t, where w_t is the batch's `loss_weights` at the
+    label t predicts (its sample's weight; 1 everywhere when the batch has none). With the
+    model's own shift, as summed_loss."""
+    labels = batch["labels"]
+    if "loss_weights" not in batch:
+        return summed_loss(logits, labels)
+    weights = nn.functional.pad(batch["loss_weights"][:, 1:], (0, 1), value=0.0)
+    return (token_losses(logits, labels) * weights.to(logits.device)).sum()
+
+
+def weighted_mean_over_tokens(logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    """sum_t w_t * loss_t / (number of label tokens): a mixture's per-source loss weights, on
+    top of transformers' mean over label tokens. Weights of 1 give mean_over_tokens exactly.
+
+    The denominator counts label tokens, not the sum of the weights: a weight then means the
+    same in every batch (2.0: each of the source's tokens counts twice as much as a token of
+    weight 1, whatever else the batch holds). Divided by the sum of the weights, a batch of one
+    source would cancel its own weight.
+
+    DDP-exact form (as mmdp.training.ddp for summed_loss): add up summed_weighted_loss over
+    micro-batches, all-reduce label_tokens over ranks and micro-batches, and backward
+    summed_weighted_loss * world_size / tokens on each micro-batch.
+    """
+    return summed_weighted_loss(logits, batch) / label_tokens(batch["labels"])

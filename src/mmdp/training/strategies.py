@@ -1,28 +1,31 @@
 """Every batching strategy of the tutorial on one epoch, from weights alone: the numbers behind
-assets/strategies.png.
+assets/strategies.png, and stage 3's comparison of padded batches (compare_padding).
 
 Naive and constrained padding batch `batch_size` samples in the order of a seeded shuffle (as
 stages 2 and 3 do, so the figures match); the packers plan the epoch as stage 5 does
-(mmdp.packing.planner), and differ only in the strategy.
+(mmdp.packing.planner), and differ only in the strategy; grouped padded batches are planned as
+stage 3's --group-by does (mmdp.data.grouping).
 """
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from mmdp.data.grouping import plan_batches, plan_grouped_epoch
 from mmdp.drop_reasons import REASONS, TOO_LONG
 from mmdp.packing.packers import STRATEGIES as PACKING_STRATEGIES
 from mmdp.packing.planner import Weights, plan_epoch
-from mmdp.report.metrics import spread
+from mmdp.report.metrics import rank_balance, spread
 
 PADDING_STRATEGIES = ("naive", "constrained")
 
 
-def padding_epoch(
+def padding_batches(
     weights: Weights, strategy: str, *, max_length: int, batch_size: int, seed: int
-) -> dict:
-    """Stage 2 (naive) or stage 3 (constrained) on weights: one row per sample."""
-    # The very batches of stages 2 and 3: a DataLoader shuffled with the same seeded generator.
+) -> tuple[list[np.ndarray], list[int], dict]:
+    """The very batches of stage 2 (naive) or stage 3 (constrained) on weights: each batch's
+    rows, the length it is padded to, and the rows dropped by reason."""
+    # A DataLoader shuffled with the same seeded generator as stages 2 and 3.
     order = DataLoader(
         range(len(weights)),
         batch_size=batch_size,
@@ -33,7 +36,7 @@ def padding_epoch(
     codes = np.bincount(weights.reasons, minlength=len(REASONS))
     dropped = {REASONS[code]: int(n) for code, n in enumerate(codes) if code and n}
     lengths = weights.lengths.astype(np.int64)
-    rows, real, computed, batches = [], 0, 0, 0
+    batches, widths = [], []
     for indices in order:
         batch = indices.numpy()[usable[indices.numpy()]]
         if strategy == "constrained":
@@ -44,15 +47,24 @@ def padding_epoch(
             width = max_length
         else:
             width = int(lengths[batch].max(initial=0))
-        batches += 1
-        rows.append(batch)
-        real += int(lengths[batch].sum())
-        computed += width * len(batch)
-    rows = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+        batches.append(batch)
+        widths.append(width)
+    return batches, widths, dropped
+
+
+def padding_epoch(
+    weights: Weights, strategy: str, *, max_length: int, batch_size: int, seed: int
+) -> dict:
+    """Stage 2 (naive) or stage 3 (constrained) on weights: one row per sample."""
+    batches, widths, dropped = padding_batches(
+        weights, strategy, max_length=max_length, batch_size=batch_size, seed=seed
+    )
+    lengths = weights.lengths.astype(np.int64)
+    rows = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
     return summarize(
-        real,
-        computed,
-        batches,
+        int(lengths[rows].sum()),
+        sum(width * len(batch) for batch, width in zip(batches, widths)),
+        len(batches),
         dropped,
         tokens=lengths[rows],
         images=weights.image_counts[rows],
@@ -110,3 +122,64 @@ def compare_strategies(
     for name in PACKING_STRATEGIES:
         results[name] = packing_epoch(weights, name, max_images=max_images, **budgets)
     return results
+
+
+def compare_padding(
+    weights: Weights,
+    *,
+    max_length: int,
+    batch_size: int,
+    seed: int = 0,
+    epoch: int = 0,
+    world_size: int = 1,
+) -> dict:
+    """Stage 3's --group-by comparison, from the weights: {naive, constrained, modality_length:
+    utilization, tokens, batches per rank, dropped, rank balance, padded tokens [step][rank]}.
+
+    On world_size ranks, naive and constrained batches go to the ranks in turn (batch b to rank
+    b % world_size), as a DistributedSampler would share them; a step's padded tokens are those
+    of its heaviest batch (rows x padded length), what decides whether it fits in memory.
+    """
+    budgets = {"max_length": max_length, "batch_size": batch_size, "seed": seed}
+    batches = {name: padding_batches(weights, name, **budgets) for name in PADDING_STRATEGIES}
+    plan = plan_grouped_epoch(weights, world_size=world_size, epoch=epoch, **budgets)
+    grouped = plan_batches(plan)
+    widths = [int(weights.lengths[batch].max()) for batch in grouped]
+    batches["modality_length"] = (grouped, widths, plan.dropped)
+    return {
+        name: padded_summary(*value, weights=weights, world_size=world_size)
+        for name, value in batches.items()
+    }
+
+
+def padded_summary(batches, widths, dropped, *, weights: Weights, world_size: int) -> dict:
+    lengths = weights.lengths.astype(np.int64)
+    real = sum(int(lengths[batch].sum()) for batch in batches)
+    computed = sum(width * len(batch) for batch, width in zip(batches, widths))
+    loads = padded_step_loads(batches, widths, weights, world_size)
+    return {
+        "utilization": round(real / computed, 6) if computed else 0.0,
+        "real_tokens": real,
+        "computed_tokens": computed,
+        "batches_per_rank": len(loads["padded_tokens"]),
+        "dropped": dict(sorted(dropped.items())),
+        "rank_balance": rank_balance(loads, world_size),
+        "padded_tokens": loads["padded_tokens"].tolist(),  # [step][rank]
+    }
+
+
+def padded_step_loads(batches, widths, weights: Weights, world_size: int) -> dict:
+    """Real tokens, images and padded tokens of every batch, as arrays [steps, world_size]:
+    batch b is rank b % world_size's at step b // world_size. A last step that not every rank
+    has is left out (DDP could not run it)."""
+    steps = len(batches) // world_size
+    batches, widths = batches[: steps * world_size], widths[: steps * world_size]
+    per_batch = {
+        "tokens": [int(weights.lengths[batch].sum()) for batch in batches],
+        "images": [int(weights.image_counts[batch].sum()) for batch in batches],
+        "padded_tokens": [width * len(batch) for batch, width in zip(batches, widths)],
+    }
+    return {
+        name: np.asarray(values, dtype=np.int64).reshape(steps, world_size)
+        for name, values in per_batch.items()
+    }

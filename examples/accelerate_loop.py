@@ -1,0 +1,120 @@
+"""Train on an mmdp loader with accelerate: prepare the model and the optimizer, not the loader.
+
+    uv run torchrun --nproc-per-node 2 examples/accelerate_loop.py --max-steps 12 --grad-accum 2 \
+        --output-dir /tmp/accelerate --log-samples /tmp/accelerate/samples.jsonl
+    uv run torchrun --nproc-per-node 2 examples/accelerate_loop.py --max-steps 12 --grad-accum 2 \
+        --output-dir /tmp/accelerate --log-samples /tmp/accelerate/samples.jsonl \
+        --resume-from-checkpoint /tmp/accelerate/checkpoint-8
+
+(`accelerate launch --num_processes 2 examples/accelerate_loop.py ...` works the same.) The file
+is not called accelerate.py: Python puts a script's folder first on sys.path, and every
+`import accelerate` of the run, transformers' included, would import the script instead.
+
+TinyVLM on the embedded rows, offline, on CPU or GPUs; checkpoints in DIR/checkpoint-STEP.
+Prints the final step's loss and a digest of the weights: a run stopped after a checkpoint and
+resumed prints the same as one that never stopped.
+
+What the recipe does:
+1. accelerator.prepare(model, optimizer), and not the loader: accelerate would rebuild it and
+   cut or re-shard its batches (mmdp's loaders refuse with one sentence). Batches are moved to
+   the device by hand.
+2. Each optimizer step takes --grad-accum micro-batches; all but the last run under
+   accelerator.no_sync. Not accelerator.accumulate(): it learns where an epoch ends only from
+   prepared loaders (accelerate/accelerator.py:1230-1237), so an epoch's short last step would
+   never be taken.
+3. Each micro-batch's loss is its summed token loss x processes / the step's label tokens on
+   every rank (mmdp.training.recipes): one process's gradient.
+4. accelerator.save_state / load_state, with the loader's state of every rank
+   (mmdp.training.recipes.checkpoint_loader_with).
+"""
+
+import contextlib
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs
+
+from mmdp.cli import description
+from mmdp.training.examples import (
+    SampleLog,
+    checkpoint_folder,
+    checkpoint_step,
+    make_loader,
+    make_model,
+    print_result,
+    training_flags,
+    weights_digest,
+)
+from mmdp.training.loop import to_device
+from mmdp.training.recipes import (
+    check_launched_processes,
+    checkpoint_loader_with,
+    micro_batch_loss,
+    optimizer_steps,
+    step_label_tokens,
+)
+
+
+def train_step(accelerator, model, optimizer, micro_batches, inputs) -> torch.Tensor:
+    """One optimizer step on the micro-batches; returns this rank's share of the step's loss."""
+    processes = accelerator.num_processes
+    tokens = step_label_tokens(micro_batches, device=accelerator.device)
+    loss_share = torch.zeros((), device=accelerator.device)
+    for i, batch in enumerate(micro_batches):
+        batch = to_device(batch, accelerator.device)
+        last = i == len(micro_batches) - 1
+        with contextlib.nullcontext() if last else accelerator.no_sync(model):
+            logits = model(**inputs(batch)).logits
+            loss = micro_batch_loss(logits, batch["labels"], tokens, processes)
+            accelerator.backward(loss)
+        loss_share += loss.detach() / processes
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_share
+
+
+def main(argv=None) -> dict | None:
+    args = training_flags(description(__doc__)).parse_args(argv)
+    accelerator = Accelerator(
+        # without cpu=True on a machine with no GPU, each process would train alone
+        cpu=not torch.cuda.is_available(),
+        # a micro-batch without images leaves the vision encoder unused
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+    )
+    check_launched_processes(accelerator.num_processes)  # ... and that says so if it happens
+    # the loader shards by rank itself: it is not prepared
+    rank, world_size = accelerator.process_index, accelerator.num_processes
+    loader, tokenizer = make_loader(args, rank=rank, world_size=world_size)
+    model, inputs = make_model(args, tokenizer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    checkpoint_loader_with(accelerator, loader)  # save_state/load_state: every rank's position
+    step = 0
+    if args.resume_from_checkpoint:
+        accelerator.load_state(args.resume_from_checkpoint)
+        step = checkpoint_step(args.resume_from_checkpoint)
+    resumed_step = step if args.resume_from_checkpoint else None
+    log = SampleLog(args.log_samples, accelerator.process_index, resumed_step)
+
+    steps = optimizer_steps(loader, args.grad_accum)
+    loss = torch.zeros((), device=accelerator.device)
+    while step < args.max_steps:  # test before pulling a step: a pulled step moves the loader
+        micro_batches = next(steps)
+        step += 1
+        for micro_step, batch in enumerate(micro_batches):
+            log.write(step, micro_step, batch)
+        loss = train_step(accelerator, model, optimizer, micro_batches, inputs)
+        if step % args.save_steps == 0 or step == args.max_steps:
+            accelerator.save_state(checkpoint_folder(args.output_dir, step))
+
+    loss = accelerator.reduce(loss, reduction="sum")  # the step's mean over every label token
+    result = None
+    if accelerator.is_main_process:
+        state = accelerator.unwrap_model(model).state_dict()
+        result = print_result(float(loss), step, weights_digest(state))
+    accelerator.wait_for_everyone()  # (with trackers, accelerator.end_training() here)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Train on an mmdp loader with plain torchrun: DDP (or FSDP2's fully_shard), the loss that gives
+one process's gradient, and checkpoints that resume exactly.
+
+    uv run torchrun --nproc-per-node 2 examples/torchrun.py --max-steps 12 --grad-accum 2 \
+        --output-dir /tmp/torchrun --log-samples /tmp/torchrun/samples.jsonl
+    uv run torchrun --nproc-per-node 2 examples/torchrun.py --max-steps 12 --grad-accum 2 \
+        --output-dir /tmp/torchrun --log-samples /tmp/torchrun/samples.jsonl \
+        --resume-from-checkpoint /tmp/torchrun/checkpoint-8
+
+TinyVLM on the embedded rows, offline, on CPU (gloo) or GPUs (NCCL); checkpoints in
+DIR/checkpoint-STEP. Prints the final step's loss and a digest of the weights: a run stopped
+after a checkpoint and resumed prints the same as one that never stopped.
+
+What the recipe does (mmdp.training.recipes):
+1. The loader shards by rank itself: no DistributedSampler, and it is not wrapped.
+2. Each optimizer step takes --grad-accum micro-batches; all but the last skip the gradient
+   all-reduce (DDP's no_sync, FSDP2's set_requires_gradient_sync).
+3. Each micro-batch's loss is its summed token loss x world size / the step's label tokens on
+   every rank (all-reduced): one process's gradient, whatever the ranks' token counts.
+4. A checkpoint holds the model and optimizer (written by rank 0) and one loader state per rank.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
+
+from mmdp.cli import description
+from mmdp.training.examples import (
+    SampleLog,
+    checkpoint_folder,
+    checkpoint_step,
+    make_loader,
+    make_model,
+    print_result,
+    training_flags,
+    weights_digest,
+)
+from mmdp.training.loop import to_device
+from mmdp.training.recipes import (
+    gradient_sync,
+    load_loader_state,
+    micro_batch_loss,
+    optimizer_steps,
+    save_loader_state,
+    step_label_tokens,
+)
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on the CPU
+
+
+def wrap(model, fsdp2: bool, device):
+    """DDP, or FSDP2 with each language-model layer sharded on its own and the rest at the top."""
+    model.to(device)
+    if not fsdp2:
+        # find_unused_parameters: a micro-batch without images leaves the vision encoder unused
+        return DistributedDataParallel(model, find_unused_parameters=True)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.lm.model.layers:
+        fully_shard(layer)
+    return fully_shard(model)
+
+
+def save_checkpoint(folder: str, model, optimizer, loader) -> None:
+    """Model and optimizer, whole, from rank 0; the loader's state from every rank."""
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=FULL)
+    if dist.get_rank() == 0:
+        os.makedirs(folder, exist_ok=True)
+        torch.save({"model": model_state, "optimizer": optimizer_state}, f"{folder}/model.pt")
+    save_loader_state(loader, folder, dist.get_rank())
+    dist.barrier()  # the checkpoint is whole before anyone goes on (or stops)
+
+
+def load_checkpoint(folder: str, model, optimizer, loader) -> int:
+    """Restore what save_checkpoint wrote; returns the step it was saved at."""
+    state = torch.load(f"{folder}/model.pt", weights_only=True)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=StateDictOptions(full_state_dict=True),
+    )
+    load_loader_state(loader, folder, dist.get_rank())
+    return checkpoint_step(folder)
+
+
+def train_step(model, optimizer, micro_batches, inputs, device) -> torch.Tensor:
+    """One optimizer step on the micro-batches; returns this rank's share of the step's loss."""
+    world_size = dist.get_world_size()
+    tokens = step_label_tokens(micro_batches, device=device)
+    loss_share = torch.zeros((), device=device)
+    for i, batch in enumerate(micro_batches):
+        batch = to_device(batch, device)
+        with gradient_sync(model, sync=i == len(micro_batches) - 1):
+            logits = model(**inputs(batch)).logits
+            loss = micro_batch_loss(logits, batch["labels"], tokens, world_size)
+            loss.backward()
+        loss_share += loss.detach() / world_size
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_share
+
+
+def parse_args(argv=None):
+    parser = training_flags(description(__doc__))
+    parser.add_argument("--fsdp2", action="store_true", help="FSDP2's fully_shard, not DDP")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    on_gpu = torch.cuda.is_available()
+    started_here = not dist.is_initialized()
+    if started_here:
+        dist.init_process_group("nccl" if on_gpu else "gloo")
+    rank = dist.get_rank()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else "cpu"
+
+    loader, tokenizer = make_loader(args)  # this rank's share of every epoch
+    model, inputs = make_model(args, tokenizer)
+    model = wrap(model, args.fsdp2, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    step = 0
+    if args.resume_from_checkpoint:
+        step = load_checkpoint(args.resume_from_checkpoint, model, optimizer, loader)
+    log = SampleLog(args.log_samples, rank, step if args.resume_from_checkpoint else None)
+
+    steps = optimizer_steps(loader, args.grad_accum)
+    loss = torch.zeros(())
+    while step < args.max_steps:  # test before pulling a step: a pulled step moves the loader
+        micro_batches = next(steps)
+        step += 1
+        for micro_step, batch in enumerate(micro_batches):
+            log.write(step, micro_step, batch)
+        loss = train_step(model, optimizer, micro_batches, inputs, device)
+        if step % args.save_steps == 0 or step == args.max_steps:
+            save_checkpoint(checkpoint_folder(args.output_dir, step), model, optimizer, loader)
+
+    dist.all_reduce(loss)  # the step's mean over every label token of every rank
+    model_state, _ = get_state_dict(model, optimizer, options=FULL)
+    result = print_result(float(loss), step, weights_digest(model_state)) if rank == 0 else None
+    if started_here:
+        dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    main()

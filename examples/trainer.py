@@ -1,0 +1,98 @@
+"""Train on an mmdp loader with transformers' Trainer: mmdp.training.trainer.MMDPTrainer.
+
+    uv run torchrun --nproc-per-node 2 examples/trainer.py --max-steps 12 --grad-accum 2 \
+        --output-dir /tmp/trainer --log-samples /tmp/trainer/samples.jsonl
+    uv run torchrun --nproc-per-node 2 examples/trainer.py --max-steps 12 --grad-accum 2 \
+        --output-dir /tmp/trainer --log-samples /tmp/trainer/samples.jsonl \
+        --resume-from-checkpoint /tmp/trainer/checkpoint-8
+
+(`uv run python examples/trainer.py ...` runs it in one process.) TinyVLM on the embedded rows,
+offline, on CPU or GPUs; Trainer's checkpoints in DIR/checkpoint-STEP, each with every rank's
+loader state. Prints the final step's loss and a digest of the weights: a run stopped after a
+checkpoint and resumed prints the same as one that never stopped.
+
+What MMDPTrainer does for you (its module's docstring has the why, with transformers' lines):
+the loader goes to Trainer as it is, not through accelerator.prepare; the model gets only the
+keys it takes; the loss is the summed token loss over the label tokens of the whole step on
+every rank, whatever the model's accepts_loss_kwargs; every checkpoint holds each rank's loader
+state, and a resume restores it instead of re-reading the batches already trained.
+"""
+
+import torch
+from transformers import TrainingArguments
+
+from mmdp.cli import description
+from mmdp.training.examples import (
+    SampleLog,
+    checkpoint_step,
+    make_loader,
+    make_model,
+    print_result,
+    training_flags,
+    weights_digest,
+)
+from mmdp.training.trainer import MMDPTrainer
+
+
+class LoggedTrainer(MMDPTrainer):
+    """MMDPTrainer that writes every micro-batch's rows to --log-samples before training on it."""
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        step = self.state.global_step + 1  # the optimizer step this micro-batch belongs to
+        self.micro_step = self.micro_step + 1 if step == self.last_step else 0
+        self.last_step = step
+        self.sample_log.write(step, self.micro_step, inputs)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+def untie_output_layer(model) -> None:
+    """TinyVLM is a plain nn.Module whose output layer shares the embeddings' weights; Trainer
+    saves such a module with safetensors.save_file, which refuses tensors that share memory
+    (transformers/trainer.py:4155). A copy makes them two weights (a PreTrainedModel, as the
+    real families are, saves tied weights itself)."""
+    lm_head = model.lm.lm_head
+    lm_head.weight = torch.nn.Parameter(lm_head.weight.detach().clone())
+
+
+def main(argv=None) -> dict | None:
+    args = training_flags(description(__doc__)).parse_args(argv)
+    training_args = TrainingArguments(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        gradient_accumulation_steps=args.grad_accum,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",  # a run cut short by --max-steps is the same run
+        save_strategy="steps",
+        save_steps=args.save_steps,
+        logging_steps=1,
+        seed=args.seed,
+        per_device_train_batch_size=args.packs_per_batch,  # for Trainer's logs only
+        # without it, on a machine with no GPU, Trainer runs every process on its own
+        use_cpu=not torch.cuda.is_available(),
+        report_to="none",
+        disable_tqdm=True,
+    )
+    # the loader shards by rank itself: this process's rank among Trainer's
+    rank, world_size = training_args.process_index, training_args.world_size
+    loader, tokenizer = make_loader(args, rank=rank, world_size=world_size)
+    model, inputs = make_model(args, tokenizer)
+    untie_output_layer(model)
+    trainer = LoggedTrainer(
+        model=model, args=training_args, train_loader=loader, model_inputs=inputs
+    )
+    resumed_step = None
+    if args.resume_from_checkpoint:
+        resumed_step = checkpoint_step(args.resume_from_checkpoint)
+    trainer.sample_log = SampleLog(args.log_samples, training_args.process_index, resumed_step)
+    trainer.micro_step, trainer.last_step = 0, None
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+
+    if training_args.process_index != 0:
+        return None
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    digest = weights_digest(trainer.model.state_dict())
+    return print_result(losses[-1], trainer.state.global_step, digest)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Rows broken in every way mmdp knows, for the fault tests and the bad-input benchmark.
+
+`BAD_ROWS` maps a name to a function that breaks a good row (the_cauldron's schema, images as
+{"bytes", "path"} cells) and the outcome the loaders must give it: a drop reason (the row is
+skipped and counted), or a mode it is converted from (the row is trained on, counted in
+`converted`), or None (trained on as it is).
+
+    >>> row = {"images": [], "texts": [{"user": "Hi?", "assistant": "Hello.", "source": "t"}]}
+    >>> BAD_ROWS["nulls_in_texts"][0](row)["texts"]
+    [None]
+"""
+
+import io
+import struct
+import zlib
+
+from PIL import Image
+
+from mmdp import drop_reasons
+
+
+def encoded(image: Image.Image, fmt: str, **save_args) -> dict:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **save_args)
+    return {"bytes": buffer.getvalue(), "path": None}
+
+
+def png_of_0x0_pixels() -> dict:
+    """A PNG whose header says 0 x 0 pixels (PIL cannot write one: built chunk by chunk)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    header = struct.pack(">IIBBBBB", 0, 0, 8, 2, 0, 0, 0)  # width, height, 8-bit RGB
+    png = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+    return {"bytes": b"\x89PNG\r\n\x1a\n" + png, "path": None}
+
+
+def exif_rotated_jpeg() -> dict:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # turn 90 degrees: stored 40x20, upright 20x40
+    return encoded(Image.new("RGB", (40, 20), (0, 0, 255)), "JPEG", exif=exif.tobytes())
+
+
+def animated_gif() -> dict:
+    frames = [Image.new("P", (24, 24), color) for color in (1, 2, 3)]
+    return encoded(frames[0], "GIF", save_all=True, append_images=frames[1:])
+
+
+def truncated_jpeg() -> dict:
+    whole = encoded(Image.new("RGB", (64, 48), (10, 200, 10)), "JPEG")["bytes"]
+    return {"bytes": whole[: len(whole) // 2], "path": None}
+
+
+def with_images(*cells):
+    return lambda row: {**row, "images": list(cells)}
+
+
+def with_texts(texts):
+    return lambda row: {**row, "texts": texts}
+
+
+def with_reply(user, assistant):
+    return with_texts([{"user": user, "assistant": assistant, "source": None}])
+
+
+BAD_ROWS = {
+    # skipped, with their reason
+    "garbage_image_bytes": (
+        with_images({"bytes": b"\x00 not an image " * 8, "path": None}),
+        drop_reasons.UNDECODABLE_IMAGE,
+    ),
+    "truncated_jpeg": (with_images(truncated_jpeg()), drop_reasons.UNDECODABLE_IMAGE),
+    "image_of_0x0_pixels": (with_images(png_of_0x0_pixels()), drop_reasons.UNDECODABLE_IMAGE),
+    "image_over_40_megapixels": (
+        with_images(encoded(Image.new("1", (8000, 6000)), "PNG")),
+        drop_reasons.IMAGE_TOO_LARGE,
+    ),
+    "null_image_cell": (with_images(None), drop_reasons.UNDECODABLE_IMAGE),
+    "image_cell_of_nulls": (
+        with_images({"bytes": None, "path": None}),
+        drop_reasons.UNDECODABLE_IMAGE,
+    ),
+    "no_texts": (with_texts([]), drop_reasons.NO_TEXTS),
+    "null_texts": (with_texts(None), drop_reasons.NO_TEXTS),
+    "nulls_in_texts": (with_texts([None]), drop_reasons.NO_TEXTS),
+    "null_reply": (with_reply("What is it?", None), drop_reasons.EMPTY_REPLY),
+    "empty_reply": (with_reply("What is it?", ""), drop_reasons.EMPTY_REPLY),
+    "image_token_in_text": (
+        with_reply("Look: <|image|>", "A square."),
+        drop_reasons.IMAGE_TOKEN_IN_TEXT,
+    ),
+    "too_long": (with_reply("Tell me everything.", "word " * 5000), drop_reasons.TOO_LONG),
+    "too_many_images": (
+        with_images(*[encoded(Image.new("RGB", (8, 8)), "PNG")] * 20),
+        drop_reasons.TOO_MANY_IMAGES,
+    ),
+    # trained on, converted to RGB (counted by mode)
+    "cmyk_jpeg": (
+        with_images(encoded(Image.new("CMYK", (30, 30), (0, 50, 100, 0)), "JPEG")),
+        "CMYK",
+    ),
+    "png_of_16_bits": (with_images(encoded(Image.new("I;16", (30, 30), 40000), "PNG")), "I;16"),
+    "animated_gif": (with_images(animated_gif()), "P"),  # its first frame
+    # trained on as they are
+    "exif_rotated_jpeg": (with_images(exif_rotated_jpeg()), None),
+    "null_images": (lambda row: {**row, "images": None}, None),  # a text-only row
+    "null_question": (with_reply(None, "A square."), None),
+}

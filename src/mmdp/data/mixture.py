@@ -1,0 +1,354 @@
+"""A mixture of datasets: several sources, each with its share of the epoch, a loss weight and a
+label policy, as VLMs are trained (the_cauldron alone has 50 subsets; ms-swift gives each
+dataset its own `loss_scale`).
+
+A mixture file (JSON; `05_knapsack_multimodal.py --mixture FILE.json`):
+
+    {"share_by": "tokens",
+     "sources": [
+       {"name": "describe", "dataset": "synthetic:describe", "share": 0.5},
+       {"name": "charts", "dataset": "synthetic:chart", "share": 0.3, "loss_weight": 2.0},
+       {"name": "chat", "dataset": "synthetic:multiturn", "share": 0.2, "labels": "last_turn"}]}
+
+- `dataset`: `synthetic:TASK` (the rows of one task of the embedded synthetic data: count,
+  colour, chart, diagram, describe, compare, multiturn, text_only), a local save_to_disk
+  directory or parquet file(s), or a Hub name (`subset`, `split`, `num_rows` as for one dataset).
+- `share`: the source's part of the epoch; shares are normalised to sum to 1.
+- `share_by`: "tokens" (default) or "rows". Tokens, because a step costs tokens, not rows: with
+  packing a step is a fixed token budget, so a token share is that share of the compute and of
+  the label tokens. By rows, a source of long samples (descriptions: 5x the tokens of a counting
+  question) silently takes several times its asked part of the run.
+- `epoch_size` (optional, in share_by's unit): the epoch's total. Default: the largest epoch
+  that repeats no row (the source that runs out first is taken whole, the others in part).
+  A larger one repeats the rows of the sources it needs to (whole passes, then a seeded part).
+- `loss_weight` (default 1): every label token of the source's samples counts this much in the
+  loss (mmdp.training.loss.weighted_mean_over_tokens); batches carry it as `loss_weights`.
+- `labels`: "all_turns" (default) trains every reply; "last_turn" only the last one.
+
+Planning (mmdp.packing.planner, step 0 and 3b): after the unusable rows are filtered out, each
+source's usable rows are shuffled with (seed, epoch, source) and taken until the source's token
+(or row) target is met; the chosen rows are packed together, and each step's batches are given
+to the ranks so that every rank's tokens of every source stay even over the epoch. Every rank
+computes the same plan.
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+import numpy as np
+
+from mmdp import config
+from mmdp.errors import UserError
+
+SHARE_UNITS = ("tokens", "rows")
+LABEL_POLICIES = ("all_turns", "last_turn")
+SYNTHETIC_PREFIX = "synthetic:"
+MIX_STREAM = 7  # a third seed word: the mixture's draws never replay the packer's shuffle
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    dataset: str  # "synthetic:TASK", a local path, or a Hub name
+    share: float
+    loss_weight: float = 1.0
+    labels: str = "all_turns"  # one of LABEL_POLICIES
+    subset: str | None = None
+    split: str = "train"
+    num_rows: int | None = None
+
+
+@dataclass(frozen=True)
+class Mixture:
+    sources: tuple[Source, ...]
+    share_by: str = "tokens"  # one of SHARE_UNITS
+    epoch_size: int | None = None  # in share_by's unit; None: the largest with no row repeated
+
+    def shares(self) -> np.ndarray:
+        asked = np.array([s.share for s in self.sources], dtype=np.float64)
+        return asked / asked.sum()
+
+
+def read_mixture(path: str | Path) -> Mixture:
+    """A Mixture from a JSON file (see the module docstring); bad input is one UserError."""
+    try:
+        spec = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"mixture {path}: no such file") from None
+    except json.JSONDecodeError as error:
+        raise UserError(f"mixture {path}: not JSON ({error})") from None
+    return mixture_from_dict(spec, str(path))
+
+
+def mixture_from_dict(spec: dict, where: str = "mixture") -> Mixture:
+    known = {f for f in Source.__dataclass_fields__}
+    sources = []
+    for i, entry in enumerate(spec.get("sources") or []):
+        unknown = set(entry) - known
+        if unknown or "dataset" not in entry or "share" not in entry:
+            raise UserError(
+                f"{where}: source {i + 1} needs 'dataset' and 'share'"
+                + (f" and has unknown key(s) {', '.join(sorted(unknown))}" if unknown else "")
+            )
+        source = Source(**{"name": entry.get("name", entry["dataset"]), **entry})
+        check_source(source, where)
+        sources.append(source)
+    if not sources:
+        raise UserError(f"{where}: no sources (expected {{'sources': [{{'dataset', 'share'}}]}})")
+    if len({s.name for s in sources}) < len(sources):
+        raise UserError(f"{where}: two sources share a name; give each a distinct 'name'")
+    share_by = spec.get("share_by", "tokens")
+    if share_by not in SHARE_UNITS:
+        raise UserError(f"{where}: share_by is {share_by!r}, expected one of {SHARE_UNITS}")
+    epoch_size = spec.get("epoch_size")
+    if epoch_size is not None and not (isinstance(epoch_size, int) and epoch_size > 0):
+        raise UserError(f"{where}: epoch_size must be a positive integer, got {epoch_size!r}")
+    return Mixture(tuple(sources), share_by, epoch_size)
+
+
+def check_source(source: Source, where: str) -> None:
+    if not (isinstance(source.share, (int, float)) and source.share > 0):
+        raise UserError(f"{where}: source {source.name!r} has share {source.share!r}, not > 0")
+    if not (isinstance(source.loss_weight, (int, float)) and source.loss_weight >= 0):
+        raise UserError(
+            f"{where}: source {source.name!r} has loss_weight {source.loss_weight!r}, not >= 0"
+        )
+    if source.labels not in LABEL_POLICIES:
+        raise UserError(
+            f"{where}: source {source.name!r} has labels {source.labels!r}, "
+            f"expected one of {LABEL_POLICIES}"
+        )
+
+
+# Loading ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class MixedRows:
+    """Every source's rows one after the other (one datasets.Dataset), and each row's source."""
+
+    dataset: datasets.Dataset
+    source_of_row: np.ndarray  # int16 [rows]: the position of the row's source in the mixture
+    mixture: Mixture
+    rows_per_source: list = field(default_factory=list)
+
+
+def load_mixture(mixture: Mixture, num_rows: int, seed: int = 0) -> MixedRows:
+    """Load every source (`num_rows`: the synthetic data's size, and the default cap of each
+    other source) and put them one after the other."""
+    from mmdp.data.sources import FEATURES, load_vqa_dataset
+
+    parts = []
+    for source in mixture.sources:
+        if source.dataset.startswith(SYNTHETIC_PREFIX):
+            part = synthetic_task(source.dataset.removeprefix(SYNTHETIC_PREFIX), num_rows, seed)
+            part = part.select(range(min(len(part), source.num_rows or len(part))))
+        else:
+            part = load_vqa_dataset(
+                source.dataset, source.subset, source.split, source.num_rows or num_rows
+            )
+        parts.append(part.select_columns(["images", "texts"]).cast(FEATURES))
+    sizes = [len(part) for part in parts]
+    source_of_row = np.repeat(np.arange(len(parts), dtype=np.int16), sizes)
+    return MixedRows(datasets.concatenate_datasets(parts), source_of_row, mixture, sizes)
+
+
+def synthetic_task(task: str, num_rows: int, seed: int) -> datasets.Dataset:
+    """The rows of one task of the embedded synthetic dataset of `num_rows` rows."""
+    from mmdp.data.sources import load_synthetic
+    from mmdp.data.synthetic import TASKS
+
+    if task not in TASKS:
+        raise UserError(
+            f"source synthetic:{task}: no such task (the synthetic data has {', '.join(TASKS)})"
+        )
+    rows = load_synthetic(max(num_rows, config.DEFAULT_NUM_ROWS), seed=seed)
+    texts = rows.select_columns(["texts"])["texts"]
+    return rows.select([i for i, t in enumerate(texts[:num_rows]) if t and t[0]["source"] == task])
+
+
+# Planning: which rows make the epoch -----------------------------------------------------------
+
+
+def choose_rows(
+    rows: np.ndarray,
+    source_of_row: np.ndarray,
+    amounts: np.ndarray,
+    shares: np.ndarray,
+    *,
+    epoch_size: float | None,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """The rows of one epoch (a row may repeat), from the usable `rows`: each source s gets
+    shares[s] of the epoch, measured in `amounts` (each row's tokens, or ones for rows).
+
+    1. Each source's usable amount A[s]; the epoch's total is `epoch_size`, or by default the
+       largest with no row repeated: min over s of A[s] / shares[s].
+    2. Source s's target T[s] = shares[s] * total: whole shuffled passes over its rows while
+       T[s] >= A[s], then a shuffled prefix whose amount comes closest to what remains.
+
+    Example: rows 0-3 of source 0 (10 tokens each), rows 4-5 of source 1 (20 each). Asked
+    50/50: 80 tokens, every row. Asked 75/25: source 0 runs out first, the epoch is
+    40 / 0.75 = 53.3 tokens; source 1's 13.3 are closer to one row (20) than to none.
+
+    >>> lengths = np.array([10, 10, 10, 10, 20, 20])
+    >>> source_of_row = np.array([0, 0, 0, 0, 1, 1])
+    >>> rows = choose_rows(np.arange(6), source_of_row, lengths, np.array([0.75, 0.25]),
+    ...                    epoch_size=None, rng=np.random.default_rng(0))
+    >>> np.bincount(source_of_row[rows]).tolist()
+    [4, 1]
+    """
+    chosen = []
+    per_source = [rows[source_of_row[rows] == s] for s in range(len(shares))]
+    available = np.array([amounts[r].sum() for r in per_source], dtype=np.float64)
+    if epoch_size is None:
+        epoch_size = (available / shares).min()
+    for s, source_rows in enumerate(per_source):
+        target = shares[s] * epoch_size
+        if len(source_rows) == 0 or available[s] == 0:
+            continue
+        passes = int(target // available[s])
+        chosen += [rng.permutation(source_rows) for _ in range(passes)]
+        chosen.append(
+            closest_prefix(rng.permutation(source_rows), amounts, target - passes * available[s])
+        )
+    return np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
+
+
+def closest_prefix(rows: np.ndarray, amounts: np.ndarray, target: float) -> np.ndarray:
+    """The prefix of `rows` whose amount is closest to `target` (ties: the shorter).
+
+    >>> closest_prefix(np.array([3, 1, 2]), np.array([0, 10, 20, 30]), 42).tolist()
+    [3, 1]
+    """
+    totals = np.r_[0, np.cumsum(amounts[rows])]
+    return rows[: int(np.argmin(np.abs(totals - target)))]
+
+
+@dataclass(frozen=True)
+class MixturePlan:
+    """What mmdp.packing.planner needs of a mixture: which rows make an epoch (`choose`), and
+    each row's source (to balance every source across ranks)."""
+
+    source_of_row: np.ndarray
+    shares: np.ndarray
+    share_by: str
+    epoch_size: int | None
+    seed: int
+
+    @classmethod
+    def of(cls, mixed: MixedRows, seed: int = 0) -> "MixturePlan":
+        m = mixed.mixture
+        return cls(mixed.source_of_row, m.shares(), m.share_by, m.epoch_size, seed)
+
+    def choose(self, rows: np.ndarray, lengths: np.ndarray, epoch: int) -> np.ndarray:
+        amounts = lengths if self.share_by == "tokens" else np.ones_like(lengths)
+        rng = np.random.default_rng([self.seed, epoch, MIX_STREAM])
+        return choose_rows(
+            rows, self.source_of_row, amounts, self.shares, epoch_size=self.epoch_size, rng=rng
+        )
+
+
+# What each source's samples become -------------------------------------------------------------
+
+
+def last_turn_labels(labels):
+    """Labels of the last reply only: every labelled token before the last run of labelled
+    tokens becomes IGNORE_INDEX (replies are runs of labels, separated by the user's turns).
+
+    >>> import torch
+    >>> last_turn_labels(torch.tensor([-100, 5, 6, -100, -100, 8, 9, -100])).tolist()
+    [-100, -100, -100, -100, -100, 8, 9, -100]
+    """
+    labelled = (labels != config.IGNORE_INDEX).nonzero().flatten()
+    if len(labelled) == 0:
+        return labels
+    gaps = (labelled[1:] - labelled[:-1] > 1).nonzero().flatten()
+    start = int(labelled[gaps[-1] + 1]) if len(gaps) else int(labelled[0])
+    out = labels.clone()
+    out[:start] = config.IGNORE_INDEX
+    return out
+
+
+def apply_source_rules(sample: dict, source: Source) -> dict:
+    """A sample as its source asks: its label policy applied, its loss weight attached."""
+    if sample["drop_reason"] is not None:
+        return sample
+    if source.labels == "last_turn":
+        sample = {**sample, "labels": last_turn_labels(sample["labels"])}
+    return {**sample, "loss_weight": float(source.loss_weight)}
+
+
+# The report: each source's rows, drops, tokens and share ----------------------------------------
+
+
+def source_report(
+    mixed: MixedRows,
+    plan: MixturePlan,
+    weights,
+    sample_index_per_rank: list[list[int]],
+    *,
+    budgets: dict,
+    epoch: int = 0,
+) -> list[dict]:
+    """Per source, for the epoch report and its JSON: rows, dropped by reason (over a budget or
+    unusable, left out by the mixture, left out to equalise ranks), samples yielded (a repeated
+    row counts each time) and their tokens, and the share asked vs realised (in the mixture's
+    unit), overall and per rank. `sample_index_per_rank`: the rows every rank yielded."""
+    from mmdp.packing.planner import Weights, filter_rows
+
+    usable, _ = filter_rows(weights, **budgets)
+    chosen = plan.choose(usable, weights.lengths, epoch)
+    amounts = weights.lengths if plan.share_by == "tokens" else np.ones_like(weights.lengths)
+    yielded = [np.asarray(rows, dtype=np.int64) for rows in sample_index_per_rank]
+    every = np.concatenate(yielded)
+    count = len(plan.shares)
+
+    def by_source(rows, per_row):
+        return np.bincount(plan.source_of_row[rows], per_row[rows], minlength=count)
+
+    shares_per_rank = [by_source(r, amounts) / max(by_source(r, amounts).sum(), 1) for r in yielded]
+    share = by_source(every, amounts) / max(by_source(every, amounts).sum(), 1)
+    report = []
+    for s, source in enumerate(mixed.mixture.sources):
+        mine = plan.source_of_row == s
+        part = Weights(*(a[mine] for a in (weights.lengths, weights.image_counts, weights.reasons)))
+        _, dropped = filter_rows(part, **budgets)
+        left_out = int(mine[usable].sum()) - len(np.intersect1d(usable[mine[usable]], chosen))
+        unequal = int(mine[chosen].sum()) - int(mine[every].sum())
+        dropped.update({"left_out_by_mixture": left_out, "left_out_to_equalise_ranks": unequal})
+        report.append(
+            {
+                "source": source.name,
+                "dataset": source.dataset,
+                "rows": int(mine.sum()),
+                "dropped": {k: v for k, v in sorted(dropped.items()) if v},
+                "samples": int(mine[every].sum()),
+                "rows_repeated": int(mine[every].sum()) - len(np.unique(every[mine[every]])),
+                "tokens": int(by_source(every, weights.lengths)[s]),
+                "asked_share": round(float(plan.shares[s]), 4),
+                "realised_share": round(float(share[s]), 4),
+                "realised_share_per_rank": [round(float(r[s]), 4) for r in shares_per_rank],
+                "loss_weight": source.loss_weight,
+                "labels": source.labels,
+            }
+        )
+    return report
+
+
+def format_source_report(report: list[dict], share_by: str) -> str:
+    """The per-source table of the epoch report."""
+    lines = [
+        f"{'source':<14}{'rows':>7}{'samples':>9}{'tokens':>10}{'asked':>8}{'realised':>10}"
+        f"  per rank ({share_by})  dropped"
+    ]
+    for r in report:
+        per_rank = ", ".join(f"{x:.1%}" for x in r["realised_share_per_rank"])
+        dropped = ", ".join(f"{n:,} {reason}" for reason, n in r["dropped"].items()) or "-"
+        lines.append(
+            f"{r['source']:<14}{r['rows']:>7,}{r['samples']:>9,}{r['tokens']:>10,}"
+            f"{r['asked_share']:>8.1%}{r['realised_share']:>10.1%}  {per_rank}  {dropped}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,238 @@
+"""LLaVA-OneVision: AnyRes crops, one token count per image, and images per sample.
+
+What the processor does with an image of width x height (transformers 5.23,
+models/llava_onevision/, cited below as IP = image_processing_llava_onevision.py,
+P = processing_llava_onevision.py, M = modeling_llava_onevision.py):
+
+- An image alone in its sample goes through AnyRes: the grid pinpoint that keeps the most of the
+  image is chosen (select_best_resolution, image_processing_utils.py:642-677), the image is resized
+  and padded to it and cut into tile x tile crops, and the whole image, resized to one tile, comes
+  first (IP:121-153): crops = rows x cols + 1. The language model gets one feature per patch of the
+  base crop, the grid's features unpadded back to the image's aspect ratio and shrunk to at most
+  ~9 crops' worth ("anyres_max_9"), and one newline feature per row (P:106-154, M:281-344).
+- An image that shares its sample with others is padded to a square and gives ONE crop, and
+  (tile / patch)^2 + 1 features: a crop and its newline (IP:193, 218-222; P:84-85).
+
+Which images share a sample comes from `batch_num_images`, images per sample: the image processor
+reads it from the nesting of its input ([[a, b]] is one sample of two images; a flat [a, b] is two
+samples of one, IP:75-85), and the model reads it back to know how many crops each image has
+(M:371-385). Every image is one run of <image> tokens, newlines included.
+
+What a packed batch must carry (M:352-420, 466-555):
+
+    pixel_values      [total crops, 3, tile, tile]: every image's crops, in the order of their
+                      tokens (4-D: no padding crops; the model takes it as it is, M:390)
+    image_sizes       [images, 2]: each image's original (height, width), the same order
+    batch_num_images  [samples]: images per SAMPLE, every sample of the batch in order, 0 for a
+                      text-only one (the model reads it as a flat list over images, M:375)
+    position_ids      restarting at 0 per sample, as for every packed batch
+
+The model checks only the TOTAL number of image features against the <image> tokens
+(M:446-452), so images out of order are silent when the totals agree (tests/test_families.py).
+
+`offline_processor(family)` builds the real processor with no network; `tiny_processor(family)`
+the same with 32 px tiles, and `tiny_model(processor)` a random model of the real class with a
+processor's geometry. The tests' packed batch of six small samples (tests/test_families.py,
+packed_batch) is 2 rows of 2,860 tokens and eight 384 px crops with the real tiles, 2 rows of
+262 tokens and 21 crops of 32 px with the tiny ones: the tiny model's tests run in seconds.
+"""
+
+import math
+
+import torch
+import transformers
+from transformers import AutoTokenizer
+from transformers.image_processing_utils import select_best_resolution
+
+from mmdp import config
+from mmdp.errors import UserError
+from mmdp.models.family import ImageLayout, ModelFamily
+
+# llava-hf/llava-onevision-qwen2-*-hf's chat_template.json, verbatim as transformers pins it
+# (tests/models/llava_onevision/test_processing_llava_onevision.py, prepare_processor_dict): no
+# system prompt, images first in their message, each text after a newline. Its {% generation %}
+# markers leave the reply's <|im_end|> out, so mmdp finds the replies a turn at a time instead.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' '}}"
+    "{# Render all images first #}{% for content in message['content'] | selectattr('type', "
+    "'equalto', 'image') %}{{ '<image>' }}{% endfor %}"
+    "{# Render all video then #}{% for content in message['content'] | selectattr('type', "
+    "'equalto', 'video') %}{{ '<video>' }}{% endfor %}"
+    "{# Render all text next #}{% if message['role'] != 'assistant' %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ '\\n' + content['text'] }}{% endfor %}{% else %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{% generation %}{{ '\\n' + content['text'] }}{% endgeneration %}{% endfor %}{% endif %}"
+    "{{'<|im_end|>'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% endif %}"
+)
+# The processor looks these up on the tokenizer (P:59-70).
+SPECIAL_TOKENS = {"image_token": "<image>", "video_token": "<video>"}
+# As the llava-hf checkpoints set them (the processor their conversion script builds,
+# transformers' models/llava_onevision/convert_llava_onevision_weights_to_hf.py): SigLIP so400m
+# at 384 px, patch 14 -> 27 x 27 = 729 features per crop, and "full" (SigLIP has no CLS token to
+# drop; "default" makes the model raise, M:305-307, 407-408). The processor's defaults for both
+# are None (P:36-37), and with num_image_tokens=None it fails.
+NUM_IMAGE_TOKENS = (384 // 14) ** 2
+FEATURE_SELECT_STRATEGY = "full"
+
+
+class LlavaOnevision(ModelFamily):
+    """LLaVA-OneVision (see the module docstring)."""
+
+    name = "llava_onevision"
+    image_token = feature_token = "<image>"
+    end_of_turn = "<|im_end|>"
+    vision_keys = ("pixel_values", "image_sizes")  # batch_num_images is made per batch
+    # A pack of a few images. An image alone in its sample costs at most 8,765 tokens (947 x 1154:
+    # anyres_max_9 shrinks a grid's features only past 1.1^2 x 9 crops' worth; a 3 px scan of
+    # 200-2400 px sides) and a 512 x 512 one 3,699, so 10,240 tokens hold any one image with ~1,400 tokens of
+    # text, or two of 512 px. The patch budget is the crops of the largest grid, 6 x 6 + 1 = 37
+    # (26,973 patches): it drops no row the token budget keeps (14 images sharing a sample are
+    # 10,206 patches), and lets at most one image of the largest grid into a pack.
+    default_max_length = 10240
+    default_max_patches = 37 * NUM_IMAGE_TOKENS
+
+    def __init__(self, processor):
+        super().__init__(processor)
+        # The processor's defaults for both are None (P:36-37): it then fails on an image, and
+        # with "default" the model drops a feature of every crop and raises (M:305-307, 407-408).
+        strategy = processor.vision_feature_select_strategy
+        if not processor.num_image_tokens or strategy != FEATURE_SELECT_STRATEGY:
+            raise UserError(
+                f"this LlavaOnevisionProcessor has num_image_tokens={processor.num_image_tokens} "
+                f"and vision_feature_select_strategy={strategy!r}; set them as the checkpoints "
+                f"do ({NUM_IMAGE_TOKENS} for 384 px SigLIP, {FEATURE_SELECT_STRATEGY!r})"
+            )
+        self.tile = processor.image_processor.size["height"]  # crops are square (IP:202-207)
+
+    def image_layout(self, width: int, height: int, images_in_sample: int) -> ImageLayout:
+        crops = self.crops(height, width, images_in_sample)
+        features = self.features(height, width, images_in_sample)
+        return ImageLayout(self.feature_token, (features,), crops * self.processor.num_image_tokens)
+
+    def crops(self, height: int, width: int, images_in_sample: int) -> int:
+        """The crops the image processor cuts: 1 in a multi-image sample (IP:218-222), else the
+        chosen pinpoint's grid plus the base crop (IP:136-151; the model's count, M:185-219)."""
+        if images_in_sample > 1:
+            return 1
+        pinpoints = self.processor.image_processor.image_grid_pinpoints
+        best_height, best_width = select_best_resolution((height, width), pinpoints)
+        return math.ceil(best_height / self.tile) * math.ceil(best_width / self.tile) + 1
+
+    def features(self, height: int, width: int, images_in_sample: int) -> int:
+        """The <image> tokens the processor writes for the image, by its own rule
+        (replace_image_token, P:74-96): newlines included, one run."""
+        processor = self.processor
+        if images_in_sample > 1:
+            return processor.num_image_tokens + 1  # one crop and its newline
+        return processor._get_number_of_features(height, width, self.tile, self.tile)
+
+    def vision_inputs(self, images: list) -> dict:
+        """The image processor on one sample's images, nested as ONE sample (so that several
+        images get one crop each, IP:75-85), unpadded: each image only its own crops."""
+        out = self.processor.image_processor(images=[images], do_pad=False)
+        return {
+            "pixel_values": torch.cat(out["pixel_values"]),
+            "image_sizes": torch.tensor(out["image_sizes"], dtype=torch.long),
+        }
+
+    def check_vision(self, vision: dict, layouts: list[ImageLayout]) -> None:
+        made = len(vision["pixel_values"]) if vision else 0
+        weighed = sum(layout.patches for layout in layouts) // self.processor.num_image_tokens
+        if made != weighed:
+            raise RuntimeError(f"weighed {weighed} crops, the image processor made {made}")
+
+    def collate_vision(self, samples: list[dict]) -> dict:
+        """The batch's crops and sizes in sample order, and `batch_num_images` from EVERY
+        sample's image_count (0 for a text-only sample, which carries no vision inputs): the
+        model reads it as images per sample to know which images are alone in theirs."""
+        if not any(s["image_count"] for s in samples):
+            return {}  # the model refuses empty pixel tensors
+        with_images = [s for s in samples if s["image_count"]]
+        return {
+            "pixel_values": torch.cat([s["pixel_values"] for s in with_images]),
+            "image_sizes": torch.cat([s["image_sizes"] for s in with_images]),
+            "batch_num_images": torch.tensor([s["image_count"] for s in samples]),
+        }
+
+
+def offline_processor(family: type[LlavaOnevision] = LlavaOnevision):
+    """The processor of llava-hf/llava-onevision-qwen2-*-ov-hf built with no network: the real
+    image processor with its class defaults (384 px tiles, the 36 pinpoints up to 2304 px, CLIP's
+    mean and std: the checkpoints' preprocessor_config.json), mmdp's SmolLM2 tokenizer plus
+    <image> and <video>, and the checkpoints' chat template."""
+    return build_processor(transformers.LlavaOnevisionImageProcessor(), NUM_IMAGE_TOKENS)
+
+
+def tiny_processor(family: type[LlavaOnevision] = LlavaOnevision, tile: int = 32, patch: int = 8):
+    """offline_processor with small tiles, for a tiny model on CPU: 32 px tiles of 8 px patches
+    (16 features per crop) and the real 6 x 6 pinpoint grid scaled to them, so the same rules
+    apply (AnyRes picks 1-36 grid crops, anyres_max_9 still shrinks large grids) with ~45x fewer
+    tokens per image than the real 729 per crop."""
+    image_processor = transformers.LlavaOnevisionImageProcessor(
+        size={"height": tile, "width": tile},
+        image_grid_pinpoints=[[tile * i, tile * j] for i in range(1, 7) for j in range(1, 7)],
+    )
+    return build_processor(image_processor, (tile // patch) ** 2)
+
+
+def build_processor(image_processor, num_image_tokens: int):
+    tokenizer = AutoTokenizer.from_pretrained(
+        config.DEFAULT_TOKENIZER, extra_special_tokens=dict(SPECIAL_TOKENS)
+    )
+    return transformers.LlavaOnevisionProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        # never run on images, but the processor refuses None (processing_utils.py:660-667)
+        video_processor=transformers.LlavaOnevisionVideoProcessor(),
+        num_image_tokens=num_image_tokens,
+        vision_feature_select_strategy=FEATURE_SELECT_STRATEGY,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa"):
+    """A randomly initialised LlavaOnevisionForConditionalGeneration, small enough for a CPU test:
+    narrow SigLIP and Qwen2 towers with the processor's geometry (tile, patch, pinpoints), token
+    ids aligned with its tokenizer."""
+    tokenizer, image_processor = processor.tokenizer, processor.image_processor
+    tile = image_processor.size["height"]
+    patch = tile // math.isqrt(processor.num_image_tokens)  # 384 // 27 = SigLIP's 14
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=tile,
+        patch_size=patch,
+        vision_use_head=False,
+    )
+    text = transformers.Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model_config = transformers.LlavaOnevisionConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS["image_token"]),
+        video_token_index=tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS["video_token"]),
+        vision_feature_select_strategy=processor.vision_feature_select_strategy,
+        vision_feature_layer=-1,
+        image_grid_pinpoints=image_processor.image_grid_pinpoints,
+        vision_aspect_ratio=processor.vision_aspect_ratio,
+    )
+    torch.manual_seed(seed)
+    model = transformers.LlavaOnevisionForConditionalGeneration._from_config(
+        model_config, attn_implementation=attn_implementation, dtype=torch.float32
+    )
+    return model.eval()

@@ -1,0 +1,93 @@
+"""A DataLoader worker that fails: one sentence naming the worker and the batch, at once.
+
+torch reports a failed worker in two ways, neither of which says which batch was lost:
+- the worker raised: "Caught ValueError in DataLoader worker process 1. Original Traceback
+  (most recent call last): ..." (the worker's whole traceback, in the main process);
+- the worker died (a segfault in native code, the OOM killer, kill -9): "DataLoader worker (pid
+  4242) is killed by signal: Killed." or "DataLoader worker (pid(s) 4242) exited unexpectedly",
+  which name a process id, not a worker. (A worker builds ahead: the batch named is the first
+  one the main process did not receive, which the dead worker owed.)
+
+Both loaders (PackedDataLoader, StreamingDataLoader) pass their DataLoader's batches through
+`name_failed_worker`, which turns either into a WorkerFailed: "DataLoader worker 1 of rank 0
+failed building batch 7: ValueError: boom". The worker's own traceback stays on the error
+(`error.worker_traceback`) for whoever debugs it. Under torchrun the rank then exits with that
+error and torchrun stops the other ranks.
+"""
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+
+from mmdp.errors import UserError
+
+RAISED = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
+DIED = re.compile(r"DataLoader worker \(pid(?:\(s\))? (\d+)")
+
+
+class WorkerFailed(RuntimeError):
+    """A DataLoader worker raised or died; the message names the worker, the batch and why."""
+
+    def __init__(self, message: str, worker_traceback: str = ""):
+        super().__init__(message)
+        self.worker_traceback = worker_traceback
+
+
+def name_failed_worker(
+    batches: Iterable, where: Callable[[], tuple[int, int]], pids: list[int]
+) -> Iterator:
+    """The batches, with a worker's failure raised as one WorkerFailed.
+
+    `where()`: (rank, number of the batch about to be yielded); `pids`: the workers' process
+    ids, in worker order (to name a worker that died)."""
+    iterator = iter(batches)
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except Exception as error:
+            failed = worker_failure(str(error), *where(), pids)
+            if failed is None:
+                raise
+            raise failed from None
+        yield batch
+
+
+def worker_failure(text: str, rank: int, batch: int, pids: list[int]) -> Exception | None:
+    """The WorkerFailed that torch's message `text` describes (a UserError when the worker
+    raised one: its sentence, and where), or None if `text` is not about a worker.
+
+    >>> text = "Caught ValueError in DataLoader worker process 1.\\nOriginal Traceback (most "
+    >>> text += "recent call last):\\n  File ...\\nValueError: boom"
+    >>> print(worker_failure(text, rank=0, batch=7, pids=[11, 12]))
+    DataLoader worker 1 of rank 0 failed building batch 7: ValueError: boom
+    >>> text = "DataLoader worker (pid 12) is killed by signal: Segmentation fault. "
+    >>> print(worker_failure(text, rank=1, batch=3, pids=[11, 12]))
+    DataLoader worker 1 of rank 1 died before delivering batch 3 (killed by signal: Segmentation fault)
+    """
+    raised = RAISED.search(text)
+    if raised:
+        name, worker = raised.groups()
+        # the traceback's last line: "ValueError: boom", "mmdp.errors.UserError: ..."
+        said = re.findall(rf"^(?:[\w.]*\.)?{name}: (.*)$", text, re.MULTILINE)
+        cause = f"{name}: {said[-1]}" if said else name
+        if name == UserError.__name__:  # a sentence for the user (a damaged data file...)
+            where = f"rank {rank}, DataLoader worker {worker}, batch {batch}"
+            return UserError(f"{said[-1] if said else text} ({where})")
+        message = (
+            f"DataLoader worker {worker} of rank {rank} failed building batch {batch}: {cause}"
+        )
+        return WorkerFailed(message, text)
+    died = DIED.search(text)
+    if died:
+        pid = int(died[1])
+        worker = pids.index(pid) if pid in pids else f"(pid {pid})"
+        how = "exited unexpectedly" if "exited unexpectedly" in text else text[died.end() :]
+        how = how.strip(" )").removeprefix("is ").rstrip(". ")
+        return WorkerFailed(
+            f"DataLoader worker {worker} of rank {rank} died before delivering batch {batch} ({how})",
+            text,
+        )
+    if "DataLoader timed out" in text:
+        return WorkerFailed(f"rank {rank}: no DataLoader worker delivered batch {batch}: {text}")
+    return None

@@ -1,0 +1,134 @@
+"""Prepare a dataset once: weigh every row for a model and its budgets, and write the weights (and,
+with --pretokenize, every sample's input_ids and labels) with a manifest to a path or any fsspec
+URL, for every later run on every machine (mmdp.packing.prepared).
+
+    uv run -m mmdp.prepare --out /data/prepared/synthetic --num-rows 2000
+    uv run --extra s3 -m mmdp.prepare --out s3://bucket/prepared/ai2d \\
+        --dataset HuggingFaceM4/the_cauldron --subset ai2d --model qwen2_5_vl --pretokenize
+    uv run 05_knapsack_multimodal.py --prepared s3://bucket/prepared/ai2d --dataset ... --model qwen2_5_vl
+
+Prints how many rows fit the budgets (and why the others do not) and where it wrote. The run
+that reads it must load the same rows with the same model, processor and budgets, or it is
+refused in one sentence.
+"""
+
+import argparse
+import time
+
+from mmdp import config
+from mmdp.cli import description, non_negative_int, positive_int, print_settings
+from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.tokenizer import get_tokenizer
+from mmdp.errors import exit_on_user_error
+from mmdp.models.families import MODELS, family_for, offline_processor
+from mmdp.packing.prepared import budget_report, describe, write_prepared
+from mmdp.packing.weighing import weigh_rows
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m mmdp.prepare", description=description(__doc__)
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="where to write: a path or an fsspec URL (s3://, gs://, hf://, ...)",
+    )
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        help="a Hub name or a local path in the_cauldron's schema (default: the embedded synthetic dataset)",
+    )
+    parser.add_argument("--subset", default=None, help="Hub subset (config), e.g. ai2d")
+    parser.add_argument("--split", default="train", help="dataset split (default: train)")
+    parser.add_argument(
+        "--num-rows",
+        type=positive_int,
+        default=config.DEFAULT_NUM_ROWS,
+        help=f"rows of the dataset to read (default: {config.DEFAULT_NUM_ROWS:,})",
+    )
+    parser.add_argument(
+        "--model",
+        choices=MODELS,
+        default="tiny",
+        help="the model family to weigh for; a real family's processor is built offline (default: tiny)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tiny's tokenizer name or path (default: the SmolLM2 tokenizer shipped in the repo)",
+    )
+    parser.add_argument(
+        "--max-length",
+        type=positive_int,
+        default=None,
+        help="token budget of a pack (default: 512 for tiny, the family's otherwise)",
+    )
+    parser.add_argument(
+        "--max-images",
+        type=non_negative_int,
+        default=config.MAX_IMAGES,
+        help=f"image budget of a pack (default: {config.MAX_IMAGES})",
+    )
+    parser.add_argument(
+        "--max-patches",
+        type=positive_int,
+        default=None,
+        help="patch budget of a pack (default: none for tiny, the family's otherwise)",
+    )
+    parser.add_argument(
+        "--pretokenize", action="store_true", help="also write every sample's input_ids and labels"
+    )
+    parser.add_argument(
+        "--num-proc",
+        type=positive_int,
+        default=None,
+        help="weighing processes (default: every core from 20,000 rows on)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    start = time.perf_counter()
+    processor = (
+        get_tokenizer(args.tokenizer) if args.model == "tiny" else offline_processor(args.model)
+    )
+    family = family_for(processor)
+    args.max_length = args.max_length or family.default_max_length
+    args.max_patches = args.max_patches or family.default_max_patches
+    print_settings(args)
+
+    # Weigh every row (and keep its tokens): the same pass a training run would make
+    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
+    weighing = weigh_rows(rows, family, pretokenize=args.pretokenize, num_proc=args.num_proc)
+
+    # Describe what the weights depend on, check them against the budgets, write them
+    run = describe(
+        rows,
+        family,
+        max_length=args.max_length,
+        max_images=args.max_images,
+        max_patches=args.max_patches,
+    )
+    source = {
+        "name": args.dataset or "synthetic",
+        "subset": args.subset,
+        "split": args.split,
+        "rows": len(rows),
+        "share": 1.0,
+    }
+    report = budget_report(weighing.weights, run)
+    manifest = write_prepared(
+        args.out, weighing.weights, weighing.tokens, {**run, "sources": [source], "report": report}
+    )
+    dropped = ", ".join(f"{reason} {n:,}" for reason, n in report["dropped"].items()) or "none"
+    print(f"{report['usable']:,} of {len(rows):,} rows fit the budgets (dropped: {dropped})")
+    print(
+        f"Wrote {', '.join(manifest['files'])} and manifest.json to {args.out} in {time.perf_counter() - start:.1f} s"
+    )
+
+
+if __name__ == "__main__":
+    with exit_on_user_error():
+        main()

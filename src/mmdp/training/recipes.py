@@ -1,0 +1,174 @@
+"""What every way of training shares: the micro-batches of each optimizer step, the loss that
+gives one process's gradient, gradient sync during accumulation, and the loader's state in a
+checkpoint, one file per rank.
+
+transformers' Trainer does the first three itself (mmdp.training.trainer only hands it the
+loader and a loss); a loop of your own, with accelerate or plain torchrun, uses these
+(examples/accelerate_loop.py, examples/torchrun.py):
+
+    steps = optimizer_steps(loader, grad_accum)             # GA micro-batches per step
+    for micro_batches in steps:
+        tokens = step_label_tokens(micro_batches)           # every rank's, all-reduced
+        for i, batch in enumerate(micro_batches):
+            with gradient_sync(model, i == len(micro_batches) - 1):
+                logits = model(**inputs(batch)).logits
+                micro_batch_loss(logits, batch["labels"], tokens, world_size).backward()
+        optimizer.step(); optimizer.zero_grad()
+        # a checkpoint here: save_loader_state(loader, folder, rank) on every rank
+
+Why the loss is summed and divided by the step's label tokens of every rank, not averaged per
+micro-batch: mmdp.training.ddp (measured there: 4e-8 against one process, 0.19 for the
+per-rank mean).
+"""
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+from mmdp.training.loss import label_tokens, summed_loss
+
+LOADER_STATE = "mmdp_loader_state_rank{rank}.pt"  # in a checkpoint folder, one per rank
+EPOCH_END = object()  # what batches_forever yields between epochs, when asked to
+
+
+def batches_forever(loader, *, epoch_ends: bool = False) -> Iterator:
+    """The loader's batches, epoch after epoch, with EPOCH_END between epochs if `epoch_ends`.
+
+    The loader moves to its next epoch as soon as a pass ends, before anything else is yielded,
+    so a checkpoint taken at any yield says where the next batch comes from. The epoch number
+    is the loader's own (`loader.dataset.epoch`), which a resumed loader carries: a counter of
+    your loop would start again at 0. Ends after two passes in a row without a batch (a pass
+    resumed at its very end has none; a second one means there is no data).
+    """
+    empty_passes = 0
+    while empty_passes < 2:
+        empty_passes += 1
+        for batch in loader:
+            empty_passes = 0
+            yield batch
+        loader.set_epoch(loader.dataset.epoch + 1)
+        if epoch_ends:
+            yield EPOCH_END
+
+
+def optimizer_steps(loader, grad_accum: int) -> Iterator[list[dict]]:
+    """The micro-batches of each optimizer step: `grad_accum` batches at a time, forever.
+
+    As transformers' Trainer groups them (transformers/trainer.py:1862-1873): a planned loader's
+    epoch ends with a shorter step when its batch count is not a multiple of `grad_accum`; a
+    stream, whose epochs have no known length, runs as one endless pass (as
+    mmdp.training.trainer hands it to Trainer), so a step may take its batches from two epochs.
+    Example: 5 batches per epoch, grad_accum 2 -> steps of 2, 2, 1 batches, then epoch 1's.
+
+    Stop by leaving the loop, not by pulling one more step: a pulled step moves the loader's
+    position past batches that were never trained.
+    """
+    planned = hasattr(loader.dataset, "num_batches")  # PackedDataset; a stream has no length
+    micro_batches = []
+    for item in batches_forever(loader, epoch_ends=planned):
+        if item is not EPOCH_END:
+            micro_batches.append(item)
+        if micro_batches and (len(micro_batches) == grad_accum or item is EPOCH_END):
+            yield micro_batches
+            micro_batches = []
+
+
+def step_label_tokens(micro_batches: list[dict], *, device=None, group=None) -> torch.Tensor:
+    """The label tokens of one optimizer step on every rank: its micro-batches' counts, summed,
+    then all-reduced over `group` (the data-parallel group; None: the world). A 0-d float tensor
+    on `device` (a GPU for NCCL)."""
+    tokens = torch.tensor(float(sum(label_tokens(b["labels"]) for b in micro_batches)))
+    tokens = tokens.to(device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tokens, group=group)
+    return tokens
+
+
+def micro_batch_loss(
+    logits: torch.Tensor, labels: torch.Tensor, step_tokens: torch.Tensor, world_size: int
+) -> torch.Tensor:
+    """The loss to call backward() on for one micro-batch: its summed token loss over the step's
+    label tokens on every rank, times `world_size` because DDP and FSDP average the ranks'
+    gradients. Summed over the step's micro-batches and ranks: the mean over every label token
+    of the step, exactly what one process computes on all of them."""
+    return summed_loss(logits, labels) * world_size / step_tokens
+
+
+@contextlib.contextmanager
+def gradient_sync(model, sync: bool):
+    """Let this backward all-reduce gradients only if `sync` (the step's last micro-batch).
+
+    DistributedDataParallel: `model.no_sync()` on the others. FSDP2 (`fully_shard`), which has no
+    no_sync: `set_requires_gradient_sync(False)` keeps their gradients unsharded and local, and
+    the last micro-batch reduce-scatters the sum. One process: nothing to do.
+    """
+    if sync:
+        yield
+    elif hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def check_launched_processes(num_processes: int) -> None:
+    """Refuse to train when the launcher started more processes than train together.
+
+    On a machine without a GPU, accelerate (and so Trainer) runs each torchrun process on its own
+    unless it is told cpu=True (accelerate/state.py:769-813): every process then trains alone, on
+    the whole data, and nothing says so.
+    """
+    launched = os.environ.get("WORLD_SIZE")  # set by torchrun and accelerate launch
+    if launched is not None and int(launched) != num_processes:
+        raise RuntimeError(
+            f"{launched} processes were launched but they train as {num_processes}: on a machine "
+            "without a GPU, create Accelerator(cpu=True) (with Trainer, TrainingArguments("
+            "use_cpu=True)), or each process trains alone on all the data"
+        )
+
+
+def save_loader_state(loader, folder: str, rank: int) -> str:
+    """Write the loader's state into a checkpoint folder, as this rank's file (every rank calls
+    it: a streamed loader's position differs between ranks). Returns the file's path."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, LOADER_STATE.format(rank=rank))
+    torch.save(loader.state_dict(), path)
+    return path
+
+
+def load_loader_state(loader, folder: str, rank: int) -> None:
+    """Give the loader this rank's state from a checkpoint folder (save_loader_state's file)."""
+    path = os.path.join(folder, LOADER_STATE.format(rank=rank))
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{path}: this checkpoint has no mmdp loader state for rank {rank} (saved by another "
+            "number of ranks, or without save_loader_state?)"
+        )
+    loader.load_state_dict(torch.load(path, weights_only=True))
+
+
+def checkpoint_loader_with(accelerator, loader) -> None:
+    """Make `accelerator.save_state(folder)` save the loader's state of every rank, and
+    `accelerator.load_state(folder)` restore this rank's.
+
+    Not `register_for_checkpointing(loader)`: it writes from the main process only
+    (accelerate/checkpointing.py:323-330, accelerate/utils/other.py:438-441) and loads that one
+    file on every rank, while a streamed loader's position differs between ranks. The state
+    pre-hooks run on every rank (accelerate/accelerator.py:3740 and :3902).
+    """
+    rank = accelerator.process_index
+    accelerator.register_save_state_pre_hook(
+        lambda models, weights, folder: save_loader_state(loader, folder, rank)
+    )
+    accelerator.register_load_state_pre_hook(
+        lambda models, folder: load_loader_state(loader, folder, rank)
+    )
