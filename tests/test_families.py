@@ -215,6 +215,17 @@ def three_row_positions(batch: dict, inputs: dict, model) -> dict:
     return {**inputs, "position_ids": inputs["position_ids"][1:]}
 
 
+def packs_tiles_swapped(batch: dict, inputs: dict, model) -> dict:
+    """SmolVLM and Idefics3: the second pack's tiles before the first's, as a collator that
+    gathers a batch's images in another order than its rows does. The model takes any order of
+    the right number of tiles (it fills the <image> runs of the flattened rows in turn), so it
+    raises nothing and gives each run another image's features."""
+    tiles = inputs["pixel_values"][0]  # [T, 3, M, M]; every tile the same patches
+    patches = batch["patches_per_row"]
+    first = len(tiles) * int(patches[0]) // int(patches.sum())
+    return {**inputs, "pixel_values": torch.cat([tiles[first:], tiles[:first]])[None]}
+
+
 def images_out_of_order(batch: dict, inputs: dict, model) -> dict:
     """LLaVA-OneVision: the first and the last image of the batch (ROWS[0]'s and ROWS[5]'s, each
     alone in its sample) swapped, crops and sizes, as a collator that orders images otherwise
@@ -268,6 +279,7 @@ TRAPS = {
     "qwen3_vl": (three_row_positions,),
     "llava_onevision": (images_out_of_order,),
     "gemma3": (the_models_own_masks, images_numbered_per_sample),
+    "smolvlm": (packs_tiles_swapped,),
 }
 
 

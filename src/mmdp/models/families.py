@@ -24,6 +24,8 @@ FAMILIES = {
     "Qwen3VLProcessor": "mmdp.models.qwen_vl:Qwen3VL",
     "LlavaOnevisionProcessor": "mmdp.models.llava_onevision:LlavaOnevision",
     "Gemma3Processor": "mmdp.models.gemma3:Gemma3",
+    "SmolVLMProcessor": "mmdp.models.smolvlm:SmolVLM",
+    "Idefics3Processor": "mmdp.models.smolvlm:Idefics3",
 }
 # By stage 5's --model name:
 OFFLINE = {
@@ -31,6 +33,7 @@ OFFLINE = {
     "qwen3_vl": "mmdp.models.qwen_vl:Qwen3VL",
     "llava_onevision": "mmdp.models.llava_onevision:LlavaOnevision",
     "gemma3": "mmdp.models.gemma3:Gemma3",
+    "smolvlm": "mmdp.models.smolvlm:SmolVLM",
 }
 MODELS = ("tiny", *OFFLINE)
 

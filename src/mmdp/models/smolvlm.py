@@ -1,0 +1,308 @@
+"""SmolVLM and Idefics3: every image cut into square tiles, every tile the same number of tokens.
+
+What the image processor does with an image of width x height (SmolVLMImageProcessor; Idefics3's
+runs the same code, image_processing_idefics3.py): resize it so that its longest edge is
+`size["longest_edge"]` (up or down: a 1x1 image becomes 2048x2048), round both sides up to
+multiples of the tile side M = `max_image_size["longest_edge"]`, and cut it into rows x cols
+tiles of M x M, plus the whole image squashed to M x M as a last, "global" tile. An image no
+larger than one tile is that single tile (rows = cols = 0). So a 640x480 photo is 3 x 4 + 1 = 13
+tiles; any image is 2 to 17 tiles at the real settings. The vision encoder reads each tile as its
+own M x M image: its work is (M / patch)^2 patches per tile.
+
+What the processor puts in the text for an image (processing_smolvlm.py:48-91, the same in
+processing_idefics3.py:200-227), S = image_seq_len <image> tokens per tile:
+
+    <fake_token_around_image><row_1_col_1><image>*S<fake_token_around_image><row_1_col_2>...\n
+    ...one line per row of tiles...\n
+    \n<fake_token_around_image><global-img><image>*S<fake_token_around_image>
+
+What a packed batch must carry (transformers 5.23, modeling_smolvlm.py; Idefics3 the same):
+
+    position_ids    [B, L], restarting at 0 for each sample, as for every mmdp batch
+    pixel_values    [1, T, 3, M, M]: all T tiles of the batch, in the order of their tokens.
+                    The model reads 5 dimensions (get_image_features, :476) but flattens the
+                    first two (:478), drops all-zero tiles as padding (:480-488) and scatters the
+                    features into the <image> positions in row-major order of input_ids
+                    (masked_scatter, :586): only the order of the tiles matters, not how they are
+                    grouped. One row of tiles needs no padding tiles and no pixel_attention_mask
+                    (every tile is a full M x M square: the default all-ones mask, :490-495).
+    (nothing else)  no attention_mask, and call the model with use_cache=False: SmolVLMConfig
+                    defaults to use_cache=True (configuration_smolvlm.py:93), and the cache the
+                    model then builds (:552-553) turns off the per-sample mask.
+
+`offline_processor(family)` builds a processor with no network: the real image-processor class
+with SmolVLM-256M/500M's settings, mmdp's SmolLM2 tokenizer (SmolVLM's own text tokenizer) plus
+the family's tokens at the real ids, and the real chat template. `tiny_model(processor)` is a
+random model of the real class (tests).
+"""
+
+import math
+
+import torch
+import transformers
+from transformers import AutoTokenizer
+
+from mmdp import config
+from mmdp.errors import UserError
+from mmdp.models.family import ImageLayout, ModelFamily
+
+# The chat template saved with HuggingFaceTB/SmolVLM-*-Instruct and SmolVLM2 (verbatim, as in
+# transformers' tests/models/smolvlm/test_processor_smolvlm.py; processing_smolvlm.py:45 is the
+# same plus videos). Images render as <image>; no {% generation %} markers. Idefics3-8B's has
+# <|begin_of_text|> (its Llama 3 BOS) for <|im_start|>; with SmolLM2's tokenizer this one serves both.
+CHAT_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+# The tokens SmolVLM's tokenizer adds to SmolLM2's 49,152, in its order, so that they get its
+# ids: <global-img> 49152, <row_1_col_1>..<row_6_col_6> 49153-49188, <fake_token_around_image>
+# 49189, <image> 49190 and <end_of_utterance> 49279, 49,280 tokens in all (the real
+# text_config.vocab_size). The 88 tokens between stand in for the real tokenizer's other added
+# tokens, whose names mmdp does not rely on. The processors find the family's tokens by these
+# strings (processing_smolvlm.py:118-124; processing_idefics3.py:52-62).
+FAMILY_TOKENS = [
+    "<global-img>",
+    *[f"<row_{row}_col_{col}>" for row in range(1, 7) for col in range(1, 7)],
+    "<fake_token_around_image>",
+    "<image>",
+    *[f"<|reserved_special_token_{i}|>" for i in range(88)],
+    "<end_of_utterance>",
+]
+# HuggingFaceTB/SmolVLM-256M/500M-Instruct and SmolVLM2-256M/500M's preprocessor_config.json:
+# longest edge 2048 (4 tiles), tiles of 512 px; the class defaults (LANCZOS, mean = std = 0.5)
+# are theirs. Their processor_config.json: 64 <image> per tile = (512 / 16)^2 / 4^2 (SigLIP
+# base-patch16-512, pixel shuffle 4). The class defaults are Idefics3-8B's (1456 / 364 / 169).
+CHECKPOINT_SETTINGS = {"size": {"longest_edge": 2048}, "max_image_size": {"longest_edge": 512}}
+CHECKPOINT_IMAGE_SEQ_LEN = 64
+# The vision encoder's patch side for each tile side of the real checkpoints (config.json's
+# vision_config): SmolVLM-256M/500M 512/16, SmolVLM-Instruct (2B) and SmolVLM2-2.2B 384/14,
+# Idefics3-8B 364/14. The processor does not know it, and weighing needs it for the patches.
+# The 32 px tiles of 8 px patches are tiny_processor's (tests).
+PATCH_SIZES = {512: 16, 384: 14, 364: 14, 32: 8}
+# tiny_processor: tiles of 32 px, images upscaled to 64 px (up to 2 x 2 tiles + the global one,
+# 2 to 5 tiles as the real settings give 2 to 17), (32 / 8)^2 / 2^2 = 4 <image> a tile
+TINY_SETTINGS = {"size": {"longest_edge": 64}, "max_image_size": {"longest_edge": 32}}
+TINY_IMAGE_SEQ_LEN = 4
+MAX_IMAGE_SIZE = 4096  # image_processing_smolvlm.py:60: no side is resized above this
+
+
+class SmolVLM(ModelFamily):
+    """SmolVLM (SmolVLMProcessor): see the module docstring."""
+
+    name = "smolvlm"
+    image_token = feature_token = "<image>"
+    end_of_turn = "<end_of_utterance>"
+    vision_keys = ("pixel_values",)
+    model_class = transformers.SmolVLMForConditionalGeneration
+    config_class = transformers.SmolVLMConfig
+    # a pack of about 3 images: at SmolVLM-256M's settings a 512 x 512 image is upscaled to
+    # 2048 x 2048, 17 tiles: 1,127 tokens and 17 x 1,024 = 17,408 patches (any image costs 5 to
+    # 17 tiles); 64 tiles of patches is about what 4,096 tokens of image features hold
+    default_max_length = 4096
+    default_max_patches = 65536
+
+    def __init__(self, processor):
+        super().__init__(processor)
+        self.tile = processor.image_processor.max_image_size["longest_edge"]
+        if self.tile not in PATCH_SIZES:
+            raise UserError(
+                f"mmdp does not know the vision encoder's patch size for {self.tile}-pixel tiles "
+                f"(it knows the real checkpoints' {sorted(PATCH_SIZES)})"
+            )
+        self.patches_per_tile = (self.tile // PATCH_SIZES[self.tile]) ** 2
+
+    def image_layout(self, width: int, height: int, images_in_sample: int) -> ImageLayout:
+        rows, cols = tile_grid(width, height, self.processor.image_processor)
+        tiles = rows * cols + 1 if rows else 1
+        runs = (self.processor.image_seq_len,) * tiles
+        return ImageLayout(image_text(rows, cols), runs, tiles * self.patches_per_tile)
+
+    def vision_inputs(self, images: list) -> dict:
+        """The sample's tiles, [T, 3, M, M], in the order of their tokens (one sample: no
+        padding tiles, so its pixel_attention_mask is all ones and is left out)."""
+        out = self.processor.image_processor(images=[images], return_tensors="pt")
+        return {"pixel_values": out["pixel_values"][0]}
+
+    def check_vision(self, vision: dict, layouts: list[ImageLayout]) -> None:
+        """The tiles made must be the tiles weighed, and none all zeros: the model would take
+        it for padding and drop it (modeling_smolvlm.py:480-488)."""
+        tiles = vision.get("pixel_values", torch.zeros(0, 3, 1, 1))
+        weighed = sum(len(layout.runs) for layout in layouts)
+        if len(tiles) != weighed:
+            raise RuntimeError(f"weighed {weighed} tiles, the image processor made {len(tiles)}")
+        if (tiles.flatten(1) == 0).all(1).any():
+            raise RuntimeError("the image processor made an all-zero tile: the model would drop it")
+
+    def collate_vision(self, samples: list[dict]) -> dict:
+        """All tiles of the batch as one row, [1, T, 3, M, M] (see the module docstring); none
+        when no sample has an image (the model refuses an empty or all-zero pixel_values)."""
+        tiles = [s["pixel_values"] for s in samples if "pixel_values" in s]
+        return {"pixel_values": torch.cat(tiles)[None]} if tiles else {}
+
+
+class Idefics3(SmolVLM):
+    """Idefics3 (Idefics3Processor, also SmolVLM-256M/500M-Instruct's v1 processor): SmolVLM's
+    rules, another model class."""
+
+    name = "idefics3"
+    model_class = transformers.Idefics3ForConditionalGeneration
+    config_class = transformers.Idefics3Config
+
+
+def tile_grid(width: int, height: int, image_processor) -> tuple[int, int]:
+    """The (rows, cols) of tiles the image processor cuts an image into, (0, 0) for one tile.
+
+    A line-by-line port of _preprocess (image_processing_smolvlm.py:369-490) for one image size,
+    no pixel decoded. The processor's own get_number_of_image_patches (:498-541) derives the
+    short side differently and ignores do_resize, so it can disagree.
+
+    >>> from transformers import SmolVLMImageProcessor
+    >>> processor = SmolVLMImageProcessor(**CHECKPOINT_SETTINGS)
+    >>> tile_grid(640, 480, processor), tile_grid(1, 1, processor), tile_grid(4000, 300, processor)
+    ((3, 4), (4, 4), (1, 4))
+    """
+    tile = image_processor.max_image_size["longest_edge"]
+    if not image_processor.do_image_splitting:
+        return 0, 0  # squashed to one tile (:426-436)
+    if image_processor.do_resize:
+        height, width = longest_edge_resized(height, width, image_processor.size["longest_edge"])
+    # resize_for_vision_encoder (:308-337): the long side up to a multiple of the tile, the short
+    # side from the ROUNDED long side, then up to a multiple of the tile
+    aspect_ratio = width / height
+    if width >= height:
+        width = math.ceil(width / tile) * tile
+        height = math.ceil(int(width / aspect_ratio) / tile) * tile
+    else:
+        height = math.ceil(height / tile) * tile
+        width = math.ceil(int(height * aspect_ratio) / tile) * tile
+    if height > tile or width > tile:  # split_images (:278-301)
+        return height // tile, width // tile
+    return 0, 0
+
+
+def longest_edge_resized(height: int, width: int, longest_edge: int) -> tuple[int, int]:
+    """(height, width) after the first resize: the long side to `longest_edge`, the short side
+    in proportion and even, then both within 4096 (image_processing_smolvlm.py:63-152)."""
+    aspect_ratio = width / height
+    if width >= height:
+        width, height = longest_edge, int(longest_edge / aspect_ratio)
+        height += height % 2
+    else:
+        height, width = longest_edge, int(longest_edge * aspect_ratio)
+        width += width % 2
+    height, width = max(height, 1), max(width, 1)
+    aspect_ratio = width / height
+    if width >= height and width > MAX_IMAGE_SIZE:
+        width, height = MAX_IMAGE_SIZE, int(MAX_IMAGE_SIZE / aspect_ratio)
+    elif height > width and height > MAX_IMAGE_SIZE:
+        height, width = MAX_IMAGE_SIZE, int(MAX_IMAGE_SIZE * aspect_ratio)
+    return max(height, 1), max(width, 1)
+
+
+def image_text(rows: int, cols: int) -> str:
+    """What the processor writes for an image of rows x cols tiles (processing_smolvlm.py:48-91),
+    with ONE <image> per tile (mmdp repeats each into its run of image_seq_len).
+
+    >>> image_text(0, 0)
+    '<fake_token_around_image><global-img><image><fake_token_around_image>'
+    >>> image_text(1, 2).replace("<fake_token_around_image>", "|")
+    '|<row_1_col_1><image>|<row_1_col_2><image>\\n\\n|<global-img><image>|'
+    """
+    fake, image = "<fake_token_around_image>", "<image>"
+    global_tile = f"{fake}<global-img>{image}{fake}"
+    if rows == 0:
+        return global_tile
+    lines = [
+        "".join(f"{fake}<row_{row}_col_{col}>{image}" for col in range(1, cols + 1)) + "\n"
+        for row in range(1, rows + 1)
+    ]
+    return "".join(lines) + "\n" + global_tile
+
+
+def smolvlm_tokenizer():
+    """mmdp's SmolLM2 tokenizer (SmolVLM's text tokenizer: the same 49,152 tokens) plus the
+    family's tokens at their real ids."""
+    tokenizer = AutoTokenizer.from_pretrained(config.DEFAULT_TOKENIZER)
+    tokenizer.add_tokens(FAMILY_TOKENS, special_tokens=True)
+    return tokenizer
+
+
+def offline_processor(
+    family: type[SmolVLM],
+    settings: dict = CHECKPOINT_SETTINGS,
+    image_seq_len: int = CHECKPOINT_IMAGE_SEQ_LEN,
+):
+    """A processor of `family` built with no network (see the module docstring)."""
+    tokenizer = smolvlm_tokenizer()
+    if family is Idefics3:
+        return transformers.Idefics3Processor(
+            image_processor=transformers.Idefics3ImageProcessor(**settings),
+            tokenizer=tokenizer,
+            image_seq_len=image_seq_len,
+            chat_template=CHAT_TEMPLATE,
+        )
+    return transformers.SmolVLMProcessor(  # needs num2words, and a video processor (not None)
+        image_processor=transformers.SmolVLMImageProcessor(**settings),
+        tokenizer=tokenizer,
+        video_processor=transformers.SmolVLMVideoProcessor(),
+        image_seq_len=image_seq_len,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def tiny_processor(family: type[SmolVLM] = SmolVLM):
+    """offline_processor with 32 px tiles and 4 <image> a tile, for tiny_model on CPU: at the
+    real settings every image is upscaled to 5-17 tiles of 64 tokens, a test batch of 5 images
+    holds 4,300 tokens and 57 tiles, and each test took 10 s of CPU. The same rules (resize,
+    split, the global tile, the text around each tile) apply."""
+    return offline_processor(family, TINY_SETTINGS, TINY_IMAGE_SEQ_LEN)
+
+
+def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa"):
+    """A randomly initialised model of the real class, small enough for a CPU test, its token
+    ids and its tiles aligned with `processor`: the vision encoder reads tiles of the
+    processor's side in the patches of PATCH_SIZES, and its pixel shuffle leaves the processor's
+    image_seq_len tokens a tile (modeling_smolvlm.py:415-424)."""
+    family = Idefics3 if isinstance(processor, transformers.Idefics3Processor) else SmolVLM
+    tokenizer, tile = processor.tokenizer, processor.image_processor.max_image_size["longest_edge"]
+    patch_size = PATCH_SIZES[tile]
+    patches_per_side = tile // patch_size
+    scale_factor = math.isqrt(patches_per_side**2 // processor.image_seq_len)
+    if (patches_per_side // scale_factor) ** 2 != processor.image_seq_len:
+        raise ValueError(f"no pixel shuffle gives {processor.image_seq_len} tokens a tile")
+    text = {
+        "model_type": "llama",
+        "vocab_size": len(tokenizer),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 8192,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.convert_tokens_to_ids(family.end_of_turn),
+    }
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "image_size": tile,
+        "patch_size": patch_size,
+    }
+    model_config = family.config_class(
+        text_config=text,
+        vision_config=vision,
+        scale_factor=scale_factor,
+        image_token_id=tokenizer.convert_tokens_to_ids(family.feature_token),
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = family.model_class._from_config(
+        model_config, attn_implementation=attn_implementation, dtype=torch.float32
+    )
+    return model.eval()
