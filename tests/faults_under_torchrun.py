@@ -18,7 +18,7 @@ rank `--kill-rank` sends itself SIGKILL when it receives batch `--kill-at`.
 loader's end-of-data all-reduce (`--where stream` or `hang`, at step 3) or in the weighing
 across ranks (`--where weighing`). Rank 0 should raise RanksStoppedAnswering naming rank 1.
 
-Acts only when run (pytest imports this file for its doctests).
+Acts only when run: pytest imports this file for its doctests, so imports wait in the functions.
 """
 
 import argparse
@@ -119,17 +119,16 @@ def train(args: argparse.Namespace) -> None:
     if state is not None:
         loader.load_state_dict(state)
         print(f"rank {rank}: resuming after {state['batches_done']} steps", flush=True)
-    log = open(args.out / f"{args.launch}-rank-{rank}.jsonl", "a")
-    for batch in loader:
-        step = batch["batch_index"]
-        if step == args.kill_at and rank == args.kill_rank:
-            os.kill(os.getpid(), signal.SIGKILL)  # the training process dies, mid-epoch
-        log.write(json.dumps({"step": step, "ids": batch["sample_index"].tolist()}) + "\n")
-        log.flush()
-        dist.all_reduce(torch.tensor([len(batch["sample_index"])]))  # DDP's gradient all-reduce
-        if (step + 1) % args.checkpoint_every == 0:
-            save_checkpoint(args.out, step + 1, loader.state_dict(), rank)
-    log.close()
+    with open(args.out / f"{args.launch}-rank-{rank}.jsonl", "a") as log:
+        for batch in loader:
+            step = batch["batch_index"]
+            if step == args.kill_at and rank == args.kill_rank:
+                os.kill(os.getpid(), signal.SIGKILL)  # the training process dies, mid-epoch
+            log.write(json.dumps({"step": step, "ids": batch["sample_index"].tolist()}) + "\n")
+            log.flush()
+            dist.all_reduce(torch.tensor([len(batch["sample_index"])]))  # DDP's gradient sync
+            if (step + 1) % args.checkpoint_every == 0:
+                save_checkpoint(args.out, step + 1, loader.state_dict(), rank)
     print(f"rank {rank}: epoch done", flush=True)
     dist.destroy_process_group()
 
