@@ -3,18 +3,23 @@
 `uv run pytest -m faults` runs it all (the multi-process ones are also marked slow)."""
 
 import errno
+import json
 import os
+import random
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 from datasets import Dataset, load_dataset, load_from_disk
 
-from mmdp.data.bad_rows import BAD_ROWS
+from mmdp.data.bad_rows import BAD_ROWS, with_bad_rows
 from mmdp.data.sources import FEATURES, load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import UNDECODABLE_IMAGE
@@ -47,6 +52,61 @@ def packed(rows, tokenizer, **settings) -> PackedDataset:
 
 def sample_ids(loader) -> list[list[int]]:
     return [batch["sample_index"].tolist() for batch in loader]
+
+
+# 1. The training process is killed (SIGKILL) mid-epoch, and restarted -------------------------
+
+UNDER_TORCHRUN = Path(__file__).with_name("faults_under_torchrun.py")
+
+
+def torchrun(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """tests/faults_under_torchrun.py under torchrun, 2 ranks; torchrun restarts nothing: a
+    rank that dies ends the job, as a preempted or crashed job ends."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", "--max-restarts", "0", str(UNDER_TORCHRUN), *args]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # torchrun's logs go with the test's files
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+
+
+def logged_steps(out: Path, launch: str, rank: int) -> list[dict]:
+    lines = (out / f"{launch}-rank-{rank}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def latest_checkpoint(out: Path) -> int:
+    return json.loads((out / "latest.json").read_text())["steps_done"]
+
+
+@pytest.mark.slow  # 5 torchrun jobs of 2 ranks x 2 workers: minutes on a busy 2-core machine
+@pytest.mark.parametrize("loader", ["planned", "streaming"])
+def test_killed_mid_epoch_and_resumed_the_sample_stream_goes_on_exactly(loader, rows, tmp_path):
+    whole_run = tmp_path / "whole"
+    whole_run.mkdir()
+    done = torchrun(tmp_path, "train", "--loader", loader, "--out", str(whole_run), "--launch", "a")
+    assert done.returncode == 0, done.stderr[-2000:]
+    whole = {rank: logged_steps(whole_run, "a", rank) for rank in (0, 1)}
+    # SIGKILL at 3 random steps (MMDP_FAULT_SEED picks others), by rank 0, then 1, then 0;
+    # each restart resumes from the latest checkpoint (every 3 steps)
+    seed = int(os.environ.get("MMDP_FAULT_SEED", 0))
+    kills = sorted(random.Random(f"{loader}-{seed}").sample(range(2, len(whole[0]) - 2), 3))
+    out, stream, redone = tmp_path / "killed", {0: [], 1: []}, 0
+    out.mkdir()
+    for launch, kill_at in enumerate([*kills, None]):
+        resume_at = latest_checkpoint(out) if launch else 0
+        args = ["train", "--loader", loader, "--out", str(out), "--launch", str(launch)]
+        if kill_at is not None:
+            args += ["--kill-at", str(kill_at), "--kill-rank", str(launch % 2)]
+        done = torchrun(tmp_path, *args)
+        killed = "Signal 9 (SIGKILL) received by PID"
+        assert (killed in done.stderr) == (kill_at is not None), done.stderr[-2000:]
+        for rank in (0, 1):
+            steps = logged_steps(out, str(launch), rank)
+            assert steps[0]["step"] == resume_at, f"kills at {kills}"  # resumed, not restarted
+            redone += len(stream[rank]) - resume_at
+            stream[rank] = stream[rank][:resume_at] + steps
+    # nothing lost, nothing repeated: the stream of a job that never died, step for step
+    assert stream == whole, f"kills at {kills}"
+    assert redone > 0  # the steps after a checkpoint were trained again (their model was lost)
 
 
 # 2. A DataLoader worker that raises or dies ----------------------------------------------------
@@ -108,6 +168,70 @@ def test_a_streaming_worker_that_raises_is_named_too(rows, tokenizer, monkeypatc
     dataset = StreamingPackedDataset(stream, tokenizer, max_length=512, buffer_size=16)
     with pytest.raises(WorkerFailed, match="DataLoader worker [01] of rank 0 failed building "):
         sample_ids(StreamingDataLoader(dataset, num_workers=2))
+
+
+# 3. A rank dies (or hangs) while the others wait for it ----------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_ranks(tmp_path, *args: str) -> list[subprocess.Popen]:
+    """tests/faults_under_torchrun.py as 2 ranks started as plain processes (the environment
+    torchrun would give them), so that no agent stops rank 0 when rank 1 is gone: what rank 0
+    does then is its own doing."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    env |= {"WORLD_SIZE": "2", "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    return [
+        subprocess.Popen(
+            [sys.executable, str(UNDER_TORCHRUN), *args],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its DataLoader workers with it, to stop them all at the end
+        )
+        for rank in (0, 1)
+    ]
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.slow  # 2 ranks x 2 workers, and a few seconds of waiting: about a minute
+@pytest.mark.parametrize(
+    "where, answer_timeout",
+    # a rank whose process is gone fails gloo's all-reduce at once, long before the timeout;
+    # a rank that hangs, only at the timeout
+    [("stream", 120), ("hang", 3), ("weighing", 3)],
+    ids=["dies-in-the-stream", "hangs-in-the-stream", "dies-while-weighing"],
+)
+def test_a_rank_that_stops_answering_is_named_by_the_others(where, answer_timeout, rows, tmp_path):
+    args = ["rank-dies", "--where", where, "--answer-timeout", str(answer_timeout)]
+    ranks = two_ranks(tmp_path, *args)
+    try:
+        err = ranks[0].communicate(timeout=300)[1]
+        rank_0_ended = time.time()
+        one_left = ranks[1].poll() is not None  # an exit, not the hang
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                os.killpg(rank.pid, signal.SIGKILL)
+    said = ranks[1].communicate()[0]
+    assert ranks[0].returncode != 0
+    when = "while the ranks weighed the rows together" if where == "weighing" else "at step 4"
+    expected = f"RanksStoppedAnswering: rank 0: rank 1 stopped answering {when} ("
+    assert expected in last_line(err), err[-3000:]
+    assert one_left == (where != "hang")
+    # rank 0 gave up within seconds: the closed connection or answer_timeout (3 s), then
+    # silent_ranks's 5 s to tell who is silent (+ leeway for a busy machine)
+    left_at = float(re.search(r"rank 1: (?:leaving|hanging) at ([\d.]+)", said)[1])
+    assert rank_0_ended - left_at < 30
 
 
 # 4. Corrupt data files -------------------------------------------------------------------------
@@ -299,28 +423,11 @@ def test_resume_with_another_number_of_workers_continues_exactly(rows, tokenizer
 # 7. Bad input at scale -----------------------------------------------------------------------------
 
 
-def dataset_with_bad_rows(good: Dataset, every: int = 10) -> tuple[Dataset, Counter, Counter]:
-    """`good`, with one row in `every` broken, cycling through BAD_ROWS; the drops and the
-    conversions expected, by reason and by mode."""
-    kinds = list(BAD_ROWS)
-    table, drops, conversions = [], Counter(), Counter()
-    for index in range(len(good)):
-        row = good[index]
-        if index % every == every - 1:
-            break_row, outcome = BAD_ROWS[kinds[(index // every) % len(kinds)]]
-            row = break_row(row)
-            target = conversions if outcome in ("CMYK", "I;16", "P") else drops
-            if outcome is not None:
-                target[outcome] += 1
-        table.append(row)
-    return Dataset.from_list(table, features=FEATURES), drops, conversions
-
-
 @pytest.mark.slow  # 10,000 rows through an epoch: about a minute on 2 cores
 def test_ten_thousand_rows_with_one_in_ten_bad_are_all_accounted(tokenizer, fresh_cache):
     good = load_vqa_dataset(None, num_rows=2000)
     good = good.select([i % len(good) for i in range(10_000)])
-    bad, drops, conversions = dataset_with_bad_rows(good)
+    bad, drops, conversions = with_bad_rows(good)
     dataset = packed(bad, tokenizer, max_length=2048, packs_per_batch=2)
     report = PackReport()
     for batch in PackedDataLoader(dataset, num_workers=2):

@@ -13,10 +13,13 @@ skipped and counted), or a mode it is converted from (the row is trained on, cou
 import io
 import struct
 import zlib
+from collections import Counter
 
+from datasets import Dataset
 from PIL import Image
 
 from mmdp import drop_reasons
+from mmdp.data.sources import FEATURES
 
 
 def encoded(image: Image.Image, fmt: str, **save_args) -> dict:
@@ -109,3 +112,21 @@ BAD_ROWS = {
     "null_images": (lambda row: {**row, "images": None}, None),  # a text-only row
     "null_question": (with_reply(None, "A square."), None),
 }
+
+
+def with_bad_rows(good: Dataset, every: int = 10) -> tuple[Dataset, Counter, Counter]:
+    """`good`, with one row in `every` (the last of each `every`) broken in the next way of
+    BAD_ROWS, in turn; and the outcomes the loaders must give: drops by reason, conversions by
+    the mode converted from."""
+    kinds = list(BAD_ROWS)
+    table, drops, conversions = [], Counter(), Counter()
+    for index in range(len(good)):
+        row = good[index]
+        if index % every == every - 1:
+            break_row, outcome = BAD_ROWS[kinds[(index // every) % len(kinds)]]
+            row = break_row(row)
+            target = conversions if outcome in ("CMYK", "I;16", "P") else drops
+            if outcome is not None:
+                target[outcome] += 1
+        table.append(row)
+    return Dataset.from_list(table, features=FEATURES), drops, conversions

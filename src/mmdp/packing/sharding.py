@@ -4,6 +4,7 @@ streaming) use these, and stage 3's grouped batches.
 
 import os
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
@@ -49,15 +50,25 @@ def all_ranks_have_a_batch(
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     flag = torch.tensor([int(have_one)], device=device)
     work = dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group, async_op=True)
-    try:
+    with ranks_answering(group, f"step-{step}", f"at step {step}", "the end-of-data all-reduce"):
         work.wait(timeout)
-    except Exception as error:  # gloo and NCCL raise several kinds (timeout, closed connection)
-        rank = dist.get_rank(group)
-        raise RanksStoppedAnswering(
-            f"rank {rank}: {silent_ranks(group, f'step-{step}')} stopped answering at step {step} "
-            f"(the end-of-data all-reduce failed: {str(error).strip().splitlines()[0][:200]})"
-        ) from None
     return bool(flag.item())
+
+
+@contextmanager
+def ranks_answering(group, tag: str, when: str, collective: str):
+    """Run collectives of `group`; if one fails (a rank died, hangs past the timeout, or was
+    stopped), raise RanksStoppedAnswering naming the ranks that stopped answering, e.g.
+    "rank 0: rank 1 stopped answering at step 7 (the end-of-data all-reduce failed: ...)".
+    `tag` names this place for silent_ranks (the same on every rank)."""
+    try:
+        yield
+    except Exception as error:  # gloo and NCCL raise several kinds (timeout, closed connection)
+        cause = (str(error).strip().splitlines() or [error.__class__.__name__])[0][:200]
+        raise RanksStoppedAnswering(
+            f"rank {dist.get_rank()}: {silent_ranks(group, tag)} stopped answering {when} "
+            f"({collective} failed: {cause})"
+        ) from None
 
 
 def start_ranks() -> int:

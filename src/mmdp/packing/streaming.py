@@ -515,8 +515,9 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
             while True:
                 batch = next(batches, None)
                 have_one = batch is not None
+                step = batch["batch_index"] if have_one else self.batches_done
                 if stop_together and not all_ranks_have_a_batch(
-                    have_one, self.group, self.answer_timeout, self.batches_done
+                    have_one, self.group, self.answer_timeout, step
                 ):
                     self.count_held(batch)
                     break

@@ -51,6 +51,7 @@ from mmdp.drop_reasons import CODE
 from mmdp.errors import UserError
 from mmdp.models.families import family_for
 from mmdp.packing.planner import Weights
+from mmdp.packing.sharding import ranks_answering
 
 # Bump when what a weight means changes (the chat template rendering, how images are counted...),
 # so that older caches are not reused.
@@ -60,6 +61,7 @@ PARALLEL_FROM_ROWS = 20_000
 # How long the other ranks of a machine wait for local rank 0 to weigh (tens of millions of rows
 # on a small machine take a while), and how often they look.
 WAIT_FOR_WEIGHING = timedelta(hours=6)
+WHILE_WEIGHING = "while the ranks weighed the rows together"
 POLL_SECONDS = 0.5
 
 WEIGHT_FEATURES = {
@@ -200,7 +202,8 @@ def weigh_across_ranks(rows, family, key: str, path: Path, num_proc) -> tuple[We
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     cached = load_if_sound(path, pretokenize=False)
     keys_and_caches = [None] * world_size
-    dist.all_gather_object(keys_and_caches, (key, cached is not None), group=group)
+    with ranks_answering(group, "weighing-keys", WHILE_WEIGHING, "the gather of cache keys"):
+        dist.all_gather_object(keys_and_caches, (key, cached is not None), group=group)
     if len({k for k, _ in keys_and_caches}) > 1:
         raise RuntimeError(
             "the ranks weighing together built different datasets or processors (their weights' "
@@ -236,7 +239,8 @@ def gather_shares(mine: dict, cold: list[int], num_rows: int, group) -> dict:
     for column, name in enumerate(ARRAYS):
         sent[: len(mine[name]), column] = torch.from_numpy(mine[name].astype(np.int32))
     received = [torch.zeros_like(sent) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(received, sent, group=group)
+    with ranks_answering(group, "weighing-shares", WHILE_WEIGHING, "the gather of the weights"):
+        dist.all_gather(received, sent, group=group)
     whole = torch.zeros(num_rows, len(ARRAYS), dtype=torch.int32)
     for k, rank in enumerate(cold):
         count = len(range(k, num_rows, len(cold)))
