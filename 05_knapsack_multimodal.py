@@ -33,7 +33,6 @@ the rows still held when the ranks stopped together.
 """
 
 import argparse
-import os
 
 import numpy as np
 import torch
@@ -44,6 +43,7 @@ from mmdp.cli import (
     Renamed,
     add_data_args,
     add_loader_args,
+    add_model_and_budget_args,
     description,
     display_path,
     non_negative_int,
@@ -74,6 +74,7 @@ from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.planner import batch_loads
 from mmdp.packing.prepared import read_manifest
+from mmdp.packing.sharding import start_ranks
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.report.metrics import PackReport, rank_balance, write_json
 from mmdp.report.plots import (
@@ -90,6 +91,7 @@ def parse_args():
     parser = argparse.ArgumentParser(description=description(__doc__))
     add_data_args(parser)
     add_loader_args(parser)
+    add_model_and_budget_args(parser, MODELS)
     parser.add_argument(
         "--packs-per-batch",
         type=positive_int,
@@ -104,37 +106,10 @@ def parse_args():
         new_name="--packs-per-batch",
     )
     parser.add_argument(
-        "--model",
-        choices=MODELS,
-        default="tiny",
-        help="the model to pack for: mmdp's TinyVLM (the blog's 64 tokens per image) or a real "
-        "family, whose processor is built offline (default: tiny)",
-    )
-    parser.add_argument(
         "--processor",
         default=None,
         help="a Hub name or local path of a real model's processor (needs a network for a Hub "
         "name); default: --model's processor built offline",
-    )
-    parser.add_argument(
-        "--max-length",
-        type=positive_int,
-        default=None,
-        help="token budget of a pack, and its padded length (default: 512 for tiny, the "
-        "family's otherwise)",
-    )
-    parser.add_argument(
-        "--max-patches",
-        type=positive_int,
-        default=None,
-        help="vision-encoder patch budget of a pack (default: none for tiny, the family's "
-        "otherwise)",
-    )
-    parser.add_argument(
-        "--max-images",
-        type=non_negative_int,
-        default=config.MAX_IMAGES,
-        help=f"image budget of a pack (default: {config.MAX_IMAGES})",
     )
     parser.add_argument(
         "--strategy",
@@ -293,13 +268,6 @@ def model_processor(args):
     if args.max_patches is None:
         args.max_patches = family.default_max_patches
     return processor
-
-
-def start_ranks() -> int:
-    """Under torchrun, join the process group (one process per rank); return this rank."""
-    if "RANK" in os.environ and not dist.is_initialized():
-        dist.init_process_group("gloo")
-    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def print_weighing(packed: PackedDataset) -> None:

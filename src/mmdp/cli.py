@@ -116,6 +116,38 @@ def add_loader_args(parser: argparse.ArgumentParser):
     )
 
 
+def add_model_and_budget_args(parser: argparse.ArgumentParser, models: Sequence[str]):
+    """--model (one of `models`), and a pack's budgets: --max-length, --max-images, --max-patches
+    (stage 5 and python -m mmdp.prepare)."""
+    parser.add_argument(
+        "--model",
+        choices=models,
+        default="tiny",
+        help="the model to pack for: mmdp's TinyVLM (the blog's 64 tokens per image) or a real "
+        "family, whose processor is built offline (default: tiny)",
+    )
+    parser.add_argument(
+        "--max-length",
+        type=positive_int,
+        default=None,
+        help="token budget of a pack, and its padded length (default: 512 for tiny, the "
+        "family's otherwise)",
+    )
+    parser.add_argument(
+        "--max-images",
+        type=non_negative_int,
+        default=config.MAX_IMAGES,
+        help=f"image budget of a pack (default: {config.MAX_IMAGES})",
+    )
+    parser.add_argument(
+        "--max-patches",
+        type=positive_int,
+        default=None,
+        help="vision-encoder patch budget of a pack (default: none for tiny, the family's "
+        "otherwise)",
+    )
+
+
 def add_batch_size_arg(parser: argparse.ArgumentParser, default: int = config.BATCH_SIZE):
     parser.add_argument(
         "--batch-size",

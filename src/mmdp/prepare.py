@@ -16,7 +16,7 @@ import argparse
 import time
 
 from mmdp import config
-from mmdp.cli import description, non_negative_int, positive_int, print_settings
+from mmdp.cli import add_model_and_budget_args, description, positive_int, print_settings
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.errors import exit_on_user_error
@@ -47,34 +47,11 @@ def parse_args(argv=None):
         default=config.DEFAULT_NUM_ROWS,
         help=f"rows of the dataset to read (default: {config.DEFAULT_NUM_ROWS:,})",
     )
-    parser.add_argument(
-        "--model",
-        choices=MODELS,
-        default="tiny",
-        help="the model family to weigh for; a real family's processor is built offline (default: tiny)",
-    )
+    add_model_and_budget_args(parser, MODELS)
     parser.add_argument(
         "--tokenizer",
         default=None,
         help="tiny's tokenizer name or path (default: the SmolLM2 tokenizer shipped in the repo)",
-    )
-    parser.add_argument(
-        "--max-length",
-        type=positive_int,
-        default=None,
-        help="token budget of a pack (default: 512 for tiny, the family's otherwise)",
-    )
-    parser.add_argument(
-        "--max-images",
-        type=non_negative_int,
-        default=config.MAX_IMAGES,
-        help=f"image budget of a pack (default: {config.MAX_IMAGES})",
-    )
-    parser.add_argument(
-        "--max-patches",
-        type=positive_int,
-        default=None,
-        help="patch budget of a pack (default: none for tiny, the family's otherwise)",
     )
     parser.add_argument(
         "--pretokenize", action="store_true", help="also write every sample's input_ids and labels"

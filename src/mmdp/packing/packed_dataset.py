@@ -93,28 +93,11 @@ class PackedDataset(IterableDataset):
         self.batches_done = 0
 
         # 1. Weigh every item (once: later runs and the other ranks load the cached weights)
-        # (under torchrun, every rank weighs a share: unless the caller chose the ranks, a
-        # dataset then built on one rank only must not wait for the others)
-        across_ranks = rank is None and world_size is None
         self.prepared = prepared
-        if prepared is None:
-            self.weighing = weigh_rows(
-                dataset.dataset,
-                dataset.family,
-                pretokenize=pretokenize,
-                num_proc=num_proc,
-                across_ranks=across_ranks,
-            )
-        else:  # read from a prepared dataset: weighed by mmdp.prepare, checked against this run
-            self.weighing = load_prepared(
-                prepared,
-                dataset,
-                max_length=max_length,
-                max_images=max_images,
-                max_patches=max_patches,
-                pretokenize=pretokenize,
-            )
-            pretokenize = self.weighing.tokens is not None
+        self.weighing = self.weigh(
+            pretokenize, num_proc, across_ranks=rank is None and world_size is None
+        )
+        pretokenize = self.weighing.tokens is not None
         self.weights = self.weighing.weights
         # names the dataset and the tokenizer (with or without pretokenize: the same plan)
         self.weights_key = cache_key(dataset.dataset, dataset.family, pretokenize=False)
@@ -125,6 +108,28 @@ class PackedDataset(IterableDataset):
         self.image_rows = dataset.dataset.select_columns(["images"]) if pretokenize else None
         self._plan = None  # (epoch, plan of every rank), in the process that plans
         self._rank_plan = None  # (epoch, this rank's part, its rows' lengths): what workers get
+
+    def weigh(self, pretokenize: bool, num_proc: int | None, across_ranks: bool):
+        """Step 1: the weights of every row, from a prepared dataset (weighed by mmdp.prepare,
+        checked against this run's settings) or weighed here (under torchrun every rank weighs a
+        share, unless the caller chose the ranks: a dataset then built on one rank only must not
+        wait for the others)."""
+        if self.prepared is not None:
+            return load_prepared(
+                self.prepared,
+                self.dataset,
+                max_length=self.max_length,
+                max_images=self.max_images,
+                max_patches=self.max_patches,
+                pretokenize=pretokenize,
+            )
+        return weigh_rows(
+            self.dataset.dataset,
+            self.dataset.family,
+            pretokenize=pretokenize,
+            num_proc=num_proc,
+            across_ranks=across_ranks,
+        )
 
     @classmethod
     def from_prepared(cls, url: str, dataset: VQADataset, **settings) -> "PackedDataset":
