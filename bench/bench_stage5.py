@@ -1,103 +1,132 @@
-"""Benchmark the stage-5 loader: peak memory of a full epoch, and its speed against a floor.
+"""Benchmark the stage-5 loader: peak memory of a full epoch, and its time over a decode floor.
 
-    uv run bench/bench_stage5.py                      # 2,000 and 20,000 samples, 3 repeats
-    uv run bench/bench_stage5.py --sizes 2000 --repeats 1
+    uv run bench/bench_stage5.py                      # memory at 2,000 and 20,000 rows; speed on 2,000
+    uv run bench/bench_stage5.py --sizes 600 --no-memory --repeats 5   # the speed part, a few minutes
 
 1. Peak memory. A full epoch of PackedDataLoader (2 workers) runs in a fresh process; the table
    gives the peak resident memory of the main process and of the largest worker (getrusage).
    Packs are planned from lengths, and images are decoded only for packs about to be yielded, so
    neither should grow with the dataset: compare the rows for 2,000 and 20,000 samples.
-2. Speed. In the same run, alternating, each --repeats times:
-   - floor: a DataLoader (2 workers, same batch size in samples) that only decodes and resizes
-     the images of the same rows: the work no pipeline can skip;
-   - stage 5: the whole PackedDataLoader epoch (planning, packing, tokenizing, decoding,
-     padding, collating) with the weights cached (every run after the first), with pre-tokenized
-     rows (`pretokenize=True`, tokens cached), and with the weighing done from scratch (an empty
-     cache: the very first run).
-   It reports the median samples/s of each and how much stage 5 adds on top of the floor.
+2. Speed, for each of --paths (TinyVLM, and a real family's processor built offline): in one
+   process, alternating, --repeats times, each a whole epoch with the same --workers:
+   - floor: a DataLoader that only decodes the images of the rows the loader yields and makes
+     the model's pixels of them (TinyVLM: resize to a square float tensor, `load_image`; a real
+     family: its own image processor on each sample's images), in batches of as many samples as
+     the loader's: the work no pipeline can skip;
+   - the PackedDataLoader epoch (loading the cached weights, planning, packing, decoding,
+     padding, collating), tokenizing each pack, and with pre-tokenized rows (`pretokenize=True`);
+   It prints the median seconds an epoch, the loader's time over the floor, and the tensors a
+   batch holds (each is its own shared-memory segment between processes).
+3. JPEG draft decoding: `load_image` of JPEGs 2x and 4x the target side against the full decode
+   resized (what it did before), alternating in this process, medians.
 """
 
 import argparse
-import contextlib
+import io
 import json
-import os
 import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
+import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from mmdp.data.images import load_image
+from mmdp import config
+from mmdp.data.images import decode_image, load_image
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.models.families import family_for
+from mmdp.models.family import TinyFamily
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 
 
 class ImagesOnly(Dataset):
-    """The floor: decode and resize a row's images, nothing else."""
+    """The floor: a row's images decoded and made into the model's pixels, nothing else."""
 
-    def __init__(self, rows):
+    def __init__(self, rows, family):
         self.rows = rows
+        self.family = family
 
     def __len__(self):
         return len(self.rows)
 
     def __getitem__(self, index):
-        images = [load_image(image)[0] for image in self.rows[index]["images"] or []]
-        return torch.stack(images) if images else torch.zeros(0, 3, 256, 256)
+        images = self.rows[index]["images"] or []
+        if isinstance(self.family, TinyFamily):
+            size = self.family.image_size
+            pixels = [load_image(image, size)[0] for image in images]
+            return {
+                "pixel_values": torch.stack(pixels) if pixels else torch.zeros(0, 3, size, size)
+            }
+        if not images:
+            return {}
+        return self.family.vision_inputs([decode_image(image)[0] for image in images])
 
 
-def floor_epoch(rows, workers: int, batch_size: int) -> tuple[float, int]:
+def concatenate(samples: list[dict]) -> dict:
+    """The floor's collate: each key's tensors of the batch in one."""
+    keys = {key for sample in samples for key in sample}
+    return {key: torch.cat([s[key] for s in samples if key in s]) for key in keys}
+
+
+def floor_epoch(rows, family, workers: int, batch_size: int) -> float:
     start = time.perf_counter()
     loader = DataLoader(
-        ImagesOnly(rows), batch_size=batch_size, num_workers=workers, collate_fn=torch.cat
+        ImagesOnly(rows, family),
+        batch_size=batch_size,
+        num_workers=workers,
+        collate_fn=concatenate,
     )
     for _ in loader:
         pass
-    return time.perf_counter() - start, len(rows)
+    return time.perf_counter() - start
 
 
-def stage5_epoch(rows, tokenizer, workers: int, pretokenize=False) -> tuple[float, float, int]:
-    """(seconds to weigh the rows or load their weights, seconds for the epoch itself, samples)."""
+def tensors_in(value) -> int:
+    """How many tensors a batch holds, nested lists and dicts included."""
+    if isinstance(value, torch.Tensor):
+        return 1
+    if isinstance(value, dict):
+        return sum(tensors_in(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tensors_in(v) for v in value)
+    return 0
+
+
+def packed_dataset(rows, processor, pretokenize=False) -> PackedDataset:
+    family = family_for(processor)
+    return PackedDataset(
+        VQADataset(rows, processor),
+        max_length=family.default_max_length,
+        max_patches=family.default_max_patches,
+        pretokenize=pretokenize,
+    )
+
+
+def loader_epoch(rows, processor, workers: int, pretokenize=False) -> tuple[float, list]:
+    """(seconds for the epoch, weights loaded from the cache included; each batch's
+    (sample indices, tensors))."""
     start = time.perf_counter()
-    dataset = PackedDataset(VQADataset(rows, tokenizer), pretokenize=pretokenize)
-    weighed = time.perf_counter()
-    samples = 0
-    for batch in PackedDataLoader(dataset, num_workers=workers):
-        samples += len(batch["sample_index"])
-    return weighed - start, time.perf_counter() - weighed, samples
-
-
-@contextlib.contextmanager
-def cache_at(path: str):
-    """Weigh into (and read weights from) another cache folder for a while."""
-    saved = os.environ.get("MMDP_CACHE")
-    os.environ["MMDP_CACHE"] = path
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["MMDP_CACHE"]
-        else:
-            os.environ["MMDP_CACHE"] = saved
+    loader = PackedDataLoader(packed_dataset(rows, processor, pretokenize), num_workers=workers)
+    seen = [(batch["sample_index"].tolist(), tensors_in(batch)) for batch in loader]
+    return time.perf_counter() - start, seen
 
 
 def child(size: int, workers: int):
     """One full stage-5 epoch in this process; prints its peak memory as JSON."""
     rows = load_vqa_dataset(num_rows=size)
-    weigh, epoch, samples = stage5_epoch(rows, get_tokenizer(), workers)
-    seconds = weigh + epoch
+    seconds, seen = loader_epoch(rows, get_tokenizer(), workers)
     kib = 1024  # ru_maxrss is in KiB on Linux
     print(
         json.dumps(
             {
                 "size": size,
-                "samples": samples,
+                "samples": sum(len(indices) for indices, _ in seen),
                 "seconds": seconds,
                 "main_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / kib,
                 "largest_worker_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -107,23 +136,14 @@ def child(size: int, workers: int):
     )
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[2_000, 20_000])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child is not None:
-        return child(args.child, args.workers)
-
+def memory(sizes: list[int], workers: int) -> None:
     print("Peak memory of one stage-5 epoch (fresh process each):\n")
     print("| samples | epoch s | main process peak MiB | largest worker peak MiB |")
     print("| ---: | ---: | ---: | ---: |")
-    for size in args.sizes:
+    for size in sizes:
         load_vqa_dataset(num_rows=size)  # generate the cache first, outside the measurement
         out = subprocess.run(
-            [sys.executable, __file__, "--child", str(size), "--workers", str(args.workers)],
+            [sys.executable, __file__, "--child", str(size), "--workers", str(workers)],
             capture_output=True,
             text=True,
             check=True,
@@ -135,37 +155,107 @@ def main():
             flush=True,
         )
 
-    size = args.sizes[0]
-    rows = load_vqa_dataset(num_rows=size)
-    tokenizer = get_tokenizer()
-    floor, cached, pretokenized, cold = [], [], [], []
-    stage5_epoch(rows, tokenizer, args.workers, pretokenize=True)  # cache the tokens, untimed
-    for _ in range(args.repeats):
-        seconds, samples = floor_epoch(rows, args.workers, batch_size=32)
-        floor.append(samples / seconds)
-        weigh, epoch, samples = stage5_epoch(rows, tokenizer, args.workers)
-        cached.append(samples / (weigh + epoch))
-        weigh, epoch, samples = stage5_epoch(rows, tokenizer, args.workers, pretokenize=True)
-        pretokenized.append(samples / (weigh + epoch))
-        with tempfile.TemporaryDirectory() as empty, cache_at(empty):
-            weigh, epoch, samples = stage5_epoch(rows, tokenizer, args.workers)
-        cold.append(samples / (weigh + epoch))
-    floor_rate = statistics.median(floor)
-    rates = {
-        "stage 5, weights cached (every run after the first)": cached,
-        "stage 5, pre-tokenized rows (`--pretokenize`, cached)": pretokenized,
-        "stage 5, weighing every row first (an empty cache: the very first run)": cold,
-    }
+
+def processor_of(path: str):
+    if path == "tiny":
+        return get_tokenizer()
+    from mmdp.models.families import offline_processor
+
+    return offline_processor(path)
+
+
+def speed(path: str, rows, workers: int, repeats: int) -> None:
+    """The floor and the loader, alternating, whole epochs; one table."""
+    processor = processor_of(path)
+    family = family_for(processor)
+    loader_epoch(rows, processor, workers, pretokenize=True)  # weigh and cache, untimed
+    _, seen = loader_epoch(rows, processor, workers)
+    yielded = rows.select(sorted(i for indices, _ in seen for i in indices))
+    per_batch = max(1, round(len(yielded) / len(seen)))
+    seconds = {"floor": [], "tokenizing": [], "pretokenized": []}
+    tensors = {}
+    for _ in range(repeats):
+        seconds["floor"].append(floor_epoch(yielded, family, workers, per_batch))
+        for name, pretokenize in (("tokenizing", False), ("pretokenized", True)):
+            took, seen = loader_epoch(rows, processor, workers, pretokenize)
+            seconds[name].append(took)
+            tensors[name] = statistics.median(count for _, count in seen)
+    floor = statistics.median(seconds["floor"])
     print(
-        f"\nSpeed on {size:,} samples, {args.workers} workers, median of {args.repeats} "
-        f"alternating runs:\n"
+        f"\n{path}: {len(yielded):,} of {len(rows):,} samples yielded in {len(seen)} batches, "
+        f"{workers} workers, median of {repeats} alternating epochs:\n"
     )
-    print("| loader | samples/s | time over the floor |")
-    print("| --- | ---: | ---: |")
-    print(f"| floor: decode + resize the images only | {floor_rate:,.0f} | |")
-    for name, values in rates.items():
-        rate = statistics.median(values)
-        print(f"| {name} | {rate:,.0f} | {floor_rate / rate - 1:+.1%} |")
+    print("| loader | s an epoch | over the floor | tensors a batch |")
+    print("| --- | ---: | ---: | ---: |")
+    floor_tensors = len(family.vision_keys) if path != "tiny" else 1
+    print(f"| floor: decode + the model's pixels only | {floor:.2f} | | {floor_tensors} |")
+    for name, label in (("tokenizing", "tokenizing each pack"), ("pretokenized", "pre-tokenized")):
+        took = statistics.median(seconds[name])
+        print(f"| stage 5, {label} | {took:.2f} | {took / floor - 1:+.1%} | {tensors[name]:.0f} |")
+
+
+def jpeg_cells(side: int, count: int) -> list[dict]:
+    """`count` different JPEGs of side x side pixels: gradients with some grain, quality 90."""
+    generator = np.random.default_rng(side)
+    ramp = np.linspace(0, 255, side, dtype=np.float32)
+    cells = []
+    for _ in range(count):
+        pixels = (ramp[None, :, None] + ramp[:, None, None]) / 2 + generator.normal(
+            0, 4, (side, side, 3)
+        )
+        buffer = io.BytesIO()
+        Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
+        cells.append({"bytes": buffer.getvalue(), "path": None})
+    return cells
+
+
+def full_decode(cell, size: int) -> torch.Tensor:
+    """load_image as it was before draft decoding: the full decode, resized."""
+    pil = decode_image(cell)[0].resize((size, size), Image.Resampling.BILINEAR)
+    return torch.from_numpy(np.asarray(pil).copy()).permute(2, 0, 1).float().div_(255)
+
+
+def jpeg_draft(size: int, repeats: int) -> None:
+    """One thread, as in a DataLoader worker: on a busy machine torch's threads contend."""
+    torch.set_num_threads(1)
+    print(
+        f"\nJPEG draft decoding, one process and thread, ms an image to a {size}x{size} tensor, median:\n"
+    )
+    print("| JPEG side | full decode + resize | load_image (draft) | speed-up | mean abs diff |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for side in (2 * size, 4 * size):
+        cells = jpeg_cells(side, 20)
+        full, draft = [], []
+        for _ in range(repeats):
+            for runs, decode in ((full, full_decode), (draft, lambda c, s: load_image(c, s)[0])):
+                start = time.perf_counter()
+                for cell in cells:
+                    decode(cell, size)
+                runs.append((time.perf_counter() - start) / len(cells) * 1e3)
+        diff = statistics.mean(
+            (full_decode(c, size) - load_image(c, size)[0]).abs().mean().item() * 255 for c in cells
+        )
+        f, d = statistics.median(full), statistics.median(draft)
+        print(f"| {side} | {f:.2f} | {d:.2f} | {f / d:.2f}x | {diff:.2f} levels |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2_000, 20_000])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--paths", nargs="+", default=["tiny", "qwen2_5_vl"])
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory table")
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        return child(args.child, args.workers)
+    if not args.no_memory:
+        memory(args.sizes, args.workers)
+    rows = load_vqa_dataset(num_rows=args.sizes[0])
+    for path in args.paths:
+        speed(path, rows, args.workers, args.repeats)
+    jpeg_draft(config.IMAGE_SIZE, args.repeats)
 
 
 if __name__ == "__main__":

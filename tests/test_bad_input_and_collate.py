@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 import torch
 from conftest import image_cell
@@ -135,3 +136,60 @@ def test_an_exif_rotated_jpeg_is_sized_and_decoded_upright():
     cell = {"bytes": buffer.getvalue(), "path": None}
     assert image_size(cell) == (20, 40)
     assert decode_image(cell)[0].size == (20, 40)
+
+
+def encoded(image: Image.Image, format: str, **options) -> dict:
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format=format, **options)
+    return {"bytes": buffer.getvalue(), "path": None}
+
+
+def a_photo(width: int, height: int) -> Image.Image:
+    """Smooth gradients and a few hard edges: what a JPEG of a real scene holds."""
+    x = np.linspace(0, 1, width)[None, :]
+    y = np.linspace(0, 1, height)[:, None]
+    pixels = np.stack([x * 255 + 0 * y, y * 255 + 0 * x, (x + y) * 127], axis=-1)
+    pixels[height // 4 : height // 2, width // 3 : width // 2] = (20, 200, 60)
+    return Image.fromarray(pixels.astype(np.uint8), "RGB")
+
+
+def test_a_jpeg_twice_the_target_is_decoded_reduced_and_close_to_the_full_decode():
+    """A 1024x768 JPEG for 256x256: decoded at 1/2 scale (512x384, the largest reduction that
+    stays >= 256 on both sides), and once resized within ~1 level of the full decode resized."""
+    from mmdp.data.images import decode_image, load_image
+
+    cell = encoded(a_photo(1024, 768), "JPEG", quality=90)
+    assert decode_image(cell)[0].size == (1024, 768)  # no target: the full image
+    assert decode_image(cell, target=(256, 256))[0].size == (512, 384)
+    full = decode_image(cell)[0].resize((256, 256), Image.Resampling.BILINEAR)
+    full = np.asarray(full, dtype=np.float32).transpose(2, 0, 1) / 255
+    reduced = load_image(cell, 256)[0].numpy()
+    assert np.abs(reduced - full).mean() < 1.5 / 255
+    assert np.abs(reduced - full).mean() > 0  # it did decode differently
+
+
+def test_a_jpeg_under_twice_the_target_and_a_png_are_decoded_in_full():
+    from mmdp.data.images import decode_image, load_image
+
+    jpeg = encoded(a_photo(500, 500), "JPEG")
+    assert decode_image(jpeg, target=(256, 256))[0].size == (500, 500)
+    png = encoded(a_photo(1024, 1024), "PNG")
+    assert decode_image(png, target=(256, 256))[0].size == (1024, 1024)
+    full = decode_image(png)[0].resize((256, 256), Image.Resampling.BILINEAR)
+    full = np.asarray(full, dtype=np.float32).transpose(2, 0, 1) / 255
+    assert np.array_equal(load_image(png, 256)[0].numpy(), full)
+
+
+def test_an_exif_rotated_jpeg_is_reduced_by_its_upright_sides():
+    """Stored 1024x512 with orientation 6 is 512x1024 upright: for an upright 128x256 target it
+    decodes at 1/4 (the stored sides are compared with the target turned the same way)."""
+    from mmdp.data.images import decode_image
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    cell = encoded(a_photo(1024, 512), "JPEG", exif=exif.tobytes())
+    assert decode_image(cell)[0].size == (512, 1024)
+    assert decode_image(cell, target=(128, 256))[0].size == (128, 256)
+    assert decode_image(cell, target=(256, 128))[0].size == (256, 512)  # limited by the width

@@ -5,7 +5,10 @@ Three steps, each usable alone:
     image_size(image)    (width, height) from the encoded header, EXIF rotation applied: no pixel
                          is decoded (weighing millions of rows reads only headers)
     decode_image(image)  an RGB PIL image, upright (EXIF rotation applied), transparent pixels over
-                         white; what a model's own image processor takes
+                         white; what a model's own image processor takes. Given the size the
+                         caller resizes to, a JPEG at least twice that size on both sides is
+                         decoded at 1/2, 1/4 or 1/8 scale (Image.draft: libjpeg scales in the DCT
+                         domain, skipping most of the work), never below that size
     load_image(image)    decode_image, resized to a square float tensor in [0, 1]: TinyVLM's input
 
 A file that does not decode, or one larger than config.MAX_IMAGE_PIXELS (checked from the header,
@@ -91,17 +94,21 @@ def orientation(pil: Image.Image) -> int | None:
     return exif.get(EXIF_ORIENTATION)
 
 
-def decode_image(image) -> tuple[Image.Image, str | None]:
+def decode_image(image, target: tuple[int, int] | None = None) -> tuple[Image.Image, str | None]:
     """Return (an upright RGB PIL image, the original mode if it was converted, else None).
 
     Grayscale (L), palette (P), RGBA and other modes are converted to RGB (transparent pixels over
     white); an EXIF orientation is applied, so that the image is upright as image_size says.
+    `target`: the (width, height) the caller resizes the upright image to, if it does; a JPEG at
+    least twice as large on both sides then comes back smaller, though never below `target`.
     """
     pil = open_image(image)
     width, height = pil.size
     if width * height > config.MAX_IMAGE_PIXELS:
         raise BadImage(IMAGE_TOO_LARGE, f"{width}x{height} pixels")
     try:
+        if target is not None and pil.format == "JPEG":
+            decode_reduced(pil, target)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             pil.load()
@@ -122,10 +129,17 @@ def decode_image(image) -> tuple[Image.Image, str | None]:
     return pil, converted_from
 
 
+def decode_reduced(pil: Image.Image, target: tuple[int, int]) -> None:
+    """Have a JPEG decode at the smallest of 1/2, 1/4 and 1/8 scale that keeps it at least
+    `target` (upright width, height) on both sides; at full scale if none does."""
+    stored = target[::-1] if orientation(pil) in SWAPS_SIDES else target
+    pil.draft(None, stored)
+
+
 def load_image(image, size: int = config.IMAGE_SIZE) -> tuple[torch.Tensor, str | None]:
     """Return (a float tensor [3, size, size] in [0, 1], the original mode if it was converted):
     TinyVLM's input, decode_image resized to a square."""
-    pil, converted_from = decode_image(image)
+    pil, converted_from = decode_image(image, target=(size, size))
     try:
         pil = pil.resize((size, size), Image.Resampling.BILINEAR)
     except (OSError, ValueError) as error:
