@@ -80,7 +80,7 @@ def test_packed_loss_equals_one_sample_at_a_time(attention, num_packs, max_lengt
     assert (batch["real_token_mask"].sum(dim=1) < max_length).any() == (max_length > FULL)
     model = tiny_llama(VOCAB, attention)
     with torch.no_grad():
-        packed = summed_loss(model(**model_inputs(batch), use_cache=False).logits, batch["labels"])
+        packed = summed_loss(model(**model_inputs(batch)).logits, batch["labels"])
     assert relative_difference(float(packed), loss_alone(samples)) < 1e-5
 
 
@@ -106,8 +106,8 @@ def test_the_other_traps_break_the_check(attention):
     real = batch["real_token_mask"].long()
     with torch.no_grad():
         wrong = {
-            "use_cache": model(**inputs).logits,
-            "attention_mask": model(**inputs, attention_mask=real, use_cache=False).logits,
+            "use_cache": model(**{**inputs, "use_cache": True}).logits,
+            "attention_mask": model(**inputs, attention_mask=real).logits,
             "contiguous positions": model(input_ids=inputs["input_ids"], use_cache=False).logits,
         }
     alone = loss_alone(samples)
@@ -167,7 +167,7 @@ def test_in_bf16_packing_differs_by_rounding_not_leakage(attention, image_sample
             float(summed_loss(model(input_ids=s["input_ids"][None]).logits, s["labels"][None]))
             for s in (image_samples[row] for row in rows)
         )
-        packed = summed_loss(model(**model_inputs(batch), use_cache=False).logits, batch["labels"])
+        packed = summed_loss(model(**model_inputs(batch)).logits, batch["labels"])
         mixed = summed_loss(model(input_ids=batch["input_ids"]).logits, batch["labels"])
     assert relative_difference(float(packed), alone) < 1e-4
     assert relative_difference(float(mixed), alone) > 1e-3

@@ -87,6 +87,7 @@ def test_sample_ids_and_model_inputs_of_the_worked_example():
         "cu_seq_lens_k",
         "max_length_q",
         "max_length_k",
+        "use_cache",
     }
     assert "attention_mask" not in batch
 

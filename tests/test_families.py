@@ -167,7 +167,7 @@ def summed_losses_alone(family, model, samples) -> list[float]:
 def summed_losses_packed(model, batch, inputs=None) -> list[float]:
     """Each sample's summed loss in the packed batch (labels: its own, shifted within it)."""
     with torch.no_grad():
-        logits = model(**(inputs or model_inputs(batch, model)), use_cache=False).logits
+        logits = model(**(inputs or model_inputs(batch, model))).logits
     losses = token_losses(logits, batch["labels"])
     # a position's loss belongs to the sample of the label it predicts (the next position)
     owner = torch.nn.functional.pad(sample_ids(batch)[:, 1:], (0, 1), value=-1)

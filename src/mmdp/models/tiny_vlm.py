@@ -111,14 +111,18 @@ class TinyVLM(nn.Module):
         pixel_values=None,
         position_ids=None,
         attention_mask=None,
+        use_cache=False,
         **flash_attention_kwargs,
     ):
         """Logits (and the mean loss over label tokens, Hugging Face's, when labels are given).
 
         Packed batches: pass position_ids, cu_seq_lens_q/k and max_length_q/k (passed on to the
         language model for FlashAttention) and NO attention_mask (docs/use-in-your-trainer.md: the traps);
-        padded batches: pass attention_mask. The cache is always off.
+        padded batches: pass attention_mask. The cache is always off: `use_cache` is accepted, as
+        model_inputs passes it, and must be False.
         """
+        if use_cache:
+            raise ValueError("TinyVLM trains without a cache: use_cache must be False")
         return self.lm(
             inputs_embeds=self.embed(input_ids, pixel_values),
             labels=labels,

@@ -228,20 +228,24 @@ def concatenate_vision(samples: list[dict]) -> dict:
 
 
 def model_inputs(batch: dict, model=None) -> dict:
-    """The keys of a packed batch that a Hugging Face model takes. Call
+    """The keys of a packed batch that a Hugging Face model takes, and `use_cache=False`. Call
 
-        model(**model_inputs(batch), use_cache=False)
+        model(**model_inputs(batch, model))
 
     and each sample sees only itself, under eager, sdpa, flex_attention and FlashAttention alike
-    (docs/use-in-your-trainer.md: why use_cache=False and no attention_mask). A batch with images
-    adds its vision inputs; one without leaves them out (the models refuse empty pixel tensors).
-    Gemma 3 batches also need `model`: transformers 5.23 builds their sliding-window mask wrong
-    in packed rows, and mmdp builds both masks itself (mmdp.models.gemma3).
+    (docs/use-in-your-trainer.md: why no cache and no attention_mask). The cache is switched off
+    here, in the inputs, because a trainer cannot be trusted to: transformers' Trainer sets only
+    the top-level `config.use_cache = False`, and the Qwen-VL text models read
+    `text_config.use_cache`, build a cache and mix the samples. A batch with images adds its
+    vision inputs; one without leaves them out (the models refuse empty pixel tensors). Pass the
+    model always: Gemma 3 batches need it (transformers 5.23 builds their sliding-window mask
+    wrong in packed rows, and mmdp builds both masks itself: mmdp.models.gemma3).
 
     Raises on a transformers too old to build the per-sample mask from position_ids.
     """
     check_transformers()
     inputs = {key: batch[key] for key in MODEL_INPUTS}
+    inputs["use_cache"] = False
     inputs.update({key: batch[key] for key in TOKEN_INPUTS if key in batch})
     if len(batch.get("pixel_values", ())):
         inputs.update({key: batch[key] for key in VISION_INPUTS if key in batch})
