@@ -121,8 +121,7 @@ class TinyVLM(nn.Module):
         padded batches: pass attention_mask. The cache is always off: `use_cache` is accepted, as
         model_inputs passes it, and must be False.
         """
-        if use_cache:
-            raise ValueError("TinyVLM trains without a cache: use_cache must be False")
+        refuse_cache(use_cache)
         return self.lm(
             inputs_embeds=self.embed(input_ids, pixel_values),
             labels=labels,
@@ -133,13 +132,19 @@ class TinyVLM(nn.Module):
         )
 
     def hidden_states(
-        self, inputs_embeds, position_ids=None, attention_mask=None, **flash_attention_kwargs
+        self,
+        inputs_embeds,
+        position_ids=None,
+        attention_mask=None,
+        use_cache=False,
+        **flash_attention_kwargs,
     ) -> torch.Tensor:
         """The language model's body on embeddings from `embed`: its last hidden states.
 
         `embed`, then `hidden_states`, then `logits` is `forward` in three parts (the same
-        numbers), so that each can be timed on its own.
+        numbers), so that each can be timed on its own. `use_cache` must be False, as in forward.
         """
+        refuse_cache(use_cache)
         return self.lm.model(
             inputs_embeds=inputs_embeds,
             position_ids=position_ids,
@@ -151,6 +156,12 @@ class TinyVLM(nn.Module):
     def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The language model's head: one logit per vocabulary entry at every position."""
         return self.lm.lm_head(hidden_states)
+
+
+def refuse_cache(use_cache) -> None:
+    """TinyVLM trains without a cache: a cache would mix the samples of a packed row."""
+    if use_cache:
+        raise ValueError("TinyVLM trains without a cache: use_cache must be False")
 
 
 def vlm_inputs(batch: dict) -> dict:
