@@ -164,9 +164,10 @@ def refuse_cache(use_cache) -> None:
         raise ValueError("TinyVLM trains without a cache: use_cache must be False")
 
 
-def vlm_inputs(batch: dict) -> dict:
+def vlm_inputs(batch: dict, model=None) -> dict:
     """The keys of any mmdp batch that TinyVLM takes: a packed batch's model_inputs and its
-    pixel_values, or a padded batch's input_ids, labels, attention_mask and pixel_values."""
+    pixel_values, or a padded batch's input_ids, labels, attention_mask and pixel_values. `model`
+    is accepted, as model_inputs takes it, and not needed."""
     if "attention_mask" in batch:
         keys = ("input_ids", "labels", "attention_mask", "pixel_values")
         return {key: batch[key] for key in keys}

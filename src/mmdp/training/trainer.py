@@ -15,7 +15,7 @@ file:line in transformers/trainer.py):
    tensors or re-shards our packs (mmdp.packing.guards). MMDPTrainer hands Trainer the loader
    itself (get_train_dataloader; nothing else prepares it: 1597, 1715-1817), so Trainer's own
    batching flags (per_device_train_batch_size, dataloader_num_workers, remove_unused_columns:
-   1019-1022) never touch it. The model gets `model_inputs(batch)`, not the batch's ints and
+   1019-1022) never touch it. The model gets `model_inputs(batch, model)`, not the batch's ints and
    per-sample tensors.
 2. On resume Trainer calls accelerate's skip_first_batches (1844), which would rebuild a plain
    DataLoader, decode the batches already trained and throw them away, and then set_epoch (1851),
@@ -153,8 +153,8 @@ class MMDPTrainerMixin:
     """Trainer on an mmdp loader: put it before Trainer (or a Trainer subclass) in the bases.
 
     `train_loader`: a PackedDataLoader or StreamingDataLoader (not passed to accelerate).
-    `model_inputs(batch)`: the batch keys the model takes (default mmdp.packing.batch's, for a
-    Hugging Face model; TinyVLM: mmdp.models.tiny_vlm.vlm_inputs). `compute_loss_func` defaults
+    `model_inputs(batch, model)`: the batch keys the model takes (default mmdp.packing.batch's,
+    for a Hugging Face model; TinyVLM: mmdp.models.tiny_vlm.vlm_inputs). `compute_loss_func` defaults
     to token_loss.
     """
 
@@ -173,7 +173,7 @@ class MMDPTrainerMixin:
         return self.loader_for_trainer  # as it is: not through accelerator.prepare
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        inputs = self.model_inputs(inputs)
+        inputs = self.model_inputs(inputs, self.model)  # unwrapped: Gemma 3 reads its config
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
