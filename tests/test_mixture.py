@@ -2,6 +2,7 @@
 on every rank and for a seed, label policies, per-token loss weights and the weighted loss."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from mmdp.data.mixture import (
     choose_rows,
     last_turn_labels,
     mixture_from_dict,
+    source_report,
 )
 from mmdp.errors import UserError
 from mmdp.packing.batch import collate_packs, layout_pack
@@ -184,3 +186,24 @@ def test_a_bad_mixture_is_one_sentence(spec, says):
     with pytest.raises(UserError, match=None) as error:
         mixture_from_dict(spec, "m.json")
     assert says in str(error.value)
+
+
+def test_the_per_source_report_counts_rows_over_the_patch_budget():
+    """Under a patch budget each source's drops are judged on patches, as the plan's are: rows of
+    2 images x 100 patches are over max_patches=150, rows of 1 image are not (a report that
+    judged image counts against max_patches would call every row usable)."""
+    mixture = mixture_from_dict(
+        {"sources": [{"dataset": "a", "share": 1}, {"dataset": "b", "share": 1}]}
+    )
+    source = np.array([0, 0, 0, 1, 1, 1], dtype=np.int16)
+    images = [2, 1, 1, 1, 2, 2]
+    weights = Weights.from_lists([50] * 6, images, patch_counts=[100 * n for n in images])
+    budgets = {"max_length": 512, "max_images": 4, "max_patches": 150}
+    plan = MixturePlan(source, mixture.shares(), "rows", None, 0)
+    epoch = plan_epoch(weights, **budgets, packs_per_batch=1, mixture=plan)
+    report = source_report(
+        SimpleNamespace(mixture=mixture), plan, weights, [epoch.rows.tolist()], budgets=budgets
+    )
+    assert [r["dropped"].get("too_many_patches", 0) for r in report] == [1, 2]
+    assert [r["dropped"].get("left_out_by_mixture", 0) for r in report] == [1, 0]  # 1:1 by rows
+    assert sum(r["samples"] for r in report) == len(epoch.rows) == 2

@@ -314,7 +314,10 @@ def source_report(
     report = []
     for s, source in enumerate(mixed.mixture.sources):
         mine = plan.source_of_row == s
-        part = Weights(*(a[mine] for a in (weights.lengths, weights.image_counts, weights.reasons)))
+        part = Weights(
+            *(a[mine] for a in (weights.lengths, weights.image_counts, weights.reasons)),
+            patch_counts=weights.patch_counts[mine],
+        )
         _, dropped = filter_rows(part, **budgets)
         left_out = int(mine[usable].sum()) - len(np.intersect1d(usable[mine[usable]], chosen))
         unequal = int(mine[chosen].sum()) - int(mine[every].sum())
