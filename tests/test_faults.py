@@ -23,13 +23,15 @@ from mmdp.data.bad_rows import BAD_ROWS, with_bad_rows
 from mmdp.data.sources import FEATURES, load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import UNDECODABLE_IMAGE
-from mmdp.errors import UserError
+from mmdp.errors import UserError, exit_on_user_error
 from mmdp.packing import weighing
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.weighing import weigh_rows
 from mmdp.packing.workers import WorkerFailed
 from mmdp.report.metrics import PackReport
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.faults
 
@@ -440,3 +442,15 @@ def test_ten_thousand_rows_with_one_in_ten_bad_are_all_accounted(tokenizer, fres
     assert report.dropped == drops
     assert all(report.converted[mode] >= n for mode, n in conversions.items())
     assert report.samples == 10_000 - sum(drops.values())
+
+
+def test_a_stage_script_ends_a_failed_worker_with_its_one_line_and_status_1(capsys):
+    """Every stage script runs main() under exit_on_user_error: a WorkerFailed is printed as its
+    one sentence (no traceback) and the script exits non-zero, like every user-facing error."""
+    message = "DataLoader worker 0 of rank 0 died before delivering batch 6"
+    with pytest.raises(SystemExit) as done, exit_on_user_error():
+        raise WorkerFailed(message, worker_traceback="Traceback (most recent call last): ...")
+    assert done.value.code == 1
+    assert capsys.readouterr().err == f"WorkerFailed: {message}\n"
+    for script in sorted(ROOT.glob("0[1-6]_*.py")):  # and every script uses it
+        assert "with exit_on_user_error():\n        main()" in script.read_text(), script.name

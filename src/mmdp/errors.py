@@ -1,4 +1,5 @@
-"""Errors a user can fix (a wrong --dataset, no network), reported as one sentence."""
+"""Errors reported as one sentence: those a user can fix (a wrong --dataset, no network), and a
+DataLoader worker that failed (mmdp.packing.workers names it, its batch and why)."""
 
 import contextlib
 import sys
@@ -8,11 +9,24 @@ class UserError(Exception):
     """A problem with the user's input or environment; the message says what to do."""
 
 
+class WorkerFailed(RuntimeError):
+    """A DataLoader worker raised or died; the message names the worker, the batch and why, and
+    `worker_traceback` keeps the worker's own traceback for whoever debugs it."""
+
+    def __init__(self, message: str, worker_traceback: str = ""):
+        super().__init__(message)
+        self.worker_traceback = worker_traceback
+
+
 @contextlib.contextmanager
 def exit_on_user_error():
-    """Print a UserError as one line and exit with status 2, instead of a traceback."""
+    """Print a UserError (exit status 2) or a WorkerFailed (status 1) as one line and exit,
+    instead of a traceback."""
     try:
         yield
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except WorkerFailed as error:
+        print(f"WorkerFailed: {error}", file=sys.stderr)
+        sys.exit(1)

@@ -11,25 +11,18 @@ torch reports a failed worker in two ways, neither of which says which batch was
 Both loaders (PackedDataLoader, StreamingDataLoader) pass their DataLoader's batches through
 `name_failed_worker`, which turns either into a WorkerFailed: "DataLoader worker 1 of rank 0
 failed building batch 7: ValueError: boom". The worker's own traceback stays on the error
-(`error.worker_traceback`) for whoever debugs it. Under torchrun the rank then exits with that
-error and torchrun stops the other ranks.
+(`error.worker_traceback`) for whoever debugs it. The stage scripts print it as one line and exit
+with status 1 (mmdp.errors.exit_on_user_error); under torchrun the rank exits with that error and
+torchrun stops the other ranks.
 """
 
 import re
 from collections.abc import Callable, Iterable, Iterator
 
-from mmdp.errors import UserError
+from mmdp.errors import UserError, WorkerFailed
 
 RAISED = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
 DIED = re.compile(r"DataLoader worker \(pid(?:\(s\))? (\d+)")
-
-
-class WorkerFailed(RuntimeError):
-    """A DataLoader worker raised or died; the message names the worker, the batch and why."""
-
-    def __init__(self, message: str, worker_traceback: str = ""):
-        super().__init__(message)
-        self.worker_traceback = worker_traceback
 
 
 def name_failed_worker(
