@@ -11,8 +11,8 @@ def test_packed_ddp_matches_one_process_only_with_tokens_counted_over_all_ranks(
     assert tokens[0] != tokens[1]  # packs hold as many tokens, not as many label tokens
     # summed loss / label tokens all-reduced over ranks and micro-steps: one process's gradient
     assert result["grad_rel_diff_global_tokens"] < 1e-5
-    # each rank's own mean, averaged by DDP: tokens weigh unequally (measured: from 0.6x to
-    # 1.6x), and the gradient is another one (measured: 0.19 relative difference)
+    # each rank's own mean, averaged by DDP: tokens weigh unequally, and the gradient is
+    # another one (by how much depends on how unequal the ranks' label tokens are)
     weight = result["token_weight_per_rank_mean"]
     assert weight["min"] < 0.9 and weight["max"] > 1.1
     assert result["grad_rel_diff_per_rank_mean"] > 1e-2

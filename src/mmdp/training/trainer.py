@@ -28,8 +28,9 @@ file:line in transformers/trainer.py):
 4. The loss: compute_loss_func=token_loss, the summed token loss over the label tokens of the
    whole optimizer step on every rank. Trainer counts those tokens whenever a compute_loss_func
    is set (2308-2318), so this holds for models with accepts_loss_kwargs=False too (Qwen2.5-VL,
-   Qwen3-VL), whose own loss would be a per-rank, per-micro-batch mean (measured 0.81 relative
-   gradient error on TinyVLM set up that way).
+   Qwen3-VL), whose own loss would be a per-rank, per-micro-batch mean: a gradient off by as
+   much as the ranks' label tokens differ (0.075 relative in the slow tests,
+   docs/use-in-your-trainer.md).
 5. It refuses ignore_data_skip=True (the epoch would restart, and a short last step of the epoch
    would never be taken), average_tokens_across_devices=False with several ranks (the token
    count would be this rank's only), and processes that train alone (on a machine without a
