@@ -53,13 +53,12 @@ from mmdp.cli import (
     print_settings,
     run_epoch,
 )
+from mmdp.data.families import MODELS, OFFLINE, family_for, load_processor, offline_processor
 from mmdp.data.mixture import (
     MixedRows,
     MixturePlan,
-    format_source_report,
     load_mixture,
     read_mixture,
-    source_report,
 )
 from mmdp.data.padding import ConstrainedPadCollator
 from mmdp.data.sources import load_vqa_dataset
@@ -68,7 +67,6 @@ from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
 from mmdp.errors import exit_on_user_error
-from mmdp.models.families import MODELS, OFFLINE, family_for, load_processor, offline_processor
 from mmdp.packing.batch import real_token_mask
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES
@@ -77,6 +75,7 @@ from mmdp.packing.prepared import read_manifest
 from mmdp.packing.sharding import start_ranks
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.report.metrics import PackReport, rank_balance, write_json
+from mmdp.report.mixture import format_source_report, source_report
 from mmdp.report.plots import (
     plot_model_budgets,
     plot_pack_samples,

@@ -18,10 +18,10 @@ import statistics
 import time
 
 from mmdp.data.bad_rows import with_bad_rows
+from mmdp.data.families import family_for
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.models.families import family_for
 from mmdp.packing import weighing
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.report.metrics import PackReport

@@ -14,9 +14,9 @@ import argparse
 import statistics
 import time
 
+from mmdp.data.families import OFFLINE, family_for, offline_processor
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
-from mmdp.models.families import OFFLINE, family_for, offline_processor
 
 
 def main() -> None:

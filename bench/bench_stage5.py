@@ -36,12 +36,12 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from mmdp import config
+from mmdp.data.families import family_for
+from mmdp.data.families.base import TinyFamily
 from mmdp.data.images import decode_image, load_image
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.models.families import family_for
-from mmdp.models.family import TinyFamily
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 
 
@@ -159,7 +159,7 @@ def memory(sizes: list[int], workers: int) -> None:
 def processor_of(path: str):
     if path == "tiny":
         return get_tokenizer()
-    from mmdp.models.families import offline_processor
+    from mmdp.data.families import offline_processor
 
     return offline_processor(path)
 

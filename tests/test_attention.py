@@ -12,13 +12,8 @@ from mmdp import config
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.models.attention import reference_flash_attn_func, reference_flash_attn_varlen_func
-from mmdp.packing.batch import (
-    MIN_TRANSFORMERS,
-    check_transformers,
-    collate_packs,
-    layout_pack,
-    model_inputs,
-)
+from mmdp.models.inputs import MIN_TRANSFORMERS, check_transformers, model_inputs
+from mmdp.packing.batch import collate_packs, layout_pack
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.training.loss import summed_loss
 

@@ -5,13 +5,8 @@ import pytest
 import torch
 
 from mmdp.drop_reasons import UNDECODABLE_IMAGE
-from mmdp.packing.batch import (
-    build_pack,
-    collate_packs,
-    model_inputs,
-    real_token_mask,
-    sample_ids,
-)
+from mmdp.models.inputs import model_inputs
+from mmdp.packing.batch import build_pack, collate_packs, real_token_mask, sample_ids
 
 IGNORE = -100
 PAD = 0

@@ -16,17 +16,18 @@ from PIL import Image
 from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
 
 from mmdp.data.conversation import chat_messages, chat_turns
-from mmdp.data.synthetic import encode_png
-from mmdp.drop_reasons import IMAGE_SIZE_REFUSED, UNDECODABLE_IMAGE
-from mmdp.models.attention import use_attention
-from mmdp.models.families import (
+from mmdp.data.families import (
     OFFLINE,
     family_for,
     offline_processor,
     tiny_model,
     tiny_processor,
 )
-from mmdp.packing.batch import build_pack, collate_packs, model_inputs, sample_ids
+from mmdp.data.synthetic import encode_png
+from mmdp.drop_reasons import IMAGE_SIZE_REFUSED, UNDECODABLE_IMAGE
+from mmdp.models.attention import use_attention
+from mmdp.models.inputs import model_inputs
+from mmdp.packing.batch import build_pack, collate_packs, sample_ids
 from mmdp.training.loss import summed_loss, token_losses
 
 FAMILIES = tuple(OFFLINE)
@@ -261,7 +262,7 @@ def images_numbered_per_sample(batch: dict, inputs: dict, model) -> dict:
     attend to each other, both ways."""
     from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_for_mask
 
-    from mmdp.models.gemma3 import masks_with_image_blocks
+    from mmdp.models.gemma3_masks import masks_with_image_blocks
 
     owner = sample_ids(batch)
     blocks = torch.full_like(owner, -1)

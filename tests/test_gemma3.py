@@ -1,4 +1,4 @@
-"""Gemma 3 (mmdp.models.gemma3): pan-and-scan weighed from image headers, the attention masks mmdp
+"""Gemma 3 (mmdp.data.families.gemma3): pan-and-scan weighed from image headers, the attention masks mmdp
 builds for packed rows, and what FlashAttention does with Gemma 3's bidirectional images.
 
 Models are tests/test_families.py's tiny random Gemma 3 (28 px images, 4 soft tokens each, a
@@ -25,17 +25,18 @@ from transformers.models.gemma3.modeling_gemma3 import (
 )
 
 from mmdp.data.conversation import chat_messages, chat_turns
-from mmdp.models.attention import flash_attention_on_cpu, use_attention
-from mmdp.models.families import family_for
-from mmdp.models.gemma3 import (
+from mmdp.data.families import family_for
+from mmdp.data.families.gemma3 import (
     Gemma3,
     offline_processor,
-    packed_attention_masks,
     pan_and_scan_crops,
     tiny_model,
     tiny_processor,
 )
-from mmdp.packing.batch import model_inputs, sample_ids
+from mmdp.models.attention import flash_attention_on_cpu, use_attention
+from mmdp.models.gemma3_masks import packed_attention_masks
+from mmdp.models.inputs import model_inputs
+from mmdp.packing.batch import sample_ids
 
 DEFAULTS = {
     "pan_and_scan_min_crop_size": 256,

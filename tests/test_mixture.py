@@ -16,11 +16,11 @@ from mmdp.data.mixture import (
     choose_rows,
     last_turn_labels,
     mixture_from_dict,
-    source_report,
 )
 from mmdp.errors import UserError
 from mmdp.packing.batch import collate_packs, layout_pack
 from mmdp.packing.planner import Weights, plan_epoch
+from mmdp.report.mixture import source_report
 from mmdp.training.loss import mean_over_tokens, weighted_mean_over_tokens
 
 ASKED = np.array([0.5, 0.3, 0.2])

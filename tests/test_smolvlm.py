@@ -1,4 +1,4 @@
-"""Idefics3, SmolVLM's sibling (mmdp.models.smolvlm): the same rules with Idefics3Processor and
+"""Idefics3, SmolVLM's sibling (mmdp.data.families.smolvlm): the same rules with Idefics3Processor and
 Idefics3ForConditionalGeneration. tests/test_families.py checks SmolVLM in full; these check that
 the Idefics3 classes agree with it, and what weighing does beyond the processor's defaults.
 """
@@ -15,8 +15,7 @@ from test_families import (
     turn,
 )
 
-from mmdp.models import smolvlm
-from mmdp.models.families import family_for, tiny_model
+from mmdp.data.families import family_for, smolvlm, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -99,7 +99,7 @@ def test_stage5_default_run_packs_at_least_98_percent(run_script, tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
     import torch
 
-    from mmdp.packing.batch import model_inputs
+    from mmdp.models.inputs import model_inputs
 
     saved = torch.load(batch)
     assert {"real_token_mask", "sample_index", "pixel_values", "sample_of_image"} <= set(saved)

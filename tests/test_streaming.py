@@ -15,6 +15,7 @@ import torch
 from conftest import tiny_vlm_losses
 from datasets import Dataset, load_dataset
 
+from mmdp.data.families.base import TinyFamily
 from mmdp.data.sources import FEATURES, load_vqa_dataset
 from mmdp.drop_reasons import (
     HELD_WHEN_RANKS_STOPPED,
@@ -23,8 +24,7 @@ from mmdp.drop_reasons import (
     TOO_MANY_IMAGES,
     UNDECODABLE_IMAGE,
 )
-from mmdp.models.family import TinyFamily
-from mmdp.packing.batch import model_inputs
+from mmdp.models.inputs import model_inputs
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.planner import Weights
 from mmdp.packing.streaming import (

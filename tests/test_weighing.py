@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from mmdp.data.conversation import count_tokens_batch, tokenize_conversation
+from mmdp.data.families.base import TinyFamily
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import CODE
-from mmdp.models.family import TinyFamily
 from mmdp.packing import weighing
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.weighing import weigh_rows

@@ -23,7 +23,8 @@ from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.stream import load_vqa_stream
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.batch import collate_packs, model_inputs, real_token_mask, sample_ids
+from mmdp.models.inputs import model_inputs
+from mmdp.packing.batch import collate_packs, real_token_mask, sample_ids
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES, pack, pack_flat
 from mmdp.packing.planner import EpochPlan, Weights, plan_epoch

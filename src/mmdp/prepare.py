@@ -17,10 +17,10 @@ import time
 
 from mmdp import config
 from mmdp.cli import add_model_and_budget_args, description, positive_int, print_settings
+from mmdp.data.families import MODELS, family_for, offline_processor
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.errors import exit_on_user_error
-from mmdp.models.families import MODELS, family_for, offline_processor
 from mmdp.packing.prepared import budget_report, describe, write_prepared
 from mmdp.packing.weighing import weigh_rows
 

@@ -3,8 +3,8 @@
 from torch.utils.data import Dataset
 
 from mmdp import config
+from mmdp.data.families import family_for
 from mmdp.data.mixture import apply_source_rules
-from mmdp.models.families import family_for
 
 
 class VQADataset(Dataset):
@@ -13,7 +13,7 @@ class VQADataset(Dataset):
     `processor`: the tokenizer of mmdp's TinyVLM (the blog's path: 64 <|image|> tokens per image,
     images resized to `image_size` squares), or a transformers processor of a supported
     vision-language model (Qwen2.5-VL, Qwen3-VL, SmolVLM, Idefics3, LLaVA-OneVision, Gemma 3:
-    mmdp.models.families), whose own rules then make the samples.
+    mmdp.data.families), whose own rules then make the samples.
 
     `dataset[i]` returns a dict:
         row          the index i in the wrapped dataset (stays attached through collation)

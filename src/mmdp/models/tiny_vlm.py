@@ -19,7 +19,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, SiglipVisionConfig, SiglipVisionModel
 
 from mmdp import config
-from mmdp.packing.batch import model_inputs
+from mmdp.models.inputs import model_inputs
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The batch contract: what a packed batch holds, how one is built and collated, and the keys a
-model takes. Both loaders (mmdp.packing.packed_dataset, mmdp.packing.streaming) build their
+model takes (mmdp.models.inputs). Both loaders (mmdp.packing.packed_dataset, mmdp.packing.streaming) build their
 batches here, and every consumer reads them through the functions here.
 
 A batch of B packs, each a row of L = max_length tokens:
@@ -41,44 +41,16 @@ checks it. Unlike it, mmdp keeps fixed-length rows (a padding tail, as its own s
 several rows per batch.
 """
 
-import functools
 from collections import Counter
 
 import numpy as np
 import torch
-import transformers
-from packaging.version import Version
 
 from mmdp import config
+from mmdp.data.families.base import VISION_INPUTS, concatenate_vision
 
-# The keys of a packed batch that a Hugging Face causal LM takes, under every attention
-# implementation: eager, sdpa and flex_attention use position_ids and ignore the rest;
-# FlashAttention uses cu_seq_lens_* and max_length_* (its varlen kernels).
-MODEL_INPUTS = (
-    "input_ids",
-    "labels",
-    "position_ids",
-    "cu_seq_lens_q",
-    "cu_seq_lens_k",
-    "max_length_q",
-    "max_length_k",
-)
-
-# What a packed batch may carry for the images, under transformers' names (each family's
-# processor makes some of them: mmdp.models), and the per-token inputs some models take.
-VISION_INPUTS = (
-    "pixel_values",
-    "pixel_attention_mask",
-    "image_grid_thw",
-    "image_sizes",
-    "batch_num_images",
-)
+# The per-token inputs some models take (Gemma 3, Qwen3-VL).
 TOKEN_INPUTS = ("token_type_ids", "mm_token_type_ids")
-
-# The first transformers whose eager and sdpa masks honour restarting position_ids (the packed
-# sequence detection of huggingface/transformers#39194). Measured: 4.53.0 mixes samples, 4.53.1
-# does not (tools/check_packed_masks.py, the same check as tests/test_attention.py).
-MIN_TRANSFORMERS = "4.53.1"
 
 
 def build_pack(
@@ -164,7 +136,7 @@ def token_loss_weights(samples: list[dict], seq_lens: list[int], pad: int) -> di
 def collate_packs(packs: list[dict], family=None) -> dict:
     """Stack packs (from build_pack, all of one planned batch) into a batch.
 
-    `family` (a mmdp.models.family.ModelFamily) collates the vision inputs its model takes, and
+    `family` (a mmdp.data.families.base.ModelFamily) collates the vision inputs its model takes, and
     names itself in the batch (`model_family`); without one, each vision input is concatenated
     along its first dimension, which is what TinyVLM, Qwen-VL, LLaVA-OneVision and Gemma 3 take.
     """
@@ -219,52 +191,6 @@ def collate_packs(packs: list[dict], family=None) -> dict:
         "converted": dict(converted),
         **({"model_family": family.name} if family and family.name != "tiny" else {}),
     }
-
-
-def concatenate_vision(samples: list[dict]) -> dict:
-    """Each vision input of the samples that have it, concatenated along its first dimension."""
-    keys = [key for key in VISION_INPUTS if any(key in s for s in samples)]
-    return {key: torch.cat([s[key] for s in samples if key in s]) for key in keys}
-
-
-def model_inputs(batch: dict, model=None) -> dict:
-    """The keys of a packed batch that a Hugging Face model takes, and `use_cache=False`. Call
-
-        model(**model_inputs(batch, model))
-
-    and each sample sees only itself, under eager, sdpa, flex_attention and FlashAttention alike
-    (docs/use-in-your-trainer.md: why no cache and no attention_mask). The cache is switched off
-    here, in the inputs, because a trainer cannot be trusted to: transformers' Trainer sets only
-    the top-level `config.use_cache = False`, and the Qwen-VL text models read
-    `text_config.use_cache`, build a cache and mix the samples. A batch with images adds its
-    vision inputs; one without leaves them out (the models refuse empty pixel tensors). Pass the
-    model always: Gemma 3 batches need it (transformers 5.23 builds their sliding-window mask
-    wrong in packed rows, and mmdp builds both masks itself: mmdp.models.gemma3).
-
-    Raises on a transformers too old to build the per-sample mask from position_ids.
-    """
-    check_transformers()
-    inputs = {key: batch[key] for key in MODEL_INPUTS}
-    inputs["use_cache"] = False
-    inputs.update({key: batch[key] for key in TOKEN_INPUTS if key in batch})
-    if len(batch.get("pixel_values", ())):
-        inputs.update({key: batch[key] for key in VISION_INPUTS if key in batch})
-    if batch.get("model_family") == "gemma3":
-        from mmdp.models.gemma3 import packed_attention_masks
-
-        inputs["attention_mask"] = packed_attention_masks(batch, model)
-    return inputs
-
-
-@functools.cache
-def check_transformers(version: str = transformers.__version__) -> None:
-    """Raise if this transformers would let the samples of a packed batch attend to each other."""
-    if Version(version) < Version(MIN_TRANSFORMERS):
-        raise RuntimeError(
-            f"transformers {version} ignores restarting position_ids in its eager and sdpa "
-            f"attention masks, so packed samples would attend to each other; upgrade to "
-            f"transformers>={MIN_TRANSFORMERS}"
-        )
 
 
 def real_token_mask(batch: dict) -> torch.Tensor:

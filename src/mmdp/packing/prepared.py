@@ -40,9 +40,9 @@ import torch.distributed as dist
 import transformers
 from datasets import Dataset
 
+from mmdp.data.families.base import TinyFamily, tokenizer_fingerprint
 from mmdp.data.sources import cache_dir
 from mmdp.errors import UserError
-from mmdp.models.family import TinyFamily, tokenizer_fingerprint
 from mmdp.packing.planner import Weights, filter_rows
 from mmdp.packing.weighing import ARRAYS, WEIGHING_VERSION, Weighing, checksum, weights_of
 

@@ -11,7 +11,7 @@ strategies, same two budgets, the same filter and packing steps as the planner
 Every DataLoader worker of every rank is a *reader* with its own share of the stream. A reader:
 
 1. Fills a buffer with the next `buffer_size` rows of its share and weighs them without decoding
-   an image, by its model family's rules (mmdp.models.family: TinyVLM's 64 tokens per image, or
+   an image, by its model family's rules (mmdp.data.families.base: TinyVLM's 64 tokens per image, or
    a real processor's tokens and patches from each image's header).
 2. Skips, and counts by reason, the rows that are too long for `max_length`, have more images
    than `max_images`, or have no usable conversation.
@@ -64,10 +64,10 @@ from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mmdp import config
+from mmdp.data.families import family_for
 from mmdp.data.sources import first_line, first_unreadable, with_undecoded_images
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
 from mmdp.errors import UserError
-from mmdp.models.families import family_for
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
 from mmdp.packing.guards import RefusesAcceleratePrepare, iterated_elsewhere

@@ -2,7 +2,7 @@
 parallel, cached.
 
 Planning an epoch (mmdp.packing.planner) needs each row's weight: its tokens, images and the
-vision encoder's patches, by its model family's rules (mmdp.models.family: TinyVLM's 64 tokens
+vision encoder's patches, by its model family's rules (mmdp.data.families.base: TinyVLM's 64 tokens
 per image, or a real processor's count for each image's width and height), without decoding a
 single image. Tokenizing the text of millions of rows takes minutes, so it is done once and kept:
 
@@ -45,11 +45,11 @@ import torch.distributed as dist
 from datasets import Dataset, Features, List, Value, load_from_disk
 
 from mmdp.data.conversation import BadConversation
+from mmdp.data.families import family_for
 from mmdp.data.images import BadImage
 from mmdp.data.sources import cache_dir
 from mmdp.drop_reasons import CODE
 from mmdp.errors import UserError
-from mmdp.models.families import family_for
 from mmdp.packing.planner import Weights
 from mmdp.packing.sharding import ranks_answering
 
@@ -105,7 +105,7 @@ def weigh_rows(
     """Weights of every row of `rows` (the_cauldron's schema), from the cache when it has them.
 
     `processor`: a tokenizer (TinyVLM), a transformers processor of a supported family, or a
-    mmdp.models.family.ModelFamily. num_proc: processes (default: every core from
+    mmdp.data.families.base.ModelFamily. num_proc: processes (default: every core from
     PARALLEL_FROM_ROWS rows on, else 1). `across_ranks`: every rank weighs its share (see the
     module docstring); every rank must then call weigh_rows with the same rows.
     """

@@ -71,7 +71,7 @@ def tiny_vlm(tokenizer, seed: int):
 
 # The models the examples can train: name -> (tokenizer, seed) -> (model, model_inputs), where
 # model_inputs(batch, model) picks the keys the model takes. The real families' tiny models
-# (mmdp.models.families) plug in here, with mmdp.packing.batch.model_inputs.
+# (mmdp.data.families) plug in here, with mmdp.models.inputs.model_inputs.
 MODELS = {"tiny_vlm": tiny_vlm}
 
 

@@ -4,15 +4,15 @@ assets/strategies.png, and stage 3's comparison of padded batches (compare_paddi
 Naive and constrained padding batch `batch_size` samples in the order of a seeded shuffle (as
 stages 2 and 3 do, so the figures match); the packers plan the epoch as stage 5 does
 (mmdp.packing.planner), and differ only in the strategy; grouped padded batches are planned as
-stage 3's --group-by does (mmdp.data.grouping).
+stage 3's --group-by does (mmdp.packing.grouping).
 """
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from mmdp.data.grouping import plan_batches, plan_grouped_epoch
 from mmdp.drop_reasons import REASONS, TOO_LONG
+from mmdp.packing.grouping import plan_batches, plan_grouped_epoch
 from mmdp.packing.packers import STRATEGIES as PACKING_STRATEGIES
 from mmdp.packing.planner import Weights, plan_epoch
 from mmdp.report.metrics import rank_balance, spread

@@ -50,7 +50,7 @@ import transformers.trainer as hf_trainer
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from mmdp.packing.batch import model_inputs as packed_model_inputs
+from mmdp.models.inputs import model_inputs as packed_model_inputs
 from mmdp.training.loss import summed_loss
 from mmdp.training.recipes import (
     batches_forever,

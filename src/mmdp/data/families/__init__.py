@@ -11,29 +11,29 @@ MODELS                  the names of stage 5's --model
 import importlib
 from pathlib import Path
 
+from mmdp.data.families.base import ModelFamily, TinyFamily
 from mmdp.data.hub import looks_like_a_path, require_hub
 from mmdp.errors import UserError
-from mmdp.models.family import ModelFamily, TinyFamily
 
 # The real families, as "module:class", imported when first asked for: a real family imports
 # transformers' image processors, and they import torchvision and torch._dynamo (20 s on a busy
 # 2-core machine), which the TinyVLM path never needs.
 # By the class name of their transformers processor:
 FAMILIES = {
-    "Qwen2_5_VLProcessor": "mmdp.models.qwen_vl:Qwen2_5_VL",
-    "Qwen3VLProcessor": "mmdp.models.qwen_vl:Qwen3VL",
-    "LlavaOnevisionProcessor": "mmdp.models.llava_onevision:LlavaOnevision",
-    "Gemma3Processor": "mmdp.models.gemma3:Gemma3",
-    "SmolVLMProcessor": "mmdp.models.smolvlm:SmolVLM",
-    "Idefics3Processor": "mmdp.models.smolvlm:Idefics3",
+    "Qwen2_5_VLProcessor": "mmdp.data.families.qwen_vl:Qwen2_5_VL",
+    "Qwen3VLProcessor": "mmdp.data.families.qwen_vl:Qwen3VL",
+    "LlavaOnevisionProcessor": "mmdp.data.families.llava_onevision:LlavaOnevision",
+    "Gemma3Processor": "mmdp.data.families.gemma3:Gemma3",
+    "SmolVLMProcessor": "mmdp.data.families.smolvlm:SmolVLM",
+    "Idefics3Processor": "mmdp.data.families.smolvlm:Idefics3",
 }
 # By stage 5's --model name:
 OFFLINE = {
-    "qwen2_5_vl": "mmdp.models.qwen_vl:Qwen2_5_VL",
-    "qwen3_vl": "mmdp.models.qwen_vl:Qwen3VL",
-    "llava_onevision": "mmdp.models.llava_onevision:LlavaOnevision",
-    "gemma3": "mmdp.models.gemma3:Gemma3",
-    "smolvlm": "mmdp.models.smolvlm:SmolVLM",
+    "qwen2_5_vl": "mmdp.data.families.qwen_vl:Qwen2_5_VL",
+    "qwen3_vl": "mmdp.data.families.qwen_vl:Qwen3VL",
+    "llava_onevision": "mmdp.data.families.llava_onevision:LlavaOnevision",
+    "gemma3": "mmdp.data.families.gemma3:Gemma3",
+    "smolvlm": "mmdp.data.families.smolvlm:SmolVLM",
 }
 MODELS = ("tiny", *OFFLINE)
 

@@ -30,9 +30,9 @@ import transformers
 from transformers import AutoTokenizer, Qwen2VLImageProcessor
 
 from mmdp import config
+from mmdp.data.families.base import ImageLayout, ModelFamily
 from mmdp.data.images import BadImage
 from mmdp.drop_reasons import IMAGE_SIZE_REFUSED
-from mmdp.models.family import ImageLayout, ModelFamily
 
 # Qwen2.5-VL-*-Instruct's chat template (as transformers pins it in
 # tests/models/qwen2_5_vl/test_processor_qwen2_5_vl.py): a default system prompt, each image

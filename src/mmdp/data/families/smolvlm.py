@@ -43,8 +43,8 @@ import transformers
 from transformers import AutoTokenizer
 
 from mmdp import config
+from mmdp.data.families.base import ImageLayout, ModelFamily
 from mmdp.errors import UserError
-from mmdp.models.family import ImageLayout, ModelFamily
 
 # The chat template saved with HuggingFaceTB/SmolVLM-*-Instruct and SmolVLM2 (verbatim, as in
 # transformers' tests/models/smolvlm/test_processor_smolvlm.py; processing_smolvlm.py:45 is the

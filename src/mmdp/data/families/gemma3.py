@@ -27,9 +27,9 @@ What a packed batch must carry (modeling_gemma3.py):
                      each image's tokens attend to each other both ways (Gemma 3 was trained so);
                      without it, images are silently causal.
     attention_mask   a dict {"full_attention", "sliding_attention"} built by
-                     `packed_attention_masks`: transformers 5.23 builds the sliding-window mask
+                     mmdp.models.gemma3_masks: transformers 5.23 builds the sliding-window mask
                      wrong for every sample that does not start its row (see there), and
-                     mmdp.packing.batch.model_inputs(batch, model) always passes these instead.
+                     mmdp.models.inputs.model_inputs(batch, model) always passes these instead.
     pixel_values     every image and crop, in the order of their tokens
     position_ids, cu_seq_lens_q/k, max_length_q/k   as for every packed batch
 
@@ -55,11 +55,9 @@ from transformers import (
     SiglipVisionConfig,
 )
 from transformers.image_utils import PILImageResampling
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_for_mask
 
 from mmdp import config
-from mmdp.models.family import ImageLayout, ModelFamily
+from mmdp.data.families.base import ImageLayout, ModelFamily
 
 # google/gemma-3-*-it's chat template, verbatim: `_CHAT_TEMPLATE` of transformers'
 # models/gemma3/convert_gemma3_weights.py (huggingface/transformers@0d7e95d9), saved with the
@@ -242,67 +240,6 @@ class Gemma3(ModelFamily):
     def fingerprint(self) -> dict:
         """The processor's, plus pan-and-scan: a setting of the family, not of the processor."""
         return {**super().fingerprint(), "pan_and_scan": self.pan_and_scan}
-
-
-def packed_attention_masks(batch: dict, model) -> dict:
-    """The attention masks of a packed Gemma 3 batch, right for every sample of every row: pass
-    them as attention_mask (mmdp.packing.batch.model_inputs does); Gemma3Model uses a dict as is
-    (modeling_gemma3.py:879).
-
-    Why: transformers 5.23 builds the sliding-window layers' mask wrong in packed rows.
-    create_masks_for_vision_model (modeling_gemma3.py:697-755) hands each image's bidirectional
-    block to create_causal_mask as an or_mask_function, and create_causal_mask wraps it in its
-    packed-sequence function (masking_utils.py:1003-1007), which calls it with the positions
-    INSIDE each sample (masking_utils.py:193-205) where the blocks are indexed by row position
-    (masking_utils.py:112-127). So every sample that does not start its row takes its blocks from
-    where the row's first sample has its images: its own images turn causal and some of its text
-    sees later text. The full-attention mask is right (block_sequence_ids=, applied after the
-    packed wrapping, masking_utils.py:1009-1012), and so is this sliding mask, built the same way
-    (masking_utils.py:1235-1244). That gives OR(AND(window, causal), image block) where the model
-    means AND(window, OR(causal, image block)): the same whenever an image's run fits in the
-    window (256 soft tokens; windows of 512 or 1024 in every Gemma 3), which is checked.
-
-    Under FlashAttention both masks are None (masking_utils.py:636-676): harmless. The masks are
-    made on the batch's device: move the batch to the model's first.
-    """
-    if model is None:
-        raise ValueError(
-            "a Gemma 3 batch needs its model, model_inputs(batch, model): mmdp builds its "
-            "attention masks itself, because transformers 5.23 builds Gemma 3's sliding-window "
-            "mask wrong in packed rows"
-        )
-    text_config = model.config.get_text_config()
-    if text_config.sliding_window < model.config.mm_tokens_per_image:
-        raise ValueError(
-            f"an image run of {model.config.mm_tokens_per_image} tokens does not fit in the "
-            f"sliding window of {text_config.sliding_window}: mmdp's Gemma 3 masks would be wrong"
-        )
-    token_type_ids = batch["token_type_ids"]
-    blocks = get_block_sequence_ids_for_mask(token_type_ids, device=token_type_ids.device)
-    return masks_with_image_blocks(model, batch["position_ids"], blocks)
-
-
-def masks_with_image_blocks(model, position_ids: torch.Tensor, blocks: torch.Tensor) -> dict:
-    """Gemma 3's two masks for rows whose samples restart `position_ids`: causal within each
-    sample (window or not), and bidirectional within each image block of `blocks` [B, L] (an id
-    per image run, -1 elsewhere). The ids must be numbered along the whole row, as
-    get_block_sequence_ids_for_mask numbers them (modeling_gemma3.py:686-694): blocks are
-    matched by id across the row (masking_utils.py:112-127), so ids restarting in each sample
-    would let one sample's images see another's (tests/test_families.py's trap)."""
-    text_config = model.config.get_text_config()
-    arguments = {
-        "config": text_config,
-        # read for its batch size, length, dtype and device only (masking_utils.py:848, 975)
-        "inputs_embeds": torch.empty(*blocks.shape, 0, dtype=model.dtype, device=blocks.device),
-        "attention_mask": None,
-        "past_key_values": None,
-        "position_ids": position_ids,
-        "block_sequence_ids": blocks,
-    }
-    return {
-        "full_attention": create_causal_mask(**arguments),
-        "sliding_attention": create_sliding_window_causal_mask(**arguments),
-    }
 
 
 # Building a processor and a model offline ------------------------------------------------------

@@ -9,7 +9,6 @@ and the loaders ask only these:
     make_sample(row)       one training sample, built by the model's own processor: input_ids,
                            labels, position_ids and the processor's outputs for its images
     collate_vision(...)    the vision inputs of a batch, in the order their tokens appear
-    model_inputs(batch)    what the model takes
 
 How a real family turns a row into tokens (`encode`), the way its processor does:
 
@@ -44,7 +43,22 @@ from mmdp.data.conversation import (
     tokenize_conversation,
 )
 from mmdp.data.images import BadImage, decode_image, image_size, load_image
-from mmdp.packing.batch import concatenate_vision
+
+# What a packed batch may carry for the images, under transformers' names (each family's
+# processor makes some of them).
+VISION_INPUTS = (
+    "pixel_values",
+    "pixel_attention_mask",
+    "image_grid_thw",
+    "image_sizes",
+    "batch_num_images",
+)
+
+
+def concatenate_vision(samples: list[dict]) -> dict:
+    """Each vision input of the samples that have it, concatenated along its first dimension."""
+    keys = [key for key in VISION_INPUTS if any(key in s for s in samples)]
+    return {key: torch.cat([s[key] for s in samples if key in s]) for key in keys}
 
 
 @dataclass(frozen=True)
@@ -101,17 +115,13 @@ class ModelFamily:
         """The family's: raise if the image processor made other features than weighed."""
 
     def positions(self, input_ids: torch.Tensor, vision: dict) -> torch.Tensor:
-        """A sample's position_ids: 0, 1, ... (Qwen-VL's are 4 rows: see mmdp.models.qwen_vl)."""
+        """A sample's position_ids: 0, 1, ... (Qwen-VL's are 4 rows: see mmdp.data.families.qwen_vl)."""
         return torch.arange(len(input_ids))
 
     def collate_vision(self, samples: list[dict]) -> dict:
         """The vision inputs of a batch's samples (in the order of their tokens), each
         concatenated along its first dimension; none when no sample has an image."""
         return concatenate_vision(samples)
-
-    def model_inputs(self, batch: dict, model=None) -> dict:
-        """The family's additions to mmdp.packing.batch.model_inputs (Gemma 3: its masks)."""
-        return {}
 
     def fingerprint(self) -> dict:
         """Everything that changes a row's weight: what the weights' cache key depends on."""

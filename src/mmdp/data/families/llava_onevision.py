@@ -45,8 +45,8 @@ from transformers import AutoTokenizer
 from transformers.image_processing_utils import select_best_resolution
 
 from mmdp import config
+from mmdp.data.families.base import ImageLayout, ModelFamily
 from mmdp.errors import UserError
-from mmdp.models.family import ImageLayout, ModelFamily
 
 # llava-hf/llava-onevision-qwen2-*-hf's chat_template.json, verbatim as transformers pins it
 # (tests/models/llava_onevision/test_processing_llava_onevision.py, prepare_processor_dict): no

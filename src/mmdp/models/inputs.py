@@ -1,0 +1,68 @@
+"""What a model takes from a packed batch: `model_inputs(batch, model)`, for every Hugging Face
+model mmdp packs for (the batch itself is mmdp.packing.batch's contract)."""
+
+import functools
+
+import transformers
+from packaging.version import Version
+
+from mmdp.data.families.base import VISION_INPUTS
+from mmdp.packing.batch import TOKEN_INPUTS
+
+# The keys of a packed batch that a Hugging Face causal LM takes, under every attention
+# implementation: eager, sdpa and flex_attention use position_ids and ignore the rest;
+# FlashAttention uses cu_seq_lens_* and max_length_* (its varlen kernels).
+MODEL_INPUTS = (
+    "input_ids",
+    "labels",
+    "position_ids",
+    "cu_seq_lens_q",
+    "cu_seq_lens_k",
+    "max_length_q",
+    "max_length_k",
+)
+
+# The first transformers whose eager and sdpa masks honour restarting position_ids (the packed
+# sequence detection of huggingface/transformers#39194). Measured: 4.53.0 mixes samples, 4.53.1
+# does not (tools/check_packed_masks.py, the same check as tests/test_attention.py).
+MIN_TRANSFORMERS = "4.53.1"
+
+
+def model_inputs(batch: dict, model=None) -> dict:
+    """The keys of a packed batch that a Hugging Face model takes, and `use_cache=False`. Call
+
+        model(**model_inputs(batch, model))
+
+    and each sample sees only itself, under eager, sdpa, flex_attention and FlashAttention alike
+    (docs/use-in-your-trainer.md: why no cache and no attention_mask). The cache is switched off
+    here, in the inputs, because a trainer cannot be trusted to: transformers' Trainer sets only
+    the top-level `config.use_cache = False`, and the Qwen-VL text models read
+    `text_config.use_cache`, build a cache and mix the samples. A batch with images adds its
+    vision inputs; one without leaves them out (the models refuse empty pixel tensors). Pass the
+    model always: Gemma 3 batches need it (transformers 5.23 builds their sliding-window mask
+    wrong in packed rows, and mmdp builds both masks itself: mmdp.models.gemma3_masks).
+
+    Raises on a transformers too old to build the per-sample mask from position_ids.
+    """
+    check_transformers()
+    inputs = {key: batch[key] for key in MODEL_INPUTS}
+    inputs["use_cache"] = False
+    inputs.update({key: batch[key] for key in TOKEN_INPUTS if key in batch})
+    if len(batch.get("pixel_values", ())):
+        inputs.update({key: batch[key] for key in VISION_INPUTS if key in batch})
+    if batch.get("model_family") == "gemma3":  # imported when needed: transformers' Gemma 3
+        from mmdp.models.gemma3_masks import packed_attention_masks
+
+        inputs["attention_mask"] = packed_attention_masks(batch, model)
+    return inputs
+
+
+@functools.cache
+def check_transformers(version: str = transformers.__version__) -> None:
+    """Raise if this transformers would let the samples of a packed batch attend to each other."""
+    if Version(version) < Version(MIN_TRANSFORMERS):
+        raise RuntimeError(
+            f"transformers {version} ignores restarting position_ids in its eager and sdpa "
+            f"attention masks, so packed samples would attend to each other; upgrade to "
+            f"transformers>={MIN_TRANSFORMERS}"
+        )
