@@ -58,13 +58,14 @@ from mmdp.training.recipes import (
 def train_step(accelerator, model, optimizer, micro_batches, inputs) -> torch.Tensor:
     """One optimizer step on the micro-batches; returns this rank's share of the step's loss."""
     processes = accelerator.num_processes
+    unwrapped = accelerator.unwrap_model(model)  # Gemma 3's masks read the model's config
     tokens = step_label_tokens(micro_batches, device=accelerator.device)
     loss_share = torch.zeros((), device=accelerator.device)
     for i, batch in enumerate(micro_batches):
         batch = to_device(batch, accelerator.device)
         last = i == len(micro_batches) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(model):
-            logits = model(**inputs(batch)).logits
+            logits = model(**inputs(batch, unwrapped)).logits
             loss = micro_batch_loss(logits, batch["labels"], tokens, processes)
             accelerator.backward(loss)
         loss_share += loss.detach() / processes

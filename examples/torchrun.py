@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.nn.parallel import DistributedDataParallel
 
 from mmdp.cli import description
+from mmdp.models.tiny_vlm import TinyVLM
 from mmdp.training.examples import (
     SampleLog,
     checkpoint_folder,
@@ -59,9 +60,18 @@ def wrap(model, fsdp2: bool, device):
         return DistributedDataParallel(model, find_unused_parameters=True)
     from torch.distributed.fsdp import fully_shard
 
-    for layer in model.lm.model.layers:
+    for layer in language_model_layers(model):
         fully_shard(layer)
     return fully_shard(model)
+
+
+def language_model_layers(model):
+    """The decoder layers of the model's language model, which every micro-batch runs. Not the
+    vision tower's blocks: a micro-batch without images skips them, and a rank that skips a
+    sharded block leaves the others waiting in its all-gather; at the top, they are gathered
+    with the rest."""
+    decoder = model.lm.model if isinstance(model, TinyVLM) else model.get_decoder()
+    return decoder.layers
 
 
 def save_checkpoint(folder: str, model, optimizer, loader) -> None:
@@ -91,12 +101,13 @@ def load_checkpoint(folder: str, model, optimizer, loader) -> int:
 def train_step(model, optimizer, micro_batches, inputs, device) -> torch.Tensor:
     """One optimizer step on the micro-batches; returns this rank's share of the step's loss."""
     world_size = dist.get_world_size()
+    unwrapped = getattr(model, "module", model)  # DDP's; FSDP2 keeps the model (and its config)
     tokens = step_label_tokens(micro_batches, device=device)
     loss_share = torch.zeros((), device=device)
     for i, batch in enumerate(micro_batches):
         batch = to_device(batch, device)
         with gradient_sync(model, sync=i == len(micro_batches) - 1):
-            logits = model(**inputs(batch)).logits
+            logits = model(**inputs(batch, unwrapped)).logits
             loss = micro_batch_loss(logits, batch["labels"], tokens, world_size)
             loss.backward()
         loss_share += loss.detach() / world_size

@@ -178,9 +178,11 @@ def offline_processor(family: type[QwenVL]):
     )
 
 
-def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa"):
+def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa", moe: bool = False):
     """A randomly initialised model of the real class, small enough for a CPU test, its token
-    ids aligned with `processor`'s tokenizer."""
+    ids aligned with `processor`'s tokenizer. `moe` (a Qwen3-VL processor only): the
+    mixture-of-experts class, Qwen3VLMoeForConditionalGeneration (as Qwen3-VL-30B-A3B), 4
+    experts of which each token takes 2, the same processor and positions as Qwen3-VL."""
     tokenizer, image_processor = processor.tokenizer, processor.image_processor
     ids = {
         f"{name}_id": tokenizer.convert_tokens_to_ids(token)
@@ -223,6 +225,14 @@ def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa"):
         vision.update(num_position_embeddings=16, deepstack_visual_indexes=[0])
         model_config = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, **ids)
         model_class = transformers.Qwen3VLForConditionalGeneration
+        if moe:
+            text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+            model_config = transformers.Qwen3VLMoeConfig(
+                text_config=text, vision_config=vision, **ids
+            )
+            model_class = transformers.Qwen3VLMoeForConditionalGeneration
+    elif moe:
+        raise ValueError("a mixture-of-experts tiny model needs a Qwen3-VL processor")
     else:
         vision.update(window_size=112, fullatt_block_indexes=[1])  # windows, then full attention
         model_config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
