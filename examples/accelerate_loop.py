@@ -10,7 +10,9 @@
 is not called accelerate.py: Python puts a script's folder first on sys.path, and every
 `import accelerate` of the run, transformers' included, would import the script instead.
 
-TinyVLM on the embedded rows, offline, on CPU or GPUs; checkpoints in DIR/checkpoint-STEP.
+TinyVLM on the embedded rows, offline, on CPU or GPUs (`--model FAMILY`: a tiny random model of
+that family's real class; `--model-path` a real checkpoint; `--num-train-epochs N` without
+`--max-steps`: N whole epochs); checkpoints in DIR/checkpoint-STEP.
 Prints the final step's loss and a digest of the weights: a run stopped after a checkpoint and
 resumed prints the same as one that never stopped.
 
@@ -35,6 +37,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs
 
 from mmdp.cli import description
+from mmdp.errors import exit_on_user_error
 from mmdp.training.examples import (
     SampleLog,
     checkpoint_folder,
@@ -43,6 +46,7 @@ from mmdp.training.examples import (
     make_model,
     print_result,
     training_flags,
+    training_steps,
     weights_digest,
 )
 from mmdp.training.loop import to_device
@@ -99,13 +103,14 @@ def main(argv=None) -> dict | None:
 
     steps = optimizer_steps(loader, args.grad_accum)
     loss = torch.zeros((), device=accelerator.device)
-    while step < args.max_steps:  # test before pulling a step: a pulled step moves the loader
+    max_steps = training_steps(args, loader)  # --max-steps, or --num-train-epochs whole epochs
+    while step < max_steps:  # test before pulling a step: a pulled step moves the loader
         micro_batches = next(steps)
         step += 1
         for micro_step, batch in enumerate(micro_batches):
             log.write(step, micro_step, batch)
         loss = train_step(accelerator, model, optimizer, micro_batches, inputs)
-        if step % args.save_steps == 0 or step == args.max_steps:
+        if step % args.save_steps == 0 or step == max_steps:
             accelerator.save_state(checkpoint_folder(args.output_dir, step))
 
     loss = accelerator.reduce(loss, reduction="sum")  # the step's mean over every label token
@@ -118,4 +123,5 @@ def main(argv=None) -> dict | None:
 
 
 if __name__ == "__main__":
-    main()
+    with exit_on_user_error():  # --model-path offline: one sentence, exit status 2
+        main()

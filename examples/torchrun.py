@@ -7,7 +7,9 @@ one process's gradient, and checkpoints that resume exactly.
         --output-dir /tmp/torchrun --log-samples /tmp/torchrun/samples.jsonl \
         --resume-from-checkpoint /tmp/torchrun/checkpoint-8
 
-TinyVLM on the embedded rows, offline, on CPU (gloo) or GPUs (NCCL); checkpoints in
+TinyVLM on the embedded rows, offline, on CPU (gloo) or GPUs (NCCL, each rank on its LOCAL_RANK's
+GPU); `--model FAMILY` a tiny random model of that family's real class, `--model-path` a real
+checkpoint, `--num-train-epochs N` without `--max-steps` N whole epochs; checkpoints in
 DIR/checkpoint-STEP. Prints the final step's loss and a digest of the weights: a run stopped
 after a checkpoint and resumed prints the same as one that never stopped.
 
@@ -28,6 +30,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.nn.parallel import DistributedDataParallel
 
 from mmdp.cli import description
+from mmdp.errors import exit_on_user_error
 from mmdp.models.tiny_vlm import TinyVLM
 from mmdp.training.examples import (
     SampleLog,
@@ -37,6 +40,7 @@ from mmdp.training.examples import (
     make_model,
     print_result,
     training_flags,
+    training_steps,
     weights_digest,
 )
 from mmdp.training.loop import to_device
@@ -125,11 +129,13 @@ def parse_args(argv=None):
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
     on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else "cpu"
+    if on_gpu:  # before anything touches the GPU: FSDP2's default mesh (and NCCL) use this one
+        torch.cuda.set_device(device)
     started_here = not dist.is_initialized()
     if started_here:
         dist.init_process_group("nccl" if on_gpu else "gloo")
     rank = dist.get_rank()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else "cpu"
 
     loader, tokenizer = make_loader(args)  # this rank's share of every epoch
     model, inputs = make_model(args, tokenizer)
@@ -142,13 +148,14 @@ def main(argv=None) -> dict | None:
 
     steps = optimizer_steps(loader, args.grad_accum)
     loss = torch.zeros(())
-    while step < args.max_steps:  # test before pulling a step: a pulled step moves the loader
+    max_steps = training_steps(args, loader)  # --max-steps, or --num-train-epochs whole epochs
+    while step < max_steps:  # test before pulling a step: a pulled step moves the loader
         micro_batches = next(steps)
         step += 1
         for micro_step, batch in enumerate(micro_batches):
             log.write(step, micro_step, batch)
         loss = train_step(model, optimizer, micro_batches, inputs, device)
-        if step % args.save_steps == 0 or step == args.max_steps:
+        if step % args.save_steps == 0 or step == max_steps:
             save_checkpoint(checkpoint_folder(args.output_dir, step), model, optimizer, loader)
 
     dist.all_reduce(loss)  # the step's mean over every label token of every rank
@@ -160,4 +167,5 @@ def main(argv=None) -> dict | None:
 
 
 if __name__ == "__main__":
-    main()
+    with exit_on_user_error():  # --model-path offline: one sentence, exit status 2
+        main()

@@ -7,7 +7,8 @@
         --resume-from-checkpoint /tmp/trainer/checkpoint-8
 
 (`uv run python examples/trainer.py ...` runs it in one process.) TinyVLM on the embedded rows,
-offline, on CPU or GPUs; Trainer's checkpoints in DIR/checkpoint-STEP, each with every rank's
+offline, on CPU or GPUs (`--model qwen2_5_vl`: a tiny random Qwen2.5-VL instead, and so for every
+family; `--model-path` a real checkpoint; `--num-train-epochs N` without `--max-steps`: N epochs); Trainer's checkpoints in DIR/checkpoint-STEP, each with every rank's
 loader state. Prints the final step's loss and a digest of the weights: a run stopped after a
 checkpoint and resumed prints the same as one that never stopped.
 
@@ -22,6 +23,8 @@ import torch
 from transformers import TrainingArguments
 
 from mmdp.cli import description
+from mmdp.errors import exit_on_user_error
+from mmdp.models.tiny_vlm import TinyVLM
 from mmdp.training.examples import (
     SampleLog,
     checkpoint_step,
@@ -50,6 +53,8 @@ def untie_output_layer(model) -> None:
     saves such a module with safetensors.save_file, which refuses tensors that share memory
     (transformers/trainer.py:4155). A copy makes them two weights (a PreTrainedModel, as the
     real families are, saves tied weights itself)."""
+    if not isinstance(model, TinyVLM):
+        return
     lm_head = model.lm.lm_head
     lm_head.weight = torch.nn.Parameter(lm_head.weight.detach().clone())
 
@@ -58,7 +63,8 @@ def main(argv=None) -> dict | None:
     args = training_flags(description(__doc__)).parse_args(argv)
     training_args = TrainingArguments(
         output_dir=args.output_dir,
-        max_steps=args.max_steps,
+        max_steps=args.max_steps or -1,  # -1: num_train_epochs whole epochs
+        num_train_epochs=args.num_train_epochs,
         gradient_accumulation_steps=args.grad_accum,
         learning_rate=args.lr,
         lr_scheduler_type="constant",  # a run cut short by --max-steps is the same run
@@ -95,4 +101,5 @@ def main(argv=None) -> dict | None:
 
 
 if __name__ == "__main__":
-    main()
+    with exit_on_user_error():  # --model-path offline: one sentence, exit status 2
+        main()

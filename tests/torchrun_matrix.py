@@ -391,6 +391,8 @@ def main() -> None:
     results = {}
     for family in families:
         results[family] = measure(path, family, grad_accum=2, out=out)
+        if dist.get_rank() == 0:
+            print(f"{path} x {family}: {results[family]}", flush=True)
         dist.barrier()
     if dist.get_rank() == 0:
         with open(os.path.join(out, "results.json"), "w") as f:
