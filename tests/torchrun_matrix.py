@@ -360,10 +360,14 @@ STEPS = {
 def measure(path: str, family: str, grad_accum: int, out: str) -> dict | None:
     """One path's step and its negative control for one family, against the unpacked reference
     of every rank's micro-batches (on rank 0; None on the other ranks)."""
-    case = family_case(family)
+    return measure_case(path, family_case(family), grad_accum, out)
+
+
+def measure_case(path: str, case: Case, grad_accum: int, out: str) -> dict | None:
+    """measure() for any case (a PEFT-wrapped model: tests/test_lora.py)."""
     step = STEPS[path]
-    got, rows = step(case, grad_accum, False, f"{out}/{family}")
-    control, _ = step(case, grad_accum, True, f"{out}/{family}_control")
+    got, rows = step(case, grad_accum, False, f"{out}/{case.name}")
+    control, _ = step(case, grad_accum, True, f"{out}/{case.name}_control")
     every = [rows]
     if dist.is_available() and dist.is_initialized():
         every = [None] * dist.get_world_size()
