@@ -305,12 +305,10 @@ class TinyFamily(ModelFamily):
         image_size: int = config.IMAGE_SIZE,
         image_token_length: int = config.IMAGE_TOKEN_LENGTH,
     ):
-        self.processor = self.tokenizer = tokenizer
+        self.feature_token = tokenizer.image_token  # what ModelFamily.__init__ looks up
+        super().__init__(tokenizer)  # the tokenizer is the whole processor
         self.image_size = image_size
         self.image_token_length = image_token_length
-        self.feature_token = tokenizer.image_token
-        self.feature_token_id = tokenizer.image_token_id
-        self.pad_token_id = tokenizer.pad_token_id
 
     def weigh(self, texts_per_row, images_per_row) -> tuple[list, list, list, list]:
         """`images_per_row`: each row's images, or just how many (all weighing needs)."""
