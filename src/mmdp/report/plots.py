@@ -321,7 +321,9 @@ def plot_strategies(results: dict, title: str) -> Figure:
         ax.boxplot([results[n]["per_row"][key] for n in names], tick_labels=names, showfliers=False)
         ax.set_title(f"{label} (padded row or pack)")
     for ax in axes.flat:  # long strategy names side by side
-        matplotlib.artist.setp(ax.get_xticklabels(), rotation=25, ha="right", rotation_mode="anchor")
+        matplotlib.artist.setp(
+            ax.get_xticklabels(), rotation=25, ha="right", rotation_mode="anchor"
+        )
     fig.suptitle(title)
     fig.tight_layout()
     return fig
