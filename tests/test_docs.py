@@ -71,35 +71,57 @@ def script_and_flags(command: str) -> tuple[str | None, list[str]]:
     return script, flags
 
 
-def parser_flags(script: Path, seen: set | None = None) -> set[str]:
-    """The flags of every add_argument call in the script and the mmdp modules it imports."""
-    seen = set() if seen is None else seen
-    if script in seen or not script.exists():
-        return set()
-    seen.add(script)
-    flags = {"--help"}
-    tree = ast.parse(script.read_text())
+def module_path(module: str) -> Path:
+    path = ROOT / "src" / Path(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def parser_flags(script: Path) -> set[str]:
+    """The flags of every add_argument call in the script, and in the mmdp functions it calls
+    (followed into the functions those call): what its parser can define, read statically."""
+    return {"--help"} | flags_in(ast.parse(script.read_text()), script, set())
+
+
+def flags_in(body: ast.AST, path: Path, seen: set) -> set[str]:
+    tree = ast.parse(path.read_text())
+    local = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    imported = {
+        alias.asname or alias.name: module_path(node.module)
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mmdp")
+        for alias in node.names
+    }
     adders = {"add_argument"} | {  # `add = parser.add_argument` and then add("--flag", ...)
         target.id
-        for node in ast.walk(tree)
+        for node in ast.walk(body)
         if isinstance(node, ast.Assign) and getattr(node.value, "attr", None) == "add_argument"
         for target in node.targets
         if isinstance(target, ast.Name)
     }
-    for node in ast.walk(tree):
-        called = getattr(node, "func", None)
-        if (
-            isinstance(node, ast.Call)
-            and (getattr(called, "attr", None) or getattr(called, "id", None)) in adders
-        ):
+    flags = set()
+    for node in ast.walk(body):
+        if not isinstance(node, ast.Call):
+            continue
+        called = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+        if called in adders:
             names = [a.value for a in node.args if isinstance(a, ast.Constant)]
-            flags |= {n for n in names if isinstance(n, str) and n.startswith("--")}
+            names = [n for n in names if isinstance(n, str) and n.startswith("--")]
+            flags |= set(names)
             if any("BooleanOptionalAction" in ast.unparse(k.value) for k in node.keywords):
-                flags |= {"--no-" + n[2:] for n in names if n.startswith("--")}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mmdp"):
-            module = ROOT / "src" / Path(*node.module.split("."))
-            for path in (module.with_suffix(".py"), module / "__init__.py"):
-                flags |= parser_flags(path, seen)
+                flags |= {"--no-" + n[2:] for n in names}
+        elif (path, called) not in seen and (called in local or called in imported):
+            seen.add((path, called))
+            if called in local:
+                flags |= flags_in(local[called], path, seen)
+            elif imported[called].exists():
+                where = imported[called]
+                functions = {
+                    n.name: n
+                    for n in ast.parse(where.read_text()).body
+                    if isinstance(n, ast.FunctionDef)
+                }
+                if called in functions:
+                    flags |= flags_in(functions[called], where, seen)
     return flags
 
 
@@ -129,3 +151,38 @@ def test_the_checks_catch_a_wrong_flag_and_a_broken_anchor(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("# A heading\n[here](#a-heading) [there](#no-heading)\n")
     assert [t for t in links(doc) if t[1:] not in anchors(doc)] == ["#no-heading"]
+
+
+def one_word_table() -> list[tuple[str, str]]:
+    """The README's table of names: (idea, what mmdp calls it)."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("| Idea | mmdp | The blog |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split(" | ") for line in table.strip().splitlines()[1:]]
+    return [(cells[0].lstrip("| "), cells[1]) for cells in rows]
+
+
+STAGE_SCRIPTS = {int(p.name[:2]): p for p in ROOT.glob("0[1-6]_*.py")}
+SOURCE = "\n".join(p.read_text() for p in (ROOT / "src").rglob("*.py"))
+
+
+def test_the_readmes_names_are_the_codes_names():
+    """Each flag in the README's one-word table is a flag of the stages it names (of some stage if
+    it names none), and each other name in it is a word of the package's code."""
+    wrong = []
+    for idea, names in one_word_table():
+        for part in names.split(" / "):
+            stages = re.search(r"\(stages? ([\d, ]+)\)", part)
+            numbers = (
+                [int(n) for n in re.findall(r"\d", stages[1])] if stages else list(STAGE_SCRIPTS)
+            )
+            for name in re.findall(r"`([^`]+)`", part):
+                if name.startswith("--"):
+                    flag = name.split()[0]
+                    having = [n for n in numbers if flag in parser_flags(STAGE_SCRIPTS[n])]
+                    if not having or (stages and having != numbers):
+                        wrong.append(f"{idea}: {flag} is a flag of stages {having}, not {numbers}")
+                else:
+                    word = re.sub(r"\(.*", "", name.split(".")[-1])
+                    if not re.search(rf"\b{re.escape(word)}\b", SOURCE):
+                        wrong.append(f"{idea}: {name} is not in src/")
+    assert not wrong, "\n".join(wrong)
