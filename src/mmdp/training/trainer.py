@@ -44,14 +44,17 @@ the same arguments (not run here: SFTTrainer also wants a datasets.Dataset as tr
 """
 
 import contextlib
+import math
 import os
 
+import torch
 import transformers.trainer as hf_trainer
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from mmdp import config
 from mmdp.models.inputs import model_inputs as packed_model_inputs
-from mmdp.training.loss import summed_loss
+from mmdp.training.loss import summed_weighted_loss
 from mmdp.training.recipes import (
     batches_forever,
     check_launched_processes,
@@ -59,78 +62,125 @@ from mmdp.training.recipes import (
     save_loader_state,
 )
 
+NO_EVAL = (
+    "MMDPTrainer does not evaluate: Trainer's evaluation averages each batch's mean loss and "
+    "batches the eval set its own way; evaluate packed batches in a loop of your own with "
+    "mmdp.training.loss.summed_loss / label_tokens summed over the whole set"
+)
 
-def token_loss(outputs, labels, num_items_in_batch=None):
-    """Trainer's compute_loss_func: this micro-batch's summed next-token loss, divided by the
+
+def token_loss(outputs, labels, num_items_in_batch=None, loss_weights=None):
+    """Trainer's compute_loss_func: this micro-batch's summed next-token loss, each token weighed
+    by its sample's `loss_weights` (a mixture's per-source weight; 1 without), divided by the
     label tokens of the whole optimizer step on every rank (`num_items_in_batch`).
 
-    Trainer counts them over the step's micro-batches (transformers/trainer.py:2327-2335), sums
+    Trainer counts them over the step's micro-batches (transformers/trainer.py:2322-2335), sums
     them over ranks (2340-2342), multiplies the loss by the number of processes because DDP
     averages gradients (2199-2207) and does not divide it by the accumulation steps (2103-2111).
     It counts `labels[..., 1:] != -100` or `labels != -100` depending on the model; mmdp batches
     give both the same count, since every sample's first label is -100 (mmdp.packing.batch).
+    MMDPTrainer passes `loss_weights` from the batch (Trainer itself passes only the labels).
     """
     if num_items_in_batch is None:
         raise ValueError("Trainer counted no label tokens: the batches need a 'labels' key")
     logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
-    return summed_loss(logits, labels.to(logits.device)) / num_items_in_batch
+    batch = {"labels": labels.to(logits.device)}
+    if loss_weights is not None:
+        batch["loss_weights"] = loss_weights
+    return summed_weighted_loss(logits, batch) / num_items_in_batch
+
+
+def filler(batch: dict) -> dict:
+    """A copy of `batch` that trains nothing: every label -100 and no sample. It pads an epoch's
+    last optimizer step to `gradient_accumulation_steps` micro-batches (LoaderForTrainer): its
+    loss and its gradient are exactly 0, and Trainer counts none of its tokens."""
+    out = dict(batch, filler=True)
+    out["labels"] = torch.full_like(batch["labels"], config.IGNORE_INDEX)
+    out["sample_index"] = batch["sample_index"][:0]
+    out["samples_per_row"] = torch.zeros_like(batch["samples_per_row"])
+    out["real_token_mask"] = torch.zeros_like(batch["real_token_mask"])
+    if "loss_weights" in batch:
+        out["loss_weights"] = torch.zeros_like(batch["loss_weights"])
+    return out
+
+
+def epoch_batches(dataset, epoch: int) -> int:
+    """The batches every rank yields in a planned epoch (the same on every rank)."""
+    return dataset.plan(epoch).num_steps()
+
+
+def epoch_steps(dataset, epoch: int, grad_accum: int) -> int:
+    """The optimizer steps of a planned epoch: its last one may hold fewer real batches."""
+    return math.ceil(epoch_batches(dataset, epoch) / grad_accum)
 
 
 class LoaderForTrainer:
-    """What Trainer iterates: the mmdp loader itself, with the length of a whole epoch.
+    """What Trainer iterates: the mmdp loader itself, as one endless pass (no len()).
 
-    Trainer needs len() (a planned epoch's batches; a stream has none: TypeError tells Trainer to
-    use max_steps, transformers/trainer_utils.py has_length), iter(), `.dataset` and set_epoch
-    (transformers/trainer.py:2504, 1851-1859, 993-1005).
+    Trainer reads len() once and takes that many batches from every epoch (the remainder of
+    gradient accumulation is fixed from it too: transformers/trainer.py:2504-2518, 1870-1880),
+    but a planned epoch's batch count changes with its shuffle (20k rows: 1344, 1343, ...). An
+    epoch shorter than len() would carry its last micro-batch into the next epoch's first step
+    and leave a batch of a longer one untrained. So Trainer sees no length (it then runs
+    max_steps as one pass: trainer_utils.has_length, trainer.py:2535-2546), and a planned
+    loader's epoch ends with `filler` micro-batches up to a whole step of `grad_accum`: every
+    step holds one epoch's batches, and every epoch's rows are trained once. A stream (no plan)
+    runs as one endless pass of full steps (mmdp.training.recipes.batches_forever).
     """
 
-    def __init__(self, loader):
+    def __init__(self, loader, grad_accum: int = 1):
         self.loader = loader
+        self.grad_accum = grad_accum
         self.planned = hasattr(loader.dataset, "num_batches")  # PackedDataset
-        self.restored = False  # a checkpoint's state was just loaded: the next set_epoch checks it
 
     @property
     def dataset(self):
         return self.loader.dataset
 
     def __len__(self) -> int:
-        if not self.planned:
-            raise TypeError("a stream has no length: set TrainingArguments.max_steps")
-        return len(self.loader)
+        raise TypeError("MMDPTrainer runs its loader as one pass of max_steps optimizer steps")
 
     def __iter__(self):
-        return iter(self.loader) if self.planned else batches_forever(self.loader)
+        return self.epochs_in_whole_steps() if self.planned else batches_forever(self.loader)
+
+    def epochs_in_whole_steps(self):
+        """The loader's batches epoch after epoch, each epoch padded with fillers to a multiple
+        of grad_accum. The loader moves to its next epoch before the fillers are yielded, so a
+        checkpoint taken after the step says where the next batch comes from. Ends after two
+        passes in a row without a batch (as batches_forever)."""
+        empty_passes = 0
+        while empty_passes < 2:
+            empty_passes += 1
+            planned, last = len(self.loader), None
+            for last in self.loader:
+                empty_passes = 0
+                yield last
+            self.loader.set_epoch(self.dataset.epoch + 1)
+            if last is not None:
+                for _ in range(-planned % self.grad_accum):
+                    yield filler(last)
 
     def set_epoch(self, epoch: int) -> None:
-        """Trainer's epoch. A planned loader follows it (the same epoch keeps its position); a
-        stream is one endless pass to Trainer and keeps its own epochs."""
-        restored, self.restored = self.restored, False
-        if not self.planned:
-            return
-        if restored and epoch != self.dataset.epoch:
-            raise RuntimeError(
-                f"Trainer resumes epoch {epoch}, the checkpoint's loader state is in epoch "
-                f"{self.dataset.epoch}: the run was saved with other settings (ranks, gradient "
-                "accumulation, packs per batch?)"
-            )
-        self.loader.set_epoch(epoch)
+        """Trainer's epoch is always 0 here (one pass): the loader keeps its own epochs."""
 
-
-class SaveLoaderState(TrainerCallback):
-    """Every rank writes its loader's state into each checkpoint folder Trainer saves."""
-
-    def __init__(self, loader):
-        self.loader = loader
-
-    def on_save(self, args, state, control, **kwargs):
-        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-        save_loader_state(self.loader, folder, args.process_index)
+    def batches_before(self, epoch: int, batches_done: int) -> int:
+        """The micro-batches (fillers included) yielded before this position: Trainer's
+        global_step x grad_accum at a checkpoint."""
+        earlier = sum(epoch_steps(self.dataset, e, self.grad_accum) for e in range(epoch))
+        return earlier * self.grad_accum + batches_done
 
 
 def check_arguments(args, loader, replicas: int) -> None:
     """Refuse a loader sharded for another number of data-parallel replicas than Trainer trains,
     and the TrainingArguments under which an mmdp loader cannot resume or be normalised."""
     check_launched_processes(args.world_size)
+    if args.n_gpu > 1:
+        raise ValueError(
+            f"one process sees {args.n_gpu} GPUs, and Trainer would wrap the model in "
+            "nn.DataParallel, which splits cu_seq_lens, pixel_values and position_ids along "
+            "dim 0: launch one process per GPU (torchrun --nproc-per-node N) or set "
+            "CUDA_VISIBLE_DEVICES to one GPU"
+        )
     if loader.dataset.world_size != replicas:
         raise ValueError(
             f"the loader is sharded over {loader.dataset.world_size} rank(s), Trainer trains "
@@ -148,6 +198,24 @@ def check_arguments(args, loader, replicas: int) -> None:
             "average_tokens_across_devices=False divides each rank's loss by its own label "
             "tokens, which is not one process's gradient: leave it True"
         )
+    if args.eval_strategy != "no":
+        raise ValueError(NO_EVAL)
+    if args.max_steps <= 0 and args.num_train_epochs != int(args.num_train_epochs):
+        raise ValueError(
+            f"num_train_epochs={args.num_train_epochs} is not a whole number of epochs: set "
+            "max_steps instead"
+        )
+
+
+def planned_max_steps(loader, args) -> int:
+    """The optimizer steps of args.num_train_epochs whole planned epochs (each epoch's own
+    count: its last step may be short), or args.max_steps when it is set."""
+    if args.max_steps > 0:
+        return args.max_steps
+    if not hasattr(loader.dataset, "num_batches"):
+        raise ValueError("a stream has no length: set TrainingArguments.max_steps")
+    epochs = range(int(args.num_train_epochs))
+    return sum(epoch_steps(loader.dataset, e, args.gradient_accumulation_steps) for e in epochs)
 
 
 class MMDPTrainerMixin:
@@ -161,21 +229,87 @@ class MMDPTrainerMixin:
 
     def __init__(self, *args, train_loader, model_inputs=packed_model_inputs, **kwargs):
         kwargs.setdefault("compute_loss_func", token_loss)
+        if kwargs.get("eval_dataset") is not None:
+            raise ValueError(NO_EVAL)
         super().__init__(*args, **kwargs)
         # the processes that share one replica's batches (tensor, context, sequence parallel)
         shared = self.get_tp_size() * self.get_cp_size() * self.get_sp_size()
         check_arguments(self.args, train_loader, self.args.world_size // shared)
+        # whole epochs become max_steps: Trainer then runs one pass (LoaderForTrainer)
+        self.args.max_steps = planned_max_steps(train_loader, self.args)
         self.train_loader = train_loader
-        self.loader_for_trainer = LoaderForTrainer(train_loader)
+        self.loader_for_trainer = LoaderForTrainer(
+            train_loader, self.args.gradient_accumulation_steps
+        )
         self.model_inputs = model_inputs
-        self.add_callback(SaveLoaderState(train_loader))
 
     def get_train_dataloader(self):
         return self.loader_for_trainer  # as it is: not through accelerator.prepare
 
+    def get_eval_dataloader(self, eval_dataset=None):
+        raise ValueError(NO_EVAL)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        inputs = self.model_inputs(inputs, self.model)  # unwrapped: Gemma 3 reads its config
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        weights = inputs.get("loss_weights")
+        model_inputs = self.model_inputs(inputs, self.model)  # unwrapped: Gemma 3 reads its config
+        if weights is None:
+            return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
+        if self.compute_loss_func is not token_loss:
+            raise ValueError(
+                "the batch carries a mixture's loss_weights, which only "
+                "mmdp.training.trainer.token_loss applies: leave compute_loss_func unset"
+            )
+        self.compute_loss_func = lambda *a, **k: token_loss(*a, **k, loss_weights=weights)
+        try:
+            return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
+        finally:
+            self.compute_loss_func = token_loss
+
+    def set_initial_training_values(self, args, dataloader):
+        """Trainer's figures for its logs, in samples rather than packs: "Num examples" is the
+        samples of the first planned epoch (all ranks), and the samples behind samples/s are
+        those of the planned steps (transformers/trainer.py:2522-2546 counts packs)."""
+        values = list(super().set_initial_training_values(args, dataloader))
+        if self.loader_for_trainer.planned:
+            values[2], values[3] = self.planned_samples(values[6])
+        return tuple(values)
+
+    def planned_samples(self, max_steps: int) -> tuple[int, int]:
+        """(samples of epoch 0, samples of the first max_steps steps) over all ranks; a last
+        epoch that is not trained whole counts its share of steps."""
+        dataset, grad_accum = self.train_loader.dataset, self.args.gradient_accumulation_steps
+        first, total, steps, epoch = None, 0.0, 0, 0
+        while steps < max_steps:
+            samples = len(dataset.plan(epoch).rows)
+            first = samples if first is None else first
+            taken = min(epoch_steps(dataset, epoch, grad_accum), max_steps - steps)
+            total += samples * taken / max(epoch_steps(dataset, epoch, grad_accum), 1)
+            steps, epoch = steps + taken, epoch + 1
+        return first or 0, round(total)
+
+    def _track_num_input_tokens(self, inputs):
+        """Tokens seen, counted on real tokens: with include_num_input_tokens_seen="non_padding"
+        Trainer counts tokens that are not the pad id (transformers/trainer.py:2722-2735), and
+        our pad id is <|im_end|>, which ends every turn. A filler counts none."""
+        name = getattr(self.model, "main_input_name", "input_ids")
+        real = inputs.get("real_token_mask", inputs.get("attention_mask"))
+        if real is None:
+            return super()._track_num_input_tokens(inputs)
+        ids = inputs[name][:0] if inputs.get("filler") else inputs[name]
+        return super()._track_num_input_tokens({name: ids, "attention_mask": real})
+
+    def _save_checkpoint(self, model, trial):
+        """Every rank writes its loader state into the checkpoint folder first, then Trainer
+        saves the rest. Trainer deletes older checkpoints at the end of its save
+        (rotate_checkpoints, transformers/trainer.py:3414-3422) and runs on_save only after
+        that: a state written in on_save would leave a kill in between with a newest checkpoint
+        that cannot resume, and the previous one deleted."""
+        folder = os.path.join(
+            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        )
+        save_loader_state(self.train_loader, folder, self.args.process_index)
+        self.accelerator.wait_for_everyone()  # every rank's file, before rank 0 rotates
+        return super()._save_checkpoint(model, trial)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         if resume_from_checkpoint is True:  # as Trainer.train does, to know the folder here
@@ -209,17 +343,19 @@ class MMDPTrainerMixin:
             hf_trainer.skip_first_batches = accelerate_skip
 
     def restore_loader(self, checkpoint: str, batches_trained: int) -> None:
-        """Load this rank's loader state; a planned epoch must be where Trainer resumes it."""
+        """Load this rank's loader state; a planned loader must be where Trainer resumes it
+        (Trainer's global_step x gradient_accumulation_steps micro-batches, fillers included)."""
         load_loader_state(self.train_loader, checkpoint, self.args.process_index)
         if self.loader_for_trainer.planned:
-            done = self.train_loader.dataset.batches_done
+            dataset = self.train_loader.dataset
+            done = self.loader_for_trainer.batches_before(dataset.epoch, dataset.batches_done)
             if done != batches_trained:
                 raise RuntimeError(
-                    f"the checkpoint's loader state is {done} batches into its epoch, Trainer "
-                    f"resumes after {batches_trained}: the run was saved with other settings "
-                    "(ranks, gradient accumulation, packs per batch?)"
+                    f"the checkpoint's loader state is {done} micro-batches into the run (epoch "
+                    f"{dataset.epoch}, batch {dataset.batches_done}), Trainer resumes after "
+                    f"{batches_trained}: the run was saved with other settings (ranks, gradient "
+                    "accumulation, packs per batch?)"
                 )
-        self.loader_for_trainer.restored = True
 
 
 class MMDPTrainer(MMDPTrainerMixin, Trainer):
