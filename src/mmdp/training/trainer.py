@@ -17,27 +17,47 @@ file:line in transformers/trainer.py):
    batching flags (per_device_train_batch_size, dataloader_num_workers, remove_unused_columns:
    1019-1022) never touch it. The model gets `model_inputs(batch, model)`, not the batch's ints and
    per-sample tensors.
-2. On resume Trainer calls accelerate's skip_first_batches (1844), which would rebuild a plain
-   DataLoader, decode the batches already trained and throw them away, and then set_epoch (1851),
-   which would have restarted the epoch. MMDPTrainer turns that skip into a restore of the
-   loader's state saved with the checkpoint, and checks it is where Trainer thinks it is. Trainer's
-   own counters (step, updates, RNG) stay those of the run that never stopped.
-3. Every checkpoint gets each rank's loader state (`mmdp_loader_state_rank{r}.pt`, written in
-   on_save, which runs on every rank: 2276-2278). A checkpoint is pushed to the Hub before
-   on_save runs, so a pushed checkpoint gets its loader states with the next push.
-4. The loss: compute_loss_func=token_loss, the summed token loss over the label tokens of the
-   whole optimizer step on every rank. Trainer counts those tokens whenever a compute_loss_func
-   is set (2308-2318), so this holds for models with accepts_loss_kwargs=False too (Qwen2.5-VL,
-   Qwen3-VL), whose own loss would be a per-rank, per-micro-batch mean: a gradient off by as
-   much as the ranks' label tokens differ (0.075 relative in the slow tests,
-   docs/use-in-your-trainer.md).
-5. It refuses ignore_data_skip=True (the epoch would restart, and a short last step of the epoch
-   would never be taken), average_tokens_across_devices=False with several ranks (the token
-   count would be this rank's only), and processes that train alone (on a machine without a
-   GPU, Trainer needs use_cpu=True: mmdp.training.recipes.check_launched_processes).
+2. Epochs. Trainer reads len() once and takes that many batches from every epoch (2504-2518,
+   1862-1880), but a planned epoch's batch count follows its shuffle (1344, 1343, ...): a
+   shorter epoch would carry its last micro-batch into the next epoch's first step, and a
+   longer one would leave batches untrained. MMDPTrainer shows Trainer no length, so Trainer
+   runs max_steps as one pass (2535-2546); each planned epoch ends with zero-loss `filler`
+   micro-batches up to a whole step (at most gradient_accumulation_steps - 1 per epoch), so
+   every optimizer step holds one epoch's batches, every row is trained once per epoch, and
+   a whole num_train_epochs becomes max_steps = the sum of each planned epoch's steps (a
+   fraction of an epoch is refused: set max_steps).
+3. On resume Trainer calls accelerate's skip_first_batches (1844), which would rebuild a plain
+   DataLoader, decode the batches already trained and throw them away. MMDPTrainer turns that
+   skip into a restore of the loader's state saved with the checkpoint, and checks it is where
+   Trainer thinks it is (global_step x gradient_accumulation_steps micro-batches, fillers
+   included). Trainer's own counters (step, updates, RNG) stay those of the run that never
+   stopped.
+4. Every checkpoint gets each rank's loader state (`mmdp_loader_state_rank{r}.pt`), written
+   atomically by every rank at the start of Trainer's _save_checkpoint, before Trainer deletes
+   older checkpoints at its end (3414-3422; on_save runs after that: 2277-2278), so a kill
+   at any point leaves a checkpoint that resumes.
+5. The loss: compute_loss_func=token_loss, the summed token loss over the label tokens of the
+   whole optimizer step on every rank, each token weighed by a mixture's `loss_weights` when the
+   batch has them (Trainer passes only the labels to compute_loss_func: MMDPTrainer adds the
+   weights). Trainer counts those tokens whenever a compute_loss_func is set (2308-2318), so
+   this holds for models with accepts_loss_kwargs=False too (Qwen2.5-VL, Qwen3-VL), whose own
+   loss would be a per-rank, per-micro-batch mean: a gradient off by as much as the ranks'
+   label tokens differ (0.075 relative in the slow tests, docs/use-in-your-trainer.md).
+6. Trainer's logs count samples and real tokens: "Num examples" and samples/s from the planned
+   epochs' samples (Trainer's count packs: 2522-2546), tokens seen from `real_token_mask`
+   (include_num_input_tokens_seen="non_padding" counts tokens other than the pad id,
+   2722-2735, and ours is <|im_end|>).
+7. It refuses, in one sentence: ignore_data_skip=True (the epoch would restart),
+   average_tokens_across_devices=False with several ranks (the token count would be this
+   rank's only), one process on several GPUs (Trainer's nn.DataParallel, 2672, splits
+   cu_seq_lens, pixel_values and position_ids along dim 0), an eval set or eval_strategy
+   (Trainer's evaluation averages per-batch means over batches it builds itself), and
+   processes that train alone (on a machine without a GPU, Trainer needs use_cpu=True:
+   mmdp.training.recipes.check_launched_processes).
 
-A stream (StreamingDataLoader) has no length: set max_steps. Trainer then sees one endless pass;
-the loader moves from epoch to epoch itself (mmdp.training.recipes.batches_forever).
+A stream (StreamingDataLoader) has no plan: set max_steps. It runs as one endless pass of full
+steps; the loader moves from epoch to epoch itself (mmdp.training.recipes.batches_forever), and
+Trainer's "Num examples" stays its estimate in packs (a stream's samples are unknown ahead).
 
 TRL's SFTTrainer derives from Trainer: `class MMDPSFTTrainer(MMDPTrainerMixin, SFTTrainer)` takes
 the same arguments (not run here: SFTTrainer also wants a datasets.Dataset as train_dataset).
