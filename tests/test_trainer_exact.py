@@ -22,6 +22,7 @@ from mmdp.training.recipes import (
     LOADER_STATE,
     load_loader_state,
     micro_batch_loss,
+    optimizer_steps,
     save_loader_state,
     step_label_tokens,
 )
@@ -182,6 +183,23 @@ def test_every_epoch_of_different_lengths_is_trained_once_in_whole_steps(tmp_pat
         assert rows == list(range(epoch * 100, epoch * 100 + count)), epoch
     # epoch 1's 5 batches end with one filler, which trains nothing
     assert steps[6] == [[104], []]
+
+
+def test_the_fillers_train_nothing_the_weights_are_those_of_the_recipes_short_steps(tmp_path):
+    """3 epochs through MMDPTrainer (SGD) end on the weights of the recipe's loop, whose epochs
+    end with a short step of real batches only (optimizer_steps): the fillers add exactly 0."""
+    trainer = train(tmp_path, num_train_epochs=3, optim="sgd", max_grad_norm=0.0)
+    model, loader = TinyLM(), EpochsLoader([6, 5, 7])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _, micro_batches in zip(range(10), optimizer_steps(loader, 2)):
+        tokens = step_label_tokens(micro_batches)
+        for batch in micro_batches:
+            logits = model(batch["input_ids"])["logits"]
+            micro_batch_loss(logits, batch, tokens, 1).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for a, b in zip(model.parameters(), trainer.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
 class FixedLengthView(LoaderForTrainer):
@@ -412,8 +430,13 @@ def test_trainer_counts_samples_and_real_tokens(tmp_path):
         tmp_path, num_train_epochs=3, include_num_input_tokens_seen="non_padding",
         per_device_train_batch_size=4,
     )  # fmt: skip
-    # one sample per batch: 6 + 5 + 7 samples, not 10 steps x 2 x 4 "examples"
-    assert trainer.planned_samples(10) == (6, 18)
+    # one sample per batch: epoch 0's 6 samples in 3 steps, not 10 steps x 2 x 4 "examples"
+    assert trainer.planned_samples(10) == (6, 20)
+    view = trainer.get_train_dataloader()
+    values = trainer.set_initial_training_values(trainer.args, view)
+    assert values[2:4] == (6, 20)  # "Num examples", and the samples behind samples/s
+    packs = hf_trainer.Trainer.set_initial_training_values(trainer, trainer.args, view)
+    assert packs[2:4] == (80, 80)  # Trainer's own: packs per device x grad-accum x steps
     # every real token of the 18 batches, none of the filler's
     assert trainer.state.num_input_tokens_seen == 18 * LENGTH
 

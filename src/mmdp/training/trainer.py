@@ -44,7 +44,7 @@ file:line in transformers/trainer.py):
    loss would be a per-rank, per-micro-batch mean: a gradient off by as much as the ranks'
    label tokens differ (0.075 relative in the slow tests, docs/use-in-your-trainer.md).
 6. Trainer's logs count samples and real tokens: "Num examples" and samples/s from the planned
-   epochs' samples (Trainer's count packs: 2522-2546), tokens seen from `real_token_mask`
+   samples of epoch 0 (Trainer's count packs: 2522-2546), tokens seen from `real_token_mask`
    (include_num_input_tokens_seen="non_padding" counts tokens other than the pad id,
    2722-2735, and ours is <|im_end|>).
 7. It refuses, in one sentence: ignore_data_skip=True (the epoch would restart),
@@ -272,6 +272,8 @@ class MMDPTrainerMixin:
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         weights = inputs.get("loss_weights")
         model_inputs = self.model_inputs(inputs, self.model)  # unwrapped: Gemma 3 reads its config
+        if inputs.get("filler"):
+            return self.filler_loss(model, model_inputs, return_outputs)
         if weights is None:
             return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
         if self.compute_loss_func is not token_loss:
@@ -285,6 +287,15 @@ class MMDPTrainerMixin:
         finally:
             self.compute_loss_func = token_loss
 
+    def filler_loss(self, model, model_inputs, return_outputs=False):
+        """A filler's loss: exactly 0, with a gradient of exactly 0 for every parameter the
+        forward used (so DDP and FSDP still reduce at the step's last micro-batch). Never handed
+        to a loss function: a per-batch mean over no label token would be NaN."""
+        outputs = model(**{k: v for k, v in model_inputs.items() if k != "labels"})
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        loss = logits.sum() * 0.0
+        return (loss, outputs) if return_outputs else loss
+
     def set_initial_training_values(self, args, dataloader):
         """Trainer's figures for its logs, in samples rather than packs: "Num examples" is the
         samples of the first planned epoch (all ranks), and the samples behind samples/s are
@@ -295,17 +306,12 @@ class MMDPTrainerMixin:
         return tuple(values)
 
     def planned_samples(self, max_steps: int) -> tuple[int, int]:
-        """(samples of epoch 0, samples of the first max_steps steps) over all ranks; a last
-        epoch that is not trained whole counts its share of steps."""
+        """(samples of epoch 0 on all ranks, samples of max_steps steps at epoch 0's samples
+        per step): exact for epoch 0, an estimate beyond it, without planning every epoch."""
         dataset, grad_accum = self.train_loader.dataset, self.args.gradient_accumulation_steps
-        first, total, steps, epoch = None, 0.0, 0, 0
-        while steps < max_steps:
-            samples = len(dataset.plan(epoch).rows)
-            first = samples if first is None else first
-            taken = min(epoch_steps(dataset, epoch, grad_accum), max_steps - steps)
-            total += samples * taken / max(epoch_steps(dataset, epoch, grad_accum), 1)
-            steps, epoch = steps + taken, epoch + 1
-        return first or 0, round(total)
+        samples = len(dataset.plan(0).rows)
+        steps = max(epoch_steps(dataset, 0, grad_accum), 1)
+        return samples, round(samples * max_steps / steps)
 
     def _track_num_input_tokens(self, inputs):
         """Tokens seen, counted on real tokens: with include_num_input_tokens_seen="non_padding"
