@@ -169,6 +169,7 @@ def test_every_epoch_of_different_lengths_is_trained_once_in_whole_steps(tmp_pat
     # epochs of 6, 5 and 7 batches with grad-accum 2: 3 + 3 + 4 optimizer steps
     assert trainer.args.max_steps == 10
     assert trainer.state.global_step == 10
+    assert trainer.state.epoch == 3.0  # the loader's epochs, not the fraction of one pass
     steps = {}
     for step, rows in trainer.seen:
         steps.setdefault(step, []).append(rows)

@@ -69,7 +69,7 @@ import os
 
 import torch
 import transformers.trainer as hf_trainer
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from mmdp import config
@@ -190,6 +190,18 @@ class LoaderForTrainer:
         return earlier * self.grad_accum + batches_done
 
 
+class LoaderEpoch(TrainerCallback):
+    """Trainer's logged `epoch` is the loader's: Trainer, running one pass, would log the
+    fraction of the run (transformers/trainer.py:1948, set just before on_step_end)."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def on_step_end(self, args, state, control, **kwargs):
+        dataset = self.loader.dataset
+        state.epoch = dataset.epoch + dataset.batches_done / max(len(self.loader), 1)
+
+
 def check_arguments(args, loader, replicas: int) -> None:
     """Refuse a loader sharded for another number of data-parallel replicas than Trainer trains,
     and the TrainingArguments under which an mmdp loader cannot resume or be normalised."""
@@ -262,6 +274,8 @@ class MMDPTrainerMixin:
             train_loader, self.args.gradient_accumulation_steps
         )
         self.model_inputs = model_inputs
+        if self.loader_for_trainer.planned:
+            self.add_callback(LoaderEpoch(train_loader))
 
     def get_train_dataloader(self):
         return self.loader_for_trainer  # as it is: not through accelerator.prepare
