@@ -22,6 +22,7 @@ from mmdp.training.recipes import (
     LOADER_STATE,
     load_loader_state,
     micro_batch_loss,
+    mixed_precision,
     optimizer_steps,
     save_loader_state,
     step_label_tokens,
@@ -457,3 +458,16 @@ def test_step_label_tokens_are_counted_on_the_collectives_device():
         (expected * tokens).item(),
         rel_tol=1e-6,
     )
+
+
+def test_bf16_autocasts_the_forward_and_keeps_the_loss_in_float32():
+    model, batch = TinyLM(), weighted_batches()[0]
+    tokens = step_label_tokens([batch])
+    with mixed_precision("cpu", bf16=True):
+        logits = model(batch["input_ids"])["logits"]
+        loss = micro_batch_loss(logits, batch, tokens, 1)
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    loss.backward()
+    assert model.out.weight.grad.dtype == torch.float32  # the weights stay float32
+    with mixed_precision("cpu", bf16=False):
+        assert model(batch["input_ids"])["logits"].dtype == torch.float32

@@ -11,8 +11,10 @@ loader and a loss); a loop of your own, with accelerate or plain torchrun, uses 
         tokens = step_label_tokens(micro_batches, device=device)  # every rank's, all-reduced
         for i, batch in enumerate(micro_batches):
             with gradient_sync(model, i == len(micro_batches) - 1):
-                logits = model(**inputs(batch)).logits
-                micro_batch_loss(logits, batch, tokens, world_size).backward()
+                with mixed_precision(device, bf16):
+                    logits = model(**inputs(batch)).logits
+                    loss = micro_batch_loss(logits, batch, tokens, world_size)
+                loss.backward()
         optimizer.step(); optimizer.zero_grad()
         # a checkpoint here: save_loader_state(loader, folder, rank) on every rank
 
@@ -117,6 +119,15 @@ def micro_batch_loss(
     batch = batch if isinstance(batch, dict) else {"labels": batch}
     batch = {**batch, "labels": batch["labels"].to(logits.device)}
     return summed_weighted_loss(logits, batch) * world_size / step_tokens.to(logits.device)
+
+
+def mixed_precision(device, bf16: bool):
+    """The forward's autocast in a loop of your own, as accelerate's mixed_precision="bf16"
+    (and so Trainer's bf16=True) makes it: torch.autocast(device type, bfloat16) around the
+    forward and the loss only (accelerate/utils/modeling.py:2099-2113), never around backward()
+    or the optimizer step; the weights stay float32. The loss is taken in float32 either way
+    (mmdp.training.loss upcasts the logits)."""
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)
 
 
 @contextlib.contextmanager
