@@ -471,3 +471,40 @@ def test_bf16_autocasts_the_forward_and_keeps_the_loss_in_float32():
     assert model.out.weight.grad.dtype == torch.float32  # the weights stay float32
     with mixed_precision("cpu", bf16=False):
         assert model(batch["input_ids"])["logits"].dtype == torch.float32
+
+
+# 11. TRL's SFTTrainer ----------------------------------------------------------------------------
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def llama_inputs(batch, model=None):
+    positions = torch.arange(batch["input_ids"].shape[1])[None]  # TRL's metrics want them
+    return {**tiny_inputs(batch), "position_ids": positions, "use_cache": False}
+
+
+def test_mmdp_sft_trainer_trains_every_epoch_as_mmdptrainer(tmp_path, tokenizer):
+    pytest.importorskip("trl")
+    from mmdp.training.trainer import MMDPSFTTrainer
+
+    runs = {}
+    for name, trainer_class in {"sft": MMDPSFTTrainer, "trainer": MMDPTrainer}.items():
+        extra = {"processing_class": tokenizer} if name == "sft" else {}
+        trainer = trainer_class(
+            model=tiny_llama(), args=training_args(tmp_path / name, num_train_epochs=3),
+            train_loader=EpochsLoader([6, 5, 7]), model_inputs=llama_inputs, **extra,
+        )  # fmt: skip
+        trainer.train()
+        runs[name] = trainer
+    assert runs["sft"].state.global_step == runs["trainer"].state.global_step == 10
+    for a, b in zip(runs["sft"].model.parameters(), runs["trainer"].model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

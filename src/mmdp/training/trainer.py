@@ -59,8 +59,15 @@ A stream (StreamingDataLoader) has no plan: set max_steps. It runs as one endles
 steps; the loader moves from epoch to epoch itself (mmdp.training.recipes.batches_forever), and
 Trainer's "Num examples" stays its estimate in packs (a stream's samples are unknown ahead).
 
-TRL's SFTTrainer derives from Trainer: `class MMDPSFTTrainer(MMDPTrainerMixin, SFTTrainer)` takes
-the same arguments (not run here: SFTTrainer also wants a datasets.Dataset as train_dataset).
+TRL's SFTTrainer: `from mmdp.training.trainer import MMDPSFTTrainer` (made on first use: TRL is
+optional) is `class MMDPSFTTrainer(MMDPTrainerMixin, SFTTrainer)`, with the same arguments plus
+`processing_class` (your tokenizer or processor: without it SFTTrainer downloads one). SFTTrainer
+insists on a datasets.Dataset and reads its first row (trl/trainer/sft_trainer.py, 1.16: 660-762):
+MMDPSFTTrainer passes a one-row placeholder, which nothing trains on. Its loss is token_loss, so
+exact as above; TRL then runs a second forward, without gradient, for its entropy and accuracy
+metrics (it warns that compute_loss_func is deprecated: sft_trainer.py:1593-1600), and needs
+`position_ids` in the model's inputs (mmdp batches have them). Tested on a tiny Llama
+(tests/test_trainer_exact.py): the same steps and weights as MMDPTrainer.
 """
 
 import contextlib
@@ -400,3 +407,22 @@ class MMDPTrainerMixin:
 
 class MMDPTrainer(MMDPTrainerMixin, Trainer):
     """transformers' Trainer on an mmdp loader (see the module's docstring)."""
+
+
+def __getattr__(name: str):
+    """`MMDPSFTTrainer`, made on first use: TRL is an optional dependency."""
+    if name != "MMDPSFTTrainer":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    class MMDPSFTTrainer(MMDPTrainerMixin, SFTTrainer):
+        """TRL's SFTTrainer on an mmdp loader (see the module's docstring)."""
+
+        def __init__(self, *args, **kwargs):
+            # SFTTrainer requires a dataset and looks at its first row; the batches are the loader's
+            kwargs.setdefault("train_dataset", Dataset.from_dict({"input_ids": [[0]]}))
+            super().__init__(*args, **kwargs)
+
+    globals()[name] = MMDPSFTTrainer
+    return MMDPSFTTrainer
