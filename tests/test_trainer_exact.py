@@ -1,6 +1,7 @@
 """MMDPTrainer, exactly: every epoch of a planned loader whose epochs differ in length, the
 checkpoint's loader state before Trainer rotates checkpoints, the refusals (DataParallel, eval),
-a mixture's loss weights, and Trainer's logs in samples and real tokens.
+a mixture's loss weights, Trainer's logs in samples and real tokens, the collectives' device and
+bf16, and TRL's SFTTrainer (slow: `uv run pytest -m slow tests/test_trainer_exact.py`).
 
 The epochs are simulated (6, 5 and 7 batches, gradient accumulation 2: the issue's case) by a
 loader that behaves as PackedDataLoader (position, set_epoch, state_dict) around a tiny model,
@@ -165,8 +166,20 @@ def epoch_of(row: int) -> int:
 # 4. Every epoch, exactly ------------------------------------------------------------------------
 
 
-def test_every_epoch_of_different_lengths_is_trained_once_in_whole_steps(tmp_path):
-    trainer = train(tmp_path, num_train_epochs=3)
+THREE_EPOCHS = dict(
+    num_train_epochs=3, optim="sgd", max_grad_norm=0.0, per_device_train_batch_size=4,
+    include_num_input_tokens_seen="non_padding",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def three_epochs(tmp_path_factory):
+    """One uninterrupted run of 3 epochs (6, 5, 7 batches, grad-accum 2, SGD), shared."""
+    return train(tmp_path_factory.mktemp("three_epochs"), **THREE_EPOCHS)
+
+
+def test_every_epoch_of_different_lengths_is_trained_once_in_whole_steps(three_epochs):
+    trainer = three_epochs
     # epochs of 6, 5 and 7 batches with grad-accum 2: 3 + 3 + 4 optimizer steps
     assert trainer.args.max_steps == 10
     assert trainer.state.global_step == 10
@@ -187,10 +200,10 @@ def test_every_epoch_of_different_lengths_is_trained_once_in_whole_steps(tmp_pat
     assert steps[6] == [[104], []]
 
 
-def test_the_fillers_train_nothing_the_weights_are_those_of_the_recipes_short_steps(tmp_path):
+def test_the_fillers_train_nothing_the_weights_are_those_of_the_recipes_short_steps(three_epochs):
     """3 epochs through MMDPTrainer (SGD) end on the weights of the recipe's loop, whose epochs
     end with a short step of real batches only (optimizer_steps): the fillers add exactly 0."""
-    trainer = train(tmp_path, num_train_epochs=3, optim="sgd", max_grad_norm=0.0)
+    trainer = three_epochs
     model, loader = TinyLM(), EpochsLoader([6, 5, 7])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for _, micro_batches in zip(range(10), optimizer_steps(loader, 2)):
@@ -236,12 +249,10 @@ def test_without_whole_steps_trainers_own_epochs_carry_and_lose_batches(tmp_path
     assert any(len(epochs) > 1 for epochs in mixed.values())  # epoch 1's last batch carried
 
 
-def test_a_resume_in_epoch_2_continues_exactly(tmp_path):
-    whole = train(tmp_path / "whole", num_train_epochs=3)
-    train(tmp_path / "cut", num_train_epochs=3, save_strategy="steps", save_steps=1, stop_at=5)
-    resumed = train(
-        tmp_path / "cut", num_train_epochs=3, resume=str(tmp_path / "cut" / "checkpoint-5")
-    )
+def test_a_resume_in_epoch_2_continues_exactly(tmp_path, three_epochs):
+    whole = three_epochs
+    train(tmp_path, save_strategy="steps", save_steps=5, stop_at=5, **THREE_EPOCHS)
+    resumed = train(tmp_path, resume=str(tmp_path / "checkpoint-5"), **THREE_EPOCHS)
     assert resumed.state.global_step == 10
     assert resumed.seen == [x for x in whole.seen if x[0] > 5]
     for a, b in zip(whole.model.parameters(), resumed.model.parameters()):
@@ -278,9 +289,10 @@ class KilledWhileSaving(Exception):
     pass
 
 
-def test_a_kill_during_a_save_leaves_the_previous_checkpoint_resumable(tmp_path, monkeypatch):
-    whole = train(tmp_path / "whole", max_steps=5)
-    out = tmp_path / "cut"
+def test_a_kill_during_a_save_leaves_the_previous_checkpoint_resumable(
+    tmp_path, monkeypatch, three_epochs
+):
+    whole, out = three_epochs, tmp_path
     save_model = MMDPTrainer.save_model
 
     def dying_save_model(self, output_dir=None, _internal_call=False):
@@ -289,11 +301,12 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_resumable(tmp_path,
         return save_model(self, output_dir, _internal_call)
 
     monkeypatch.setattr(MMDPTrainer, "save_model", dying_save_model)
+    saving = dict(save_strategy="steps", save_steps=1, save_total_limit=1)
     with pytest.raises(KilledWhileSaving):
-        train(out, max_steps=5, save_strategy="steps", save_steps=1, save_total_limit=1)
+        train(out, **saving, **THREE_EPOCHS)
     monkeypatch.setattr(MMDPTrainer, "save_model", save_model)
     assert "checkpoint-2" in os.listdir(out)  # not rotated away: the save never finished
-    resumed = train(out, max_steps=5, resume=str(out / "checkpoint-2"))
+    resumed = train(out, resume=str(out / "checkpoint-2"), **THREE_EPOCHS)
     assert resumed.seen == [x for x in whole.seen if x[0] > 2]
     for a, b in zip(whole.model.parameters(), resumed.model.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -427,11 +440,8 @@ def test_mmdptrainer_trains_on_the_weighted_mean(tmp_path):
 # 10. Trainer's logs in samples and real tokens -------------------------------------------------
 
 
-def test_trainer_counts_samples_and_real_tokens(tmp_path):
-    trainer = train(
-        tmp_path, num_train_epochs=3, include_num_input_tokens_seen="non_padding",
-        per_device_train_batch_size=4,
-    )  # fmt: skip
+def test_trainer_counts_samples_and_real_tokens(three_epochs):
+    trainer = three_epochs
     # one sample per batch: epoch 0's 6 samples in 3 steps, not 10 steps x 2 x 4 "examples"
     assert trainer.planned_samples(10) == (6, 20)
     view = trainer.get_train_dataloader()
@@ -492,6 +502,7 @@ def llama_inputs(batch, model=None):
     return {**tiny_inputs(batch), "position_ids": positions, "use_cache": False}
 
 
+@pytest.mark.slow
 def test_mmdp_sft_trainer_trains_every_epoch_as_mmdptrainer(tmp_path, tokenizer):
     pytest.importorskip("trl")
     from mmdp.training.trainer import MMDPSFTTrainer
