@@ -259,6 +259,12 @@ def test_a_resume_in_epoch_2_continues_exactly(tmp_path, three_epochs):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_save_strategy_epoch_saves_at_the_end_of_each_loader_epoch(tmp_path):
+    train(tmp_path, save_strategy="epoch", num_train_epochs=3)
+    # epochs of 3, 3 and 4 steps; Trainer alone would save once, at the end of its one pass
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-10", "checkpoint-3", "checkpoint-6"]
+
+
 def test_whole_epochs_are_refused_when_they_are_not_whole(tmp_path):
     with pytest.raises(ValueError, match="set max_steps instead"):
         train(tmp_path, num_train_epochs=1.5)

@@ -198,15 +198,27 @@ class LoaderForTrainer:
 
 
 class LoaderEpoch(TrainerCallback):
-    """Trainer's logged `epoch` is the loader's: Trainer, running one pass, would log the
-    fraction of the run (transformers/trainer.py:1948, set just before on_step_end)."""
+    """Trainer's `epoch` is the loader's, and its epoch strategies follow the loader's epochs.
+
+    Trainer, running one pass, would log the fraction of the run as `epoch`
+    (transformers/trainer.py:1948, set just before on_step_end) and save or log "per epoch"
+    only at the end of that pass. Here the step that ends a loader epoch asks for them.
+    """
 
     def __init__(self, loader):
         self.loader = loader
+        self.epochs_done = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.epochs_done = math.floor(state.epoch or 0)  # a resumed run's, from its checkpoint
 
     def on_step_end(self, args, state, control, **kwargs):
         dataset = self.loader.dataset
         state.epoch = dataset.epoch + dataset.batches_done / max(len(self.loader), 1)
+        if state.epoch == int(state.epoch) and state.epoch > self.epochs_done:
+            self.epochs_done = int(state.epoch)  # this step ended an epoch
+            control.should_save |= args.save_strategy == "epoch"
+            control.should_log |= args.logging_strategy == "epoch"
 
 
 def check_arguments(args, loader, replicas: int) -> None:
