@@ -126,6 +126,7 @@ def filler(batch: dict) -> dict:
     out["sample_index"] = batch["sample_index"][:0]
     out["samples_per_row"] = torch.zeros_like(batch["samples_per_row"])
     out["real_token_mask"] = torch.zeros_like(batch["real_token_mask"])
+    out["dropped"], out["converted"] = {}, {}  # counted with the batch it copies
     if "loss_weights" in batch:
         out["loss_weights"] = torch.zeros_like(batch["loss_weights"])
     return out
