@@ -70,7 +70,7 @@ def train_step(accelerator, model, optimizer, micro_batches, inputs) -> torch.Te
         last = i == len(micro_batches) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(model):
             logits = model(**inputs(batch, unwrapped)).logits
-            loss = micro_batch_loss(logits, batch["labels"], tokens, processes)
+            loss = micro_batch_loss(logits, batch, tokens, processes)  # batch: loss weights
             accelerator.backward(loss)
         loss_share += loss.detach() / processes
     optimizer.step()

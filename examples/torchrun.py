@@ -112,7 +112,7 @@ def train_step(model, optimizer, micro_batches, inputs, device) -> torch.Tensor:
         batch = to_device(batch, device)
         with gradient_sync(model, sync=i == len(micro_batches) - 1):
             logits = model(**inputs(batch, unwrapped)).logits
-            loss = micro_batch_loss(logits, batch["labels"], tokens, world_size)
+            loss = micro_batch_loss(logits, batch, tokens, world_size)  # batch: loss weights
             loss.backward()
         loss_share += loss.detach() / world_size
     optimizer.step()

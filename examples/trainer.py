@@ -42,9 +42,10 @@ class LoggedTrainer(MMDPTrainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         step = self.state.global_step + 1  # the optimizer step this micro-batch belongs to
-        self.micro_step = self.micro_step + 1 if step == self.last_step else 0
-        self.last_step = step
-        self.sample_log.write(step, self.micro_step, inputs)
+        if not inputs.get("filler"):  # a filler ends an epoch's short step: it has no rows
+            self.micro_step = self.micro_step + 1 if step == self.last_step else 0
+            self.last_step = step
+            self.sample_log.write(step, self.micro_step, inputs)
         return super().training_step(model, inputs, num_items_in_batch)
 
 

@@ -252,23 +252,25 @@ def test_a_resumed_sample_log_drops_the_steps_after_its_checkpoint(tmp_path):
 # What MMDPTrainer hands to Trainer ---------------------------------------------------------------
 
 
-def test_trainer_sees_the_whole_epochs_length_and_a_stream_has_none(samples, tokenizer):
+def test_trainer_sees_one_endless_pass_whose_epochs_end_in_whole_steps(samples, tokenizer):
     loader = planned(samples)
-    take(iter(loader), 2)
-    view = LoaderForTrainer(loader)
-    assert len(view) == loader.dataset.num_batches()  # not the batches left: Trainer takes len once
-    view.set_epoch(0)  # Trainer's call before the pass keeps the position
-    assert loader.dataset.batches_done == 2
-    view.restored = True
-    with pytest.raises(RuntimeError, match="Trainer resumes epoch 1"):
-        view.set_epoch(1)
+    view = LoaderForTrainer(loader, grad_accum=2)
+    with pytest.raises(TypeError, match="max_steps"):  # Trainer runs max_steps as one pass
+        len(view)
+    batches = loader.dataset.num_batches()
+    first_epoch = take(iter(view), batches + batches % 2)
+    assert [b.get("filler", False) for b in first_epoch].count(True) == batches % 2
+    assert loader.dataset.epoch == 1  # moved on before the filler: a checkpoint resumes there
     with pytest.raises(TypeError, match="max_steps"):
         len(LoaderForTrainer(streamed(tokenizer)))
 
 
 def test_trainer_arguments_that_break_resume_or_the_loss_are_refused(samples):
     loader = planned(samples, rank=0, world_size=2)
-    good = Namespace(ignore_data_skip=False, average_tokens_across_devices=True, world_size=2)
+    good = Namespace(
+        ignore_data_skip=False, average_tokens_across_devices=True, world_size=2, n_gpu=0,
+        eval_strategy="no", max_steps=4, num_train_epochs=1.0,
+    )  # fmt: skip
     check_arguments(good, loader, replicas=2)
     with pytest.raises(ValueError, match="ignore_data_skip"):
         check_arguments(Namespace(**{**vars(good), "ignore_data_skip": True}), loader, 2)

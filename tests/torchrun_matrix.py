@@ -38,6 +38,7 @@ from mmdp.training.loss import label_tokens, summed_loss
 from mmdp.training.recipes import (
     gradient_sync,
     micro_batch_loss,
+    mixed_precision,
     optimizer_steps,
     step_label_tokens,
 )
@@ -341,8 +342,10 @@ def own_loop_step(case: Case, grad_accum: int, control: bool, out: str):
             tokens = step_label_tokens(micro_batches)
             for i, batch in enumerate(micro_batches):
                 with gradient_sync(wrapped, i == len(micro_batches) - 1):
-                    logits = wrapped(**inputs(batch, model)).logits
-                    micro_batch_loss(logits, batch["labels"], tokens, world_size).backward()
+                    with mixed_precision("cpu", bf16=False):
+                        logits = wrapped(**inputs(batch, model)).logits
+                        loss = micro_batch_loss(logits, batch, tokens, world_size)
+                    loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         return optimizer.gradients, rows_of(micro_batches)

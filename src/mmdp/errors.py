@@ -1,5 +1,6 @@
-"""Errors reported as one sentence: those a user can fix (a wrong --dataset, no network), and a
-DataLoader worker that failed (mmdp.packing.workers names it, its batch and why)."""
+"""Errors reported as one sentence: those a user can fix (a wrong --dataset, no network), a
+DataLoader worker that failed (mmdp.packing.workers names it, its batch and why), and a rank that
+stopped answering the others (mmdp.packing.sharding names it)."""
 
 import contextlib
 import sys
@@ -18,15 +19,19 @@ class WorkerFailed(RuntimeError):
         self.worker_traceback = worker_traceback
 
 
+class RanksStoppedAnswering(RuntimeError):
+    """Another rank did not take part in a collective in time; the message says which."""
+
+
 @contextlib.contextmanager
 def exit_on_user_error():
-    """Print a UserError (exit status 2) or a WorkerFailed (status 1) as one line and exit,
-    instead of a traceback."""
+    """Print a UserError (exit status 2), a WorkerFailed or a RanksStoppedAnswering (status 1) as
+    one line and exit, instead of a traceback."""
     try:
         yield
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    except WorkerFailed as error:
-        print(f"WorkerFailed: {error}", file=sys.stderr)
+    except (WorkerFailed, RanksStoppedAnswering) as error:
+        print(f"{type(error).__name__}: {error}", file=sys.stderr)
         sys.exit(1)

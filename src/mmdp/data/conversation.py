@@ -91,7 +91,7 @@ def tokenize_conversation(
 
 
 def count_tokens_batch(
-    texts_per_row, images_per_row, tokenizer, image_token_length: int = config.IMAGE_TOKEN_LENGTH
+    texts_of_rows, images_of_rows, tokenizer, image_token_length: int = config.IMAGE_TOKEN_LENGTH
 ) -> tuple[list[int], list[str | None]]:
     """Token counts of many rows at once, as tokenize_conversation would return them.
 
@@ -100,7 +100,7 @@ def count_tokens_batch(
     token per image in a single batched (Rust) tokenizer call, then adds the rest.
     """
     lengths, reasons, rendered, rendered_rows = [], [], [], []
-    for row, (texts, num_images) in enumerate(zip(texts_per_row, images_per_row)):
+    for row, (texts, num_images) in enumerate(zip(texts_of_rows, images_of_rows)):
         try:
             messages = build_messages(texts, int(num_images), tokenizer, image_token_length=1)
         except BadConversation as error:

@@ -10,6 +10,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from mmdp.errors import RanksStoppedAnswering
+
 # How long a rank waits for the others at the end-of-data check of a step (streaming); a rank
 # that takes longer between two steps (a long evaluation, a checkpoint) needs more.
 ANSWER_TIMEOUT = timedelta(minutes=10)
@@ -86,10 +88,6 @@ def gather_from_ranks(value) -> list:
     values = [None] * dist.get_world_size()
     dist.all_gather_object(values, value)
     return values
-
-
-class RanksStoppedAnswering(RuntimeError):
-    """Another rank did not take part in a collective in time; the message says which."""
 
 
 def silent_ranks(group, tag: str, wait_seconds: float = 5.0) -> str:

@@ -1,28 +1,34 @@
 """The figures every stage saves under assets/: one helper per kind of picture, shared colours.
 
-Each helper returns a matplotlib Figure; `save_figure` writes it and closes it.
+Each helper returns a matplotlib Figure (made without pyplot: no backend, no window, nothing
+left open); `save_figure` writes it.
 """
 
 import textwrap
 from pathlib import Path
 
 import matplotlib
+import matplotlib.artist
 import matplotlib.lines
 import matplotlib.patches
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # no screen needed: figures are only saved
-import numpy as np  # noqa: E402
-from matplotlib import pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from mmdp.report.metrics import row_of_image  # noqa: E402
+from mmdp.report.metrics import row_of_image
 
 REAL_COLOUR = "skyblue"
 PADDING_COLOUR = "lightgrey"
 LIMIT_COLOUR = "red"
 CONTENT_HIGHLIGHT = "tab:blue"
 # Colours for items / samples: matplotlib's tab20 without its two greys (grey means padding).
-ITEM_COLOURS = [c for i, c in enumerate(plt.cm.tab20.colors) if i not in (14, 15)]
+ITEM_COLOURS = [c for i, c in enumerate(matplotlib.colormaps["tab20"].colors) if i not in (14, 15)]
+
+
+def subplots(*grid, figsize, **kwargs):
+    """A Figure and its axes, as pyplot.subplots makes them, without pyplot: no backend is
+    chosen and no figure is kept open (a figure is only ever saved)."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*grid, **kwargs)
 
 
 def save_figure(fig: Figure, out_dir: str | Path, name: str) -> Path:
@@ -30,14 +36,13 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / name
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
     return path
 
 
 def plot_sample(images: list, texts: list[dict], title: str) -> Figure:
     """Stage 1: the sample's image(s) on the left, its conversation on the right."""
     n = max(len(images), 1)
-    fig = plt.figure(figsize=(13, 5.5))
+    fig = Figure(figsize=(13, 5.5))
     grid = fig.add_gridspec(n, 2, width_ratios=[1, 1.4])
     for i in range(n):
         ax = fig.add_subplot(grid[i, 0])
@@ -68,7 +73,7 @@ def plot_padding(lengths: list[int], width: int, title: str, limit: int | None =
     `lengths` are the real tokens of each row, `width` the padded length of the batch; `limit`,
     if given, draws the fixed max length as a dashed line.
     """
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(lengths) + 2))
+    fig, ax = subplots(figsize=(10, 0.45 * len(lengths) + 2))
     draw_padding(ax, lengths, width, title, limit)
     return fig
 
@@ -76,7 +81,7 @@ def plot_padding(lengths: list[int], width: int, title: str, limit: int | None =
 def plot_padding_side_by_side(left: dict, right: dict, title: str) -> Figure:
     """Two padding panels (each a dict of draw_padding's arguments), e.g. knapsack vs constrained."""
     rows = max(len(left["lengths"]), len(right["lengths"]))
-    fig, axes = plt.subplots(1, 2, figsize=(15, 0.45 * rows + 2.4), sharex=True)
+    fig, axes = subplots(1, 2, figsize=(15, 0.45 * rows + 2.4), sharex=True)
     draw_padding(axes[0], **left)
     draw_padding(axes[1], **right)
     fig.suptitle(title)
@@ -107,7 +112,7 @@ def plot_pack_samples(batch: dict, image_token_id: int, title: str) -> Figure:
     """
     input_ids = batch["input_ids"]
     rows, width = input_ids.shape
-    fig, ax = plt.subplots(figsize=(12, 0.55 * rows + 2))
+    fig, ax = subplots(figsize=(12, 0.55 * rows + 2))
     sample = 0
     offsets = batch["cu_seq_lens_q"].tolist()
     segment = 0
@@ -176,7 +181,7 @@ def waste_title(what: str, lengths, width: int) -> str:
 
 def plot_packs(packs: list[list[int]], max_length: int, title: str) -> Figure:
     """Stage 4: one stacked bar per pack, each item a labelled segment, unused room in grey."""
-    fig, ax = plt.subplots(figsize=(10, 0.7 * len(packs) + 1.8))
+    fig, ax = subplots(figsize=(10, 0.7 * len(packs) + 1.8))
     colours = ITEM_COLOURS
     for row, items in enumerate(packs):
         left = 0
@@ -228,7 +233,7 @@ def plot_learning_curves(
     run. Right: the training loss of every step, `training[strategy]` being one (samples seen,
     losses) pair per run.
     """
-    fig, (held_out, per_step, train) = plt.subplots(1, 3, figsize=(18, 5.4), sharey=True)
+    fig, (held_out, per_step, train) = subplots(1, 3, figsize=(18, 5.4), sharey=True)
     # different line styles: two strategies that learn alike (naive, constrained) stay visible
     styles = dict(zip(eval_loss, ["-", "--", "-.", ":"] * len(eval_loss)))
     _plot_held_out_loss(held_out, samples_seen, eval_loss, styles)
@@ -296,7 +301,7 @@ def plot_strategies(results: dict, title: str) -> Figure:
     """Stage 6: every strategy on one epoch: utilization, batches, and tokens / images per row."""
     names = list(results)
     colours = [STRATEGY_COLOURS.get(n) for n in names]
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    fig, axes = subplots(2, 2, figsize=(13, 8.5))
     ax = axes[0, 0]
     values = [100 * results[n]["utilization"] for n in names]
     bars = ax.bar(names, values, color=colours)
@@ -316,7 +321,9 @@ def plot_strategies(results: dict, title: str) -> Figure:
         ax.boxplot([results[n]["per_row"][key] for n in names], tick_labels=names, showfliers=False)
         ax.set_title(f"{label} (padded row or pack)")
     for ax in axes.flat:  # long strategy names side by side
-        plt.setp(ax.get_xticklabels(), rotation=25, ha="right", rotation_mode="anchor")
+        matplotlib.artist.setp(
+            ax.get_xticklabels(), rotation=25, ha="right", rotation_mode="anchor"
+        )
     fig.suptitle(title)
     fig.tight_layout()
     return fig
@@ -329,7 +336,7 @@ def plot_grouped(first_batch: dict, comparison: dict, title: str) -> Figure:
 
     `first_batch`: draw_padding's arguments; `comparison`: training.strategies.compare_padding's.
     """
-    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8), gridspec_kw={"width_ratios": [1.1, 1, 1.6]})
+    fig, axes = subplots(1, 3, figsize=(18, 4.8), gridspec_kw={"width_ratios": [1.1, 1, 1.6]})
     draw_padding(axes[0], **first_batch)
     # lower than draw_padding puts it: these axes are short
     axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, frameon=False)
@@ -392,7 +399,7 @@ def plot_model_budgets(
     """Stage 5 --model: left, what the same images cost each family (tokens per image, one box
     per family, `model` highlighted); right, how full each pack of the run is in tokens and in
     vision-encoder patches (the two budgets)."""
-    fig, (costs, fill) = plt.subplots(1, 2, figsize=(14, 5.2))
+    fig, (costs, fill) = subplots(1, 2, figsize=(14, 5.2))
     names = list(tokens_per_image)
     boxes = costs.boxplot(
         [tokens_per_image[n] for n in names], tick_labels=names, showfliers=False, patch_artist=True
@@ -402,7 +409,7 @@ def plot_model_budgets(
     costs.set_yscale("log")
     costs.set_ylabel("tokens per image (log scale)")
     costs.set_title("What the same images cost each model family")
-    plt.setp(costs.get_xticklabels(), rotation=20, ha="right", rotation_mode="anchor")
+    matplotlib.artist.setp(costs.get_xticklabels(), rotation=20, ha="right", rotation_mode="anchor")
     token_fill = np.asarray(tokens_per_row) / max_length
     if max_patches:
         patch_fill = np.asarray(patches_per_row) / max_patches

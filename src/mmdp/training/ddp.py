@@ -9,6 +9,7 @@ many. The fix (transformers' Trainer does it with `num_items_in_batch`): sum the
 and divide by the label tokens of the whole step, all-reduced over ranks and micro-steps.
 
     tokens = torch.tensor(float(sum(label_tokens(b["labels"]) for b in micro_batches)))
+    tokens = tokens.to(device)                      # NCCL reduces GPU tensors only
     dist.all_reduce(tokens)                         # label tokens of the step, every rank
     for i, batch in enumerate(micro_batches):       # gradient accumulation
         sync = i == len(micro_batches) - 1          # all-reduce gradients on the last one only
@@ -45,6 +46,7 @@ from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.report.metrics import write_json
 from mmdp.training.loss import label_tokens, summed_loss
+from mmdp.training.recipes import all_reduced, collective_device
 
 
 def parse_args(argv=None):
@@ -90,7 +92,7 @@ def ddp_gradient(model, batches: list[dict], normalisation: str) -> torch.Tensor
     label tokens, divided by the micro-steps: what a hand-written loop usually does)."""
     world_size = dist.get_world_size()
     tokens = torch.tensor(float(sum(label_tokens(b["labels"]) for b in batches)))
-    dist.all_reduce(tokens)
+    tokens = all_reduced(tokens)  # on the backend's device: NCCL reduces GPU tensors only
     model.zero_grad(set_to_none=True)
     for i, batch in enumerate(batches):
         sync = i == len(batches) - 1
@@ -142,10 +144,10 @@ def main(argv=None) -> None:
         name: ddp_gradient(ddp_model, mine, name) for name in ("global_tokens", "per_rank_mean")
     }
     # label tokens of every micro-batch of every rank: [world_size, micro_steps]
-    tokens = torch.tensor([label_tokens(b["labels"]) for b in mine])
+    tokens = torch.tensor([label_tokens(b["labels"]) for b in mine]).to(collective_device())
     gathered = [torch.zeros_like(tokens) for _ in range(world_size)]
     dist.all_gather(gathered, tokens)
-    tokens = torch.stack(gathered)
+    tokens = torch.stack(gathered).cpu()
 
     if rank == 0:
         union = [b for r in range(world_size) for b in rank_batches(samples, args, r, world_size)]

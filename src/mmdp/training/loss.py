@@ -111,6 +111,7 @@ def weighted_mean_over_tokens(logits: torch.Tensor, batch: dict) -> torch.Tensor
 
     DDP-exact form (as mmdp.training.ddp for summed_loss): add up summed_weighted_loss over
     micro-batches, all-reduce label_tokens over ranks and micro-batches, and backward
-    summed_weighted_loss * world_size / tokens on each micro-batch.
+    summed_weighted_loss * world_size / tokens on each micro-batch. The trainers do it:
+    mmdp.training.recipes.micro_batch_loss (given the batch) and MMDPTrainer's token_loss.
     """
     return summed_weighted_loss(logits, batch) / label_tokens(batch["labels"])

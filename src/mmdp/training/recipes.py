@@ -8,11 +8,13 @@ loader and a loss); a loop of your own, with accelerate or plain torchrun, uses 
 
     steps = optimizer_steps(loader, grad_accum)             # GA micro-batches per step
     for micro_batches in steps:
-        tokens = step_label_tokens(micro_batches)           # every rank's, all-reduced
+        tokens = step_label_tokens(micro_batches, device=device)  # every rank's, all-reduced
         for i, batch in enumerate(micro_batches):
             with gradient_sync(model, i == len(micro_batches) - 1):
-                logits = model(**inputs(batch)).logits
-                micro_batch_loss(logits, batch["labels"], tokens, world_size).backward()
+                with mixed_precision(device, bf16):
+                    logits = model(**inputs(batch)).logits
+                    loss = micro_batch_loss(logits, batch, tokens, world_size)
+                loss.backward()
         optimizer.step(); optimizer.zero_grad()
         # a checkpoint here: save_loader_state(loader, folder, rank) on every rank
 
@@ -28,7 +30,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from mmdp.training.loss import label_tokens, summed_loss
+from mmdp.training.loss import label_tokens, summed_weighted_loss
 
 LOADER_STATE = "mmdp_loader_state_rank{rank}.pt"  # in a checkpoint folder, one per rank
 EPOCH_END = object()  # what batches_forever yields between epochs, when asked to
@@ -79,22 +81,53 @@ def optimizer_steps(loader, grad_accum: int) -> Iterator[list[dict]]:
 def step_label_tokens(micro_batches: list[dict], *, device=None, group=None) -> torch.Tensor:
     """The label tokens of one optimizer step on every rank: its micro-batches' counts, summed,
     then all-reduced over `group` (the data-parallel group; None: the world). A 0-d float tensor
-    on `device` (a GPU for NCCL)."""
+    on `device`; by default the collective backend's device (NCCL: this process's GPU, which
+    cannot all-reduce a CPU tensor), else the CPU; micro_batch_loss moves it to the logits."""
     tokens = torch.tensor(float(sum(label_tokens(b["labels"]) for b in micro_batches)))
-    tokens = tokens.to(device)
+    return all_reduced(tokens, device=device, group=group)
+
+
+def collective_device(group=None) -> torch.device:
+    """Where a collective's tensor must live: this process's GPU under NCCL, else the CPU."""
+    if dist.is_available() and dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduced(tensor: torch.Tensor, *, device=None, group=None) -> torch.Tensor:
+    """`tensor` summed over `group` (as it is without a process group), on `device` (default:
+    collective_device). Every collective of a loop of your own goes through here, so a run
+    under NCCL never hands it a CPU tensor (a resumed run with no step left included)."""
+    tensor = tensor.to(device if device is not None else collective_device(group))
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(tokens, group=group)
-    return tokens
+        dist.all_reduce(tensor, group=group)
+    return tensor
 
 
 def micro_batch_loss(
-    logits: torch.Tensor, labels: torch.Tensor, step_tokens: torch.Tensor, world_size: int
+    logits: torch.Tensor, batch, step_tokens: torch.Tensor, world_size: int
 ) -> torch.Tensor:
     """The loss to call backward() on for one micro-batch: its summed token loss over the step's
     label tokens on every rank, times `world_size` because DDP and FSDP average the ranks'
     gradients. Summed over the step's micro-batches and ranks: the mean over every label token
-    of the step, exactly what one process computes on all of them."""
-    return summed_loss(logits, labels) * world_size / step_tokens
+    of the step, exactly what one process computes on all of them.
+
+    Pass the batch: a mixture's `loss_weights` then weigh each token (sum w_t * loss_t over the
+    step's label tokens, mmdp.training.loss.weighted_mean_over_tokens). A labels tensor alone
+    gives the unweighted loss.
+    """
+    batch = batch if isinstance(batch, dict) else {"labels": batch}
+    batch = {**batch, "labels": batch["labels"].to(logits.device)}
+    return summed_weighted_loss(logits, batch) * world_size / step_tokens.to(logits.device)
+
+
+def mixed_precision(device, bf16: bool):
+    """The forward's autocast in a loop of your own, as accelerate's mixed_precision="bf16"
+    (and so Trainer's bf16=True) makes it: torch.autocast(device type, bfloat16) around the
+    forward and the loss only (accelerate/utils/modeling.py:2099-2113), never around backward()
+    or the optimizer step; the weights stay float32. The loss is taken in float32 either way
+    (mmdp.training.loss upcasts the logits)."""
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)
 
 
 @contextlib.contextmanager
@@ -138,10 +171,12 @@ def check_launched_processes(num_processes: int) -> None:
 
 def save_loader_state(loader, folder: str, rank: int) -> str:
     """Write the loader's state into a checkpoint folder, as this rank's file (every rank calls
-    it: a streamed loader's position differs between ranks). Returns the file's path."""
+    it: a streamed loader's position differs between ranks). Atomic: written beside its name,
+    then moved in place (os.replace), so a kill leaves the whole file or none. Returns its path."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, LOADER_STATE.format(rank=rank))
-    torch.save(loader.state_dict(), path)
+    torch.save(loader.state_dict(), path + ".tmp")
+    os.replace(path + ".tmp", path)
     return path
 
 

@@ -17,41 +17,71 @@ file:line in transformers/trainer.py):
    batching flags (per_device_train_batch_size, dataloader_num_workers, remove_unused_columns:
    1019-1022) never touch it. The model gets `model_inputs(batch, model)`, not the batch's ints and
    per-sample tensors.
-2. On resume Trainer calls accelerate's skip_first_batches (1844), which would rebuild a plain
-   DataLoader, decode the batches already trained and throw them away, and then set_epoch (1851),
-   which would have restarted the epoch. MMDPTrainer turns that skip into a restore of the
-   loader's state saved with the checkpoint, and checks it is where Trainer thinks it is. Trainer's
-   own counters (step, updates, RNG) stay those of the run that never stopped.
-3. Every checkpoint gets each rank's loader state (`mmdp_loader_state_rank{r}.pt`, written in
-   on_save, which runs on every rank: 2276-2278). A checkpoint is pushed to the Hub before
-   on_save runs, so a pushed checkpoint gets its loader states with the next push.
-4. The loss: compute_loss_func=token_loss, the summed token loss over the label tokens of the
-   whole optimizer step on every rank. Trainer counts those tokens whenever a compute_loss_func
-   is set (2308-2318), so this holds for models with accepts_loss_kwargs=False too (Qwen2.5-VL,
-   Qwen3-VL), whose own loss would be a per-rank, per-micro-batch mean: a gradient off by as
-   much as the ranks' label tokens differ (0.075 relative in the slow tests,
-   docs/use-in-your-trainer.md).
-5. It refuses ignore_data_skip=True (the epoch would restart, and a short last step of the epoch
-   would never be taken), average_tokens_across_devices=False with several ranks (the token
-   count would be this rank's only), and processes that train alone (on a machine without a
-   GPU, Trainer needs use_cpu=True: mmdp.training.recipes.check_launched_processes).
+2. Epochs. Trainer reads len() once and takes that many batches from every epoch (2504-2518,
+   1862-1880), but a planned epoch's batch count follows its shuffle (1344, 1343, ...): a
+   shorter epoch would carry its last micro-batch into the next epoch's first step, and a
+   longer one would leave batches untrained. MMDPTrainer shows Trainer no length, so Trainer
+   runs max_steps as one pass (2535-2546); each planned epoch ends with zero-loss `filler`
+   micro-batches up to a whole step (at most gradient_accumulation_steps - 1 per epoch), so
+   every optimizer step holds one epoch's batches, every row is trained once per epoch, and
+   a whole num_train_epochs becomes max_steps = the sum of each planned epoch's steps (a
+   fraction of an epoch is refused: set max_steps).
+3. On resume Trainer calls accelerate's skip_first_batches (1844), which would rebuild a plain
+   DataLoader, decode the batches already trained and throw them away. MMDPTrainer turns that
+   skip into a restore of the loader's state saved with the checkpoint, and checks it is where
+   Trainer thinks it is (global_step x gradient_accumulation_steps micro-batches, fillers
+   included). Trainer's own counters (step, updates, RNG) stay those of the run that never
+   stopped.
+4. Every checkpoint gets each rank's loader state (`mmdp_loader_state_rank{r}.pt`), written
+   atomically by every rank at the start of Trainer's _save_checkpoint, before Trainer deletes
+   older checkpoints at its end (3414-3422; on_save runs after that: 2277-2278), so a kill
+   at any point leaves a checkpoint that resumes.
+5. The loss: compute_loss_func=token_loss, the summed token loss over the label tokens of the
+   whole optimizer step on every rank, each token weighed by a mixture's `loss_weights` when the
+   batch has them (Trainer passes only the labels to compute_loss_func: MMDPTrainer adds the
+   weights). Trainer counts those tokens whenever a compute_loss_func is set (2308-2318), so
+   this holds for models with accepts_loss_kwargs=False too (Qwen2.5-VL, Qwen3-VL), whose own
+   loss would be a per-rank, per-micro-batch mean: a gradient off by as much as the ranks'
+   label tokens differ (0.075 relative in the slow tests, docs/use-in-your-trainer.md).
+6. Trainer's logs count samples and real tokens: "Num examples" and samples/s from the planned
+   samples of epoch 0 (Trainer's count packs: 2522-2546), tokens seen from `real_token_mask`
+   (include_num_input_tokens_seen="non_padding" counts tokens other than the pad id,
+   2722-2735, and ours is <|im_end|>).
+7. It refuses, in one sentence: ignore_data_skip=True (the epoch would restart),
+   average_tokens_across_devices=False with several ranks (the token count would be this
+   rank's only), one process on several GPUs (Trainer's nn.DataParallel, 2672, splits
+   cu_seq_lens, pixel_values and position_ids along dim 0), an eval set or eval_strategy
+   (Trainer's evaluation averages per-batch means over batches it builds itself), and
+   processes that train alone (on a machine without a GPU, Trainer needs use_cpu=True:
+   mmdp.training.recipes.check_launched_processes).
 
-A stream (StreamingDataLoader) has no length: set max_steps. Trainer then sees one endless pass;
-the loader moves from epoch to epoch itself (mmdp.training.recipes.batches_forever).
+A stream (StreamingDataLoader) has no plan: set max_steps. It runs as one endless pass of full
+steps; the loader moves from epoch to epoch itself (mmdp.training.recipes.batches_forever), and
+Trainer's "Num examples" stays its estimate in packs (a stream's samples are unknown ahead).
 
-TRL's SFTTrainer derives from Trainer: `class MMDPSFTTrainer(MMDPTrainerMixin, SFTTrainer)` takes
-the same arguments (not run here: SFTTrainer also wants a datasets.Dataset as train_dataset).
+TRL's SFTTrainer: `from mmdp.training.trainer import MMDPSFTTrainer` (made on first use: TRL is
+optional) is `class MMDPSFTTrainer(MMDPTrainerMixin, SFTTrainer)`, with the same arguments plus
+`processing_class` (your tokenizer or processor: without it SFTTrainer downloads one). SFTTrainer
+insists on a datasets.Dataset and reads its first row (trl/trainer/sft_trainer.py, 1.16: 660-762):
+MMDPSFTTrainer passes a one-row placeholder, which nothing trains on. Its loss is token_loss, so
+exact as above; TRL then runs a second forward, without gradient, for its entropy and accuracy
+metrics (it warns that compute_loss_func is deprecated: sft_trainer.py:1593-1600), and needs
+`position_ids` in the model's inputs (mmdp batches have them). Tested on a tiny Llama
+(tests/test_trainer_exact.py): the same steps and weights as MMDPTrainer.
 """
 
 import contextlib
+import math
 import os
 
+import torch
 import transformers.trainer as hf_trainer
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from mmdp import config
 from mmdp.models.inputs import model_inputs as packed_model_inputs
-from mmdp.training.loss import summed_loss
+from mmdp.training.loss import summed_weighted_loss
 from mmdp.training.recipes import (
     batches_forever,
     check_launched_processes,
@@ -59,78 +89,150 @@ from mmdp.training.recipes import (
     save_loader_state,
 )
 
+NO_EVAL = (
+    "MMDPTrainer does not evaluate: Trainer's evaluation averages each batch's mean loss and "
+    "batches the eval set its own way; evaluate packed batches in a loop of your own with "
+    "mmdp.training.loss.summed_loss / label_tokens summed over the whole set"
+)
 
-def token_loss(outputs, labels, num_items_in_batch=None):
-    """Trainer's compute_loss_func: this micro-batch's summed next-token loss, divided by the
+
+def token_loss(outputs, labels, num_items_in_batch=None, loss_weights=None):
+    """Trainer's compute_loss_func: this micro-batch's summed next-token loss, each token weighed
+    by its sample's `loss_weights` (a mixture's per-source weight; 1 without), divided by the
     label tokens of the whole optimizer step on every rank (`num_items_in_batch`).
 
-    Trainer counts them over the step's micro-batches (transformers/trainer.py:2327-2335), sums
+    Trainer counts them over the step's micro-batches (transformers/trainer.py:2322-2335), sums
     them over ranks (2340-2342), multiplies the loss by the number of processes because DDP
     averages gradients (2199-2207) and does not divide it by the accumulation steps (2103-2111).
     It counts `labels[..., 1:] != -100` or `labels != -100` depending on the model; mmdp batches
     give both the same count, since every sample's first label is -100 (mmdp.packing.batch).
+    MMDPTrainer passes `loss_weights` from the batch (Trainer itself passes only the labels).
     """
     if num_items_in_batch is None:
         raise ValueError("Trainer counted no label tokens: the batches need a 'labels' key")
     logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
-    return summed_loss(logits, labels.to(logits.device)) / num_items_in_batch
+    batch = {"labels": labels.to(logits.device)}
+    if loss_weights is not None:
+        batch["loss_weights"] = loss_weights
+    return summed_weighted_loss(logits, batch) / num_items_in_batch
+
+
+def filler(batch: dict) -> dict:
+    """A copy of `batch` that trains nothing: every label -100 and no sample. It pads an epoch's
+    last optimizer step to `gradient_accumulation_steps` micro-batches (LoaderForTrainer): its
+    loss and its gradient are exactly 0, and Trainer counts none of its tokens."""
+    out = dict(batch, filler=True)
+    out["labels"] = torch.full_like(batch["labels"], config.IGNORE_INDEX)
+    out["sample_index"] = batch["sample_index"][:0]
+    out["samples_per_row"] = torch.zeros_like(batch["samples_per_row"])
+    out["real_token_mask"] = torch.zeros_like(batch["real_token_mask"])
+    out["dropped"], out["converted"] = {}, {}  # counted with the batch it copies
+    if "loss_weights" in batch:
+        out["loss_weights"] = torch.zeros_like(batch["loss_weights"])
+    return out
+
+
+def epoch_batches(dataset, epoch: int) -> int:
+    """The batches every rank yields in a planned epoch (the same on every rank)."""
+    return dataset.plan(epoch).num_steps()
+
+
+def epoch_steps(dataset, epoch: int, grad_accum: int) -> int:
+    """The optimizer steps of a planned epoch: its last one may hold fewer real batches."""
+    return math.ceil(epoch_batches(dataset, epoch) / grad_accum)
 
 
 class LoaderForTrainer:
-    """What Trainer iterates: the mmdp loader itself, with the length of a whole epoch.
+    """What Trainer iterates: the mmdp loader itself, as one endless pass (no len()).
 
-    Trainer needs len() (a planned epoch's batches; a stream has none: TypeError tells Trainer to
-    use max_steps, transformers/trainer_utils.py has_length), iter(), `.dataset` and set_epoch
-    (transformers/trainer.py:2504, 1851-1859, 993-1005).
+    Trainer reads len() once and takes that many batches from every epoch (the remainder of
+    gradient accumulation is fixed from it too: transformers/trainer.py:2504-2518, 1870-1880),
+    but a planned epoch's batch count changes with its shuffle (20k rows: 1344, 1343, ...). An
+    epoch shorter than len() would carry its last micro-batch into the next epoch's first step
+    and leave a batch of a longer one untrained. So Trainer sees no length (it then runs
+    max_steps as one pass: trainer_utils.has_length, trainer.py:2535-2546), and a planned
+    loader's epoch ends with `filler` micro-batches up to a whole step of `grad_accum`: every
+    step holds one epoch's batches, and every epoch's rows are trained once. A stream (no plan)
+    runs as one endless pass of full steps (mmdp.training.recipes.batches_forever).
     """
 
-    def __init__(self, loader):
+    def __init__(self, loader, grad_accum: int = 1):
         self.loader = loader
+        self.grad_accum = grad_accum
         self.planned = hasattr(loader.dataset, "num_batches")  # PackedDataset
-        self.restored = False  # a checkpoint's state was just loaded: the next set_epoch checks it
 
     @property
     def dataset(self):
         return self.loader.dataset
 
     def __len__(self) -> int:
-        if not self.planned:
-            raise TypeError("a stream has no length: set TrainingArguments.max_steps")
-        return len(self.loader)
+        raise TypeError("MMDPTrainer runs its loader as one pass of max_steps optimizer steps")
 
     def __iter__(self):
-        return iter(self.loader) if self.planned else batches_forever(self.loader)
+        return self.epochs_in_whole_steps() if self.planned else batches_forever(self.loader)
+
+    def epochs_in_whole_steps(self):
+        """The loader's batches epoch after epoch, each epoch padded with fillers to a multiple
+        of grad_accum. The loader moves to its next epoch before the fillers are yielded, so a
+        checkpoint taken after the step says where the next batch comes from. Ends after two
+        passes in a row without a batch (as batches_forever)."""
+        empty_passes = 0
+        while empty_passes < 2:
+            empty_passes += 1
+            planned, last = len(self.loader), None
+            for last in self.loader:
+                empty_passes = 0
+                yield last
+            self.loader.set_epoch(self.dataset.epoch + 1)
+            if last is not None:
+                for _ in range(-planned % self.grad_accum):
+                    yield filler(last)
 
     def set_epoch(self, epoch: int) -> None:
-        """Trainer's epoch. A planned loader follows it (the same epoch keeps its position); a
-        stream is one endless pass to Trainer and keeps its own epochs."""
-        restored, self.restored = self.restored, False
-        if not self.planned:
-            return
-        if restored and epoch != self.dataset.epoch:
-            raise RuntimeError(
-                f"Trainer resumes epoch {epoch}, the checkpoint's loader state is in epoch "
-                f"{self.dataset.epoch}: the run was saved with other settings (ranks, gradient "
-                "accumulation, packs per batch?)"
-            )
-        self.loader.set_epoch(epoch)
+        """Trainer's epoch is always 0 here (one pass): the loader keeps its own epochs."""
+
+    def batches_before(self, epoch: int, batches_done: int) -> int:
+        """The micro-batches (fillers included) yielded before this position: Trainer's
+        global_step x grad_accum at a checkpoint."""
+        earlier = sum(epoch_steps(self.dataset, e, self.grad_accum) for e in range(epoch))
+        return earlier * self.grad_accum + batches_done
 
 
-class SaveLoaderState(TrainerCallback):
-    """Every rank writes its loader's state into each checkpoint folder Trainer saves."""
+class LoaderEpoch(TrainerCallback):
+    """Trainer's `epoch` is the loader's, and its epoch strategies follow the loader's epochs.
+
+    Trainer, running one pass, would log the fraction of the run as `epoch`
+    (transformers/trainer.py:1948, set just before on_step_end) and save or log "per epoch"
+    only at the end of that pass. Here the step that ends a loader epoch asks for them.
+    """
 
     def __init__(self, loader):
         self.loader = loader
+        self.epochs_done = 0
 
-    def on_save(self, args, state, control, **kwargs):
-        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-        save_loader_state(self.loader, folder, args.process_index)
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.epochs_done = math.floor(state.epoch or 0)  # a resumed run's, from its checkpoint
+
+    def on_step_end(self, args, state, control, **kwargs):
+        dataset = self.loader.dataset
+        state.epoch = dataset.epoch + dataset.batches_done / max(len(self.loader), 1)
+        if state.epoch == int(state.epoch) and state.epoch > self.epochs_done:
+            self.epochs_done = int(state.epoch)  # this step ended an epoch
+            control.should_save |= args.save_strategy == "epoch"
+            control.should_log |= args.logging_strategy == "epoch"
 
 
 def check_arguments(args, loader, replicas: int) -> None:
     """Refuse a loader sharded for another number of data-parallel replicas than Trainer trains,
     and the TrainingArguments under which an mmdp loader cannot resume or be normalised."""
     check_launched_processes(args.world_size)
+    if args.n_gpu > 1:
+        raise ValueError(
+            f"one process sees {args.n_gpu} GPUs, and Trainer would wrap the model in "
+            "nn.DataParallel, which splits cu_seq_lens, pixel_values and position_ids along "
+            "dim 0: launch one process per GPU (torchrun --nproc-per-node N) or set "
+            "CUDA_VISIBLE_DEVICES to one GPU"
+        )
     if loader.dataset.world_size != replicas:
         raise ValueError(
             f"the loader is sharded over {loader.dataset.world_size} rank(s), Trainer trains "
@@ -148,6 +250,24 @@ def check_arguments(args, loader, replicas: int) -> None:
             "average_tokens_across_devices=False divides each rank's loss by its own label "
             "tokens, which is not one process's gradient: leave it True"
         )
+    if args.eval_strategy != "no":
+        raise ValueError(NO_EVAL)
+    if args.max_steps <= 0 and args.num_train_epochs != int(args.num_train_epochs):
+        raise ValueError(
+            f"num_train_epochs={args.num_train_epochs} is not a whole number of epochs: set "
+            "max_steps instead"
+        )
+
+
+def planned_max_steps(loader, args) -> int:
+    """The optimizer steps of args.num_train_epochs whole planned epochs (each epoch's own
+    count: its last step may be short), or args.max_steps when it is set."""
+    if args.max_steps > 0:
+        return args.max_steps
+    if not hasattr(loader.dataset, "num_batches"):
+        raise ValueError("a stream has no length: set TrainingArguments.max_steps")
+    epochs = range(int(args.num_train_epochs))
+    return sum(epoch_steps(loader.dataset, e, args.gradient_accumulation_steps) for e in epochs)
 
 
 class MMDPTrainerMixin:
@@ -161,21 +281,95 @@ class MMDPTrainerMixin:
 
     def __init__(self, *args, train_loader, model_inputs=packed_model_inputs, **kwargs):
         kwargs.setdefault("compute_loss_func", token_loss)
+        if kwargs.get("eval_dataset") is not None:
+            raise ValueError(NO_EVAL)
         super().__init__(*args, **kwargs)
         # the processes that share one replica's batches (tensor, context, sequence parallel)
         shared = self.get_tp_size() * self.get_cp_size() * self.get_sp_size()
         check_arguments(self.args, train_loader, self.args.world_size // shared)
+        # whole epochs become max_steps: Trainer then runs one pass (LoaderForTrainer)
+        self.args.max_steps = planned_max_steps(train_loader, self.args)
         self.train_loader = train_loader
-        self.loader_for_trainer = LoaderForTrainer(train_loader)
+        self.loader_for_trainer = LoaderForTrainer(
+            train_loader, self.args.gradient_accumulation_steps
+        )
         self.model_inputs = model_inputs
-        self.add_callback(SaveLoaderState(train_loader))
+        if self.loader_for_trainer.planned:
+            self.add_callback(LoaderEpoch(train_loader))
 
     def get_train_dataloader(self):
         return self.loader_for_trainer  # as it is: not through accelerator.prepare
 
+    def get_eval_dataloader(self, eval_dataset=None):
+        raise ValueError(NO_EVAL)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        inputs = self.model_inputs(inputs, self.model)  # unwrapped: Gemma 3 reads its config
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        weights = inputs.get("loss_weights")
+        model_inputs = self.model_inputs(inputs, self.model)  # unwrapped: Gemma 3 reads its config
+        if inputs.get("filler"):
+            return self.filler_loss(model, model_inputs, return_outputs)
+        if weights is None:
+            return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
+        if self.compute_loss_func is not token_loss:
+            raise ValueError(
+                "the batch carries a mixture's loss_weights, which only "
+                "mmdp.training.trainer.token_loss applies: leave compute_loss_func unset"
+            )
+        self.compute_loss_func = lambda *a, **k: token_loss(*a, **k, loss_weights=weights)
+        try:
+            return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
+        finally:
+            self.compute_loss_func = token_loss
+
+    def filler_loss(self, model, model_inputs, return_outputs=False):
+        """A filler's loss: exactly 0, with a gradient of exactly 0 for every parameter the
+        forward used (so DDP and FSDP still reduce at the step's last micro-batch). Never handed
+        to a loss function: a per-batch mean over no label token would be NaN."""
+        outputs = model(**{k: v for k, v in model_inputs.items() if k != "labels"})
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        loss = logits.sum() * 0.0
+        return (loss, outputs) if return_outputs else loss
+
+    def set_initial_training_values(self, args, dataloader):
+        """Trainer's figures for its logs, in samples rather than packs: "Num examples" is the
+        samples of the first planned epoch (all ranks), and the samples behind samples/s are
+        those of the planned steps (transformers/trainer.py:2522-2546 counts packs)."""
+        values = list(super().set_initial_training_values(args, dataloader))
+        if self.loader_for_trainer.planned:
+            values[2], values[3] = self.planned_samples(values[6])
+        return tuple(values)
+
+    def planned_samples(self, max_steps: int) -> tuple[int, int]:
+        """(samples of epoch 0 on all ranks, samples of max_steps steps at epoch 0's samples
+        per step): exact for epoch 0, an estimate beyond it, without planning every epoch."""
+        dataset, grad_accum = self.train_loader.dataset, self.args.gradient_accumulation_steps
+        samples = len(dataset.plan(0).rows)
+        steps = max(epoch_steps(dataset, 0, grad_accum), 1)
+        return samples, round(samples * max_steps / steps)
+
+    def _track_num_input_tokens(self, inputs):
+        """Tokens seen, counted on real tokens: with include_num_input_tokens_seen="non_padding"
+        Trainer counts tokens that are not the pad id (transformers/trainer.py:2722-2735), and
+        our pad id is <|im_end|>, which ends every turn. A filler counts none."""
+        name = getattr(self.model, "main_input_name", "input_ids")
+        real = inputs.get("real_token_mask", inputs.get("attention_mask"))
+        if real is None:
+            return super()._track_num_input_tokens(inputs)
+        ids = inputs[name][:0] if inputs.get("filler") else inputs[name]
+        return super()._track_num_input_tokens({name: ids, "attention_mask": real})
+
+    def _save_checkpoint(self, model, trial):
+        """Every rank writes its loader state into the checkpoint folder first, then Trainer
+        saves the rest. Trainer deletes older checkpoints at the end of its save
+        (rotate_checkpoints, transformers/trainer.py:3414-3422) and runs on_save only after
+        that: a state written in on_save would leave a kill in between with a newest checkpoint
+        that cannot resume, and the previous one deleted."""
+        folder = os.path.join(
+            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        )
+        save_loader_state(self.train_loader, folder, self.args.process_index)
+        self.accelerator.wait_for_everyone()  # every rank's file, before rank 0 rotates
+        return super()._save_checkpoint(model, trial)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         if resume_from_checkpoint is True:  # as Trainer.train does, to know the folder here
@@ -209,18 +403,39 @@ class MMDPTrainerMixin:
             hf_trainer.skip_first_batches = accelerate_skip
 
     def restore_loader(self, checkpoint: str, batches_trained: int) -> None:
-        """Load this rank's loader state; a planned epoch must be where Trainer resumes it."""
+        """Load this rank's loader state; a planned loader must be where Trainer resumes it
+        (Trainer's global_step x gradient_accumulation_steps micro-batches, fillers included)."""
         load_loader_state(self.train_loader, checkpoint, self.args.process_index)
         if self.loader_for_trainer.planned:
-            done = self.train_loader.dataset.batches_done
+            dataset = self.train_loader.dataset
+            done = self.loader_for_trainer.batches_before(dataset.epoch, dataset.batches_done)
             if done != batches_trained:
                 raise RuntimeError(
-                    f"the checkpoint's loader state is {done} batches into its epoch, Trainer "
-                    f"resumes after {batches_trained}: the run was saved with other settings "
-                    "(ranks, gradient accumulation, packs per batch?)"
+                    f"the checkpoint's loader state is {done} micro-batches into the run (epoch "
+                    f"{dataset.epoch}, batch {dataset.batches_done}), Trainer resumes after "
+                    f"{batches_trained}: the run was saved with other settings (ranks, gradient "
+                    "accumulation, packs per batch?)"
                 )
-        self.loader_for_trainer.restored = True
 
 
 class MMDPTrainer(MMDPTrainerMixin, Trainer):
     """transformers' Trainer on an mmdp loader (see the module's docstring)."""
+
+
+def __getattr__(name: str):
+    """`MMDPSFTTrainer`, made on first use: TRL is an optional dependency."""
+    if name != "MMDPSFTTrainer":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    class MMDPSFTTrainer(MMDPTrainerMixin, SFTTrainer):
+        """TRL's SFTTrainer on an mmdp loader (see the module's docstring)."""
+
+        def __init__(self, *args, **kwargs):
+            # SFTTrainer requires a dataset and looks at its first row; the batches are the loader's
+            kwargs.setdefault("train_dataset", Dataset.from_dict({"input_ids": [[0]]}))
+            super().__init__(*args, **kwargs)
+
+    globals()[name] = MMDPSFTTrainer
+    return MMDPSFTTrainer

@@ -203,12 +203,12 @@ class ModelFamily:
         repeats[is_feature] = torch.tensor(runs, dtype=torch.long)
         return repeats
 
-    def weigh(self, texts_per_row, images_per_row) -> tuple[list, list, list, list]:
+    def weigh(self, texts_of_rows, images_of_rows) -> tuple[list, list, list, list]:
         """Tokens, images, patches and drop reason (None: usable) of many rows, from their text
         and their images' headers; one batched tokenizer call."""
         lengths, image_counts, patches, reasons = [], [], [], []
         rendered, rendered_rows = [], []
-        for row, (texts, images) in enumerate(zip(texts_per_row, images_per_row)):
+        for row, (texts, images) in enumerate(zip(texts_of_rows, images_of_rows)):
             images = images or []
             image_counts.append(len(images))
             try:
@@ -237,11 +237,11 @@ class ModelFamily:
         text = len(self.tokenizer(layout.text, add_special_tokens=False)["input_ids"])
         return text + sum(layout.runs) - len(layout.runs)
 
-    def image_costs(self, images_per_row) -> list[tuple[int, int]]:
+    def image_costs(self, images_of_rows) -> list[tuple[int, int]]:
         """(tokens, patches) of every image of the rows, from their headers (refused images
         left out): what a report or a figure shows of a family's rules."""
         costs = []
-        for images in images_per_row:
+        for images in images_of_rows:
             try:
                 layouts = self.layouts([image_size(image) for image in images or []])
             except BadImage:
@@ -305,18 +305,16 @@ class TinyFamily(ModelFamily):
         image_size: int = config.IMAGE_SIZE,
         image_token_length: int = config.IMAGE_TOKEN_LENGTH,
     ):
-        self.processor = self.tokenizer = tokenizer
+        self.feature_token = tokenizer.image_token  # what ModelFamily.__init__ looks up
+        super().__init__(tokenizer)  # the tokenizer is the whole processor
         self.image_size = image_size
         self.image_token_length = image_token_length
-        self.feature_token = tokenizer.image_token
-        self.feature_token_id = tokenizer.image_token_id
-        self.pad_token_id = tokenizer.pad_token_id
 
-    def weigh(self, texts_per_row, images_per_row) -> tuple[list, list, list, list]:
-        """`images_per_row`: each row's images, or just how many (all weighing needs)."""
-        counts = [n if isinstance(n, int) else len(n or []) for n in images_per_row]
+    def weigh(self, texts_of_rows, images_of_rows) -> tuple[list, list, list, list]:
+        """`images_of_rows`: each row's images, or just how many (all weighing needs)."""
+        counts = [n if isinstance(n, int) else len(n or []) for n in images_of_rows]
         lengths, reasons = count_tokens_batch(
-            texts_per_row, counts, self.tokenizer, self.image_token_length
+            texts_of_rows, counts, self.tokenizer, self.image_token_length
         )
         patches = [count * self.image_token_length for count in counts]
         return lengths, counts, patches, reasons
