@@ -12,7 +12,7 @@ loader and a loss); a loop of your own, with accelerate or plain torchrun, uses 
         for i, batch in enumerate(micro_batches):
             with gradient_sync(model, i == len(micro_batches) - 1):
                 with mixed_precision(device, bf16):
-                    logits = model(**inputs(batch)).logits
+                    logits = model(**model_inputs(batch, unwrapped)).logits  # unwrapped: pre-DDP
                     loss = micro_batch_loss(logits, batch, tokens, world_size)
                 loss.backward()
         optimizer.step(); optimizer.zero_grad()

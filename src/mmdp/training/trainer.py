@@ -274,7 +274,7 @@ class MMDPTrainerMixin:
     """Trainer on an mmdp loader: put it before Trainer (or a Trainer subclass) in the bases.
 
     `train_loader`: a PackedDataLoader or StreamingDataLoader (not passed to accelerate).
-    `model_inputs(batch, model)`: the batch keys the model takes (default mmdp.packing.batch's,
+    `model_inputs(batch, model)`: the batch keys the model takes (default mmdp.models.inputs's,
     for a Hugging Face model; TinyVLM: mmdp.models.tiny_vlm.vlm_inputs). `compute_loss_func` defaults
     to token_loss.
     """
