@@ -56,7 +56,6 @@ from mmdp.cli import (
 from mmdp.data.families import MODELS, OFFLINE, family_for, load_processor, offline_processor
 from mmdp.data.mixture import (
     MixedRows,
-    MixturePlan,
     load_mixture,
     read_mixture,
 )
@@ -68,6 +67,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
 from mmdp.errors import exit_on_user_error
 from mmdp.packing.batch import real_token_mask
+from mmdp.packing.mixture_plan import MixturePlan
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.planner import batch_loads

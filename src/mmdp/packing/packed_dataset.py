@@ -47,8 +47,9 @@ class PackedDataset(IterableDataset):
     data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`: the
     ranks that share a model replica's shard must read the same batches.
 
-    mixture (a mmdp.data.mixture.MixturePlan, with a VQADataset made with the same MixedRows):
-    each epoch takes every source's share of the rows, balanced across ranks per source.
+    mixture (a mmdp.packing.mixture_plan.MixturePlan, with a VQADataset made with the same
+    MixedRows): each epoch takes every source's share of the rows, balanced across ranks per
+    source.
 
     pretokenize=True keeps every sample's input_ids and labels from the weighing pass (cached
     with the weights), so that building a pack only slices them and decodes images.
@@ -85,7 +86,7 @@ class PackedDataset(IterableDataset):
         self.strategy = strategy
         self.buffer_size = buffer_size
         self.seed = seed
-        self.mixture = mixture  # a mmdp.data.mixture.MixturePlan: rows chosen by source shares
+        self.mixture = mixture  # a MixturePlan: rows chosen by source shares
         self.max_queued_packs = max_queued_packs
         self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
         self.epoch = 0

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmdp.drop_reasons import (
-    CODE,
     LEFT_OUT_BY_MIXTURE,
     LEFT_OUT_TO_EQUALISE_RANKS,
     REASONS,
@@ -43,41 +42,13 @@ from mmdp.drop_reasons import (
     TOO_MANY_PATCHES,
 )
 from mmdp.packing.packers import pack_flat
+from mmdp.packing.weights import Weights
 
 # Whole-epoch arrays are int32 (`index_dtype`) and written in place; element-wise work on them
 # goes a slice at a time, so that its temporaries (numpy's int64 indices, masks) stay a few MB
 # at any size: 100 M rows plan in about 12 bytes a row at the peak (docs/benchmarks.md).
 CHUNK_ROWS = 1 << 20  # rows per slice
 CHUNK_PACKS = 1 << 16  # packs per slice
-
-
-@dataclass(frozen=True)
-class Weights:
-    """What planning knows of each row of a dataset: one entry per row."""
-
-    lengths: np.ndarray  # int32: tokens of the sample (text + image tokens); 0 if unusable
-    image_counts: np.ndarray  # int32: images of the sample
-    reasons: np.ndarray  # uint8: 0, or why the row is unusable (its position in REASONS)
-    # int32: the vision encoder's patches for the sample's images (None: one per image)
-    patch_counts: np.ndarray | None = None
-
-    def __post_init__(self):
-        if self.patch_counts is None:
-            object.__setattr__(self, "patch_counts", self.image_counts)
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    @classmethod
-    def from_lists(cls, lengths, image_counts, reasons=None, patch_counts=None) -> "Weights":
-        """Weights from plain lists; reasons are None or names from mmdp.drop_reasons."""
-        reasons = [None] * len(lengths) if reasons is None else reasons
-        return cls(
-            np.asarray(lengths, dtype=np.int32),
-            np.asarray(image_counts, dtype=np.int32),
-            np.array([CODE[reason] for reason in reasons], dtype=np.uint8),
-            None if patch_counts is None else np.asarray(patch_counts, dtype=np.int32),
-        )
 
 
 @dataclass
@@ -331,9 +302,10 @@ def plan_epoch(
 ) -> EpochPlan:
     """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed.
 
-    `mixture` (a mmdp.data.mixture.MixturePlan): the rows come from several sources, each with
-    its share; after step 1 it chooses the epoch's rows (some left out, some repeated), and after
-    step 3 each step's batches go to the ranks so that every rank's share of every source holds.
+    `mixture` (a mmdp.packing.mixture_plan.MixturePlan): the rows come from several sources, each
+    with its share; after step 1 it chooses the epoch's rows (some left out, some repeated), and
+    after step 3 each step's batches go to the ranks so that every rank's share of every source
+    holds.
     """
     rows, dropped = filter_rows(weights, max_length, max_images, max_patches)
     if mixture is not None:

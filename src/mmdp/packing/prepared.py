@@ -43,8 +43,10 @@ from datasets import Dataset
 from mmdp.data.families.base import TinyFamily, tokenizer_fingerprint
 from mmdp.data.sources import cache_dir
 from mmdp.errors import UserError
-from mmdp.packing.planner import Weights, filter_rows
-from mmdp.packing.weighing import ARRAYS, WEIGHING_VERSION, Weighing, checksum, weights_of
+from mmdp.packing.planner import filter_rows
+from mmdp.packing.weighing import WEIGHING_VERSION, Weighing
+from mmdp.packing.weights import Weights
+from mmdp.packing.weights_cache import ARRAYS, checksum, weights_of
 
 # Bump when the layout under URL or the manifest's meaning changes.
 PREPARED_VERSION = 1
