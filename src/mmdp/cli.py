@@ -166,6 +166,16 @@ def add_strategy_arg(parser: argparse.ArgumentParser, help: str = "packer") -> N
     )
 
 
+def packing_config(args: argparse.Namespace, **overrides):
+    """The mmdp.packing.packing_config.PackingConfig of the parsed flags that name its fields
+    (--max-length, --max-images, --max-patches, --packs-per-batch, --strategy, --buffer-size,
+    --seed), with `overrides`; a field without a flag keeps its default."""
+    from mmdp.packing.packing_config import FIELDS, PackingConfig
+
+    given = {name: getattr(args, name) for name in FIELDS if hasattr(args, name)}
+    return PackingConfig(**{**given, **overrides})
+
+
 def add_batch_size_arg(
     parser: argparse.ArgumentParser,
     default: int = config.BATCH_SIZE,

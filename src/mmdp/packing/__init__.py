@@ -4,6 +4,8 @@
                     (the readable loops; the fast engines are in _engines)
     background      iterate_in_background(): the blog's producer-consumer thread, done safely
     toy             ToyPackingDataset: stage 4's iterable dataset of integers
+    packing_config  PackingConfig: budgets, packs per batch, strategy, buffer, seed; one resume
+                    check for both loaders
     weights         Weights: what planning knows of each row (tokens, images, patches, reason)
     weighing        weigh_rows(): tokens, images and drop reason of every row, once, cached
     weights_cache   the weights on disk, saved atomically and checked (weighing, prepared)

@@ -1,11 +1,12 @@
 """Pack one buffer of a stream (steps 2-3 of mmdp.packing.streaming): pure, weights in, packs
 out. The planner's own steps (filter_rows, shuffle_and_pack), applied to one buffer."""
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
 
-from mmdp.packing.packers import Strategy
+from mmdp.packing.packing_config import PackingConfig, with_old_keywords
 from mmdp.packing.planner import filter_rows, shuffle_and_pack
 from mmdp.packing.weights import Weights
 
@@ -13,11 +14,8 @@ from mmdp.packing.weights import Weights
 def pack_buffer(
     weights: Weights,
     rng: np.random.Generator,
-    *,
-    max_length: int,
-    max_images: int,
-    max_patches: int | None = None,
-    strategy: Strategy = "images_first_bfd",
+    config: PackingConfig | None = None,
+    **old_keywords,
 ) -> tuple[list[np.ndarray], Counter]:
     """Steps 2-3 for one buffer: its packs (positions in the buffer) and its drops, by reason.
 
@@ -26,16 +24,9 @@ def pack_buffer(
     "binpack": row 1 is too long; FFD takes 6, 5, 3, 2 and makes the packs [2, 3] (6 + 2) and
     [4, 0] (5 + 3), in a shuffled order; dropped {"too_long": 1}.
     """
-    rows, dropped = filter_rows(weights, max_length, max_images, max_patches)
-    packed_rows, pack_starts, order = shuffle_and_pack(
-        rows,
-        weights,
-        rng,
-        max_length=max_length,
-        max_images=max_images,
-        max_patches=max_patches,
-        strategy=strategy,
-        buffer_size=max(len(weights), 1),
-    )
+    config = with_old_keywords(config, old_keywords, "pack_buffer")
+    rows, dropped = filter_rows(weights, config.max_length, config.max_images, config.max_patches)
+    whole_buffer = dataclasses.replace(config, buffer_size=max(len(weights), 1))
+    packed_rows, pack_starts, order = shuffle_and_pack(rows, weights, rng, whole_buffer)
     starts = pack_starts.tolist()
     return [packed_rows[starts[p] : starts[p + 1]] for p in order.tolist()], dropped

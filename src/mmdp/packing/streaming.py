@@ -60,6 +60,7 @@ from torch.utils.data import DataLoader
 
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
 from mmdp.packing.guards import RefusesAcceleratePrepare
+from mmdp.packing.packing_config import check_resume
 from mmdp.packing.sharding import ANSWER_TIMEOUT, all_ranks_have_a_batch
 from mmdp.packing.stream_reader import ReaderState
 from mmdp.packing.streaming_dataset import StreamingPackedDataset
@@ -193,16 +194,10 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
         """What decides which rows a reader reads and how it packs them: a resume needs the same."""
         d = self.dataset
         return {
-            "seed": d.seed,
+            **d.config.settings(),
             "rank": d.rank,
             "world_size": d.world_size,
             "num_workers": self.num_workers,
-            "buffer_size": d.buffer_size,
-            "packs_per_batch": d.packs_per_batch,
-            "strategy": d.strategy,
-            "max_length": d.max_length,
-            "max_images": d.max_images,
-            "max_patches": d.max_patches,
             "model_family": d.family.name,
             "shards": d.total_shards,  # another dataset has other shards (often)
         }
@@ -227,14 +222,9 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
         Needs the same settings (seed, rank, world size, workers, budgets, buffer...) and the
         same tokenizer: they decide which rows each reader reads and how it packs them.
         """
-        now = self.settings()
-        different = [f"{k} {state[k]} (now {v})" for k, v in now.items() if state.get(k, v) != v]
-        if different:
-            raise ValueError(
-                "cannot resume: the state was saved with "
-                + ", ".join(different)
-                + "; they decide which rows each reader reads and how it packs them"
-            )
+        check_resume(
+            state, self.settings(), "they decide which rows each reader reads and how it packs them"
+        )
         self.dataset.set_epoch(state["epoch"])
         self.reader_states = [
             None if s is None else ReaderState(**copy.deepcopy(s)) for s in state["reader_states"]

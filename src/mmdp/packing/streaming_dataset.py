@@ -11,20 +11,20 @@ import numpy as np
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import IterableDataset, get_worker_info
 
-from mmdp import config
+from mmdp import config as defaults
 from mmdp.data.families import family_for
 from mmdp.data.sources import with_undecoded_images
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
 from mmdp.packing.buffer import pack_buffer
 from mmdp.packing.guards import iterated_elsewhere
-from mmdp.packing.packers import Strategy
+from mmdp.packing.packing_config import PackingConfig, PackingSettings, with_old_keywords
 from mmdp.packing.sharding import rank_and_world_size, sharding_warning
 from mmdp.packing.stream_reader import ReaderState, ReaderStream
 from mmdp.packing.weights import Weights
 
 
-class StreamingPackedDataset(IterableDataset):
+class StreamingPackedDataset(PackingSettings, IterableDataset):
     """Packs a stream of rows (the_cauldron's schema) into fixed-length rows under a token and an
     image budget, buffer by buffer. Iterate it with StreamingDataLoader.
 
@@ -32,29 +32,25 @@ class StreamingPackedDataset(IterableDataset):
     `Dataset.to_iterable_dataset(num_shards=...)`), or any iterable that starts over at every
     `iter()` and gives the same rows in the same order (a list, a reader of files): not an
     iterator, which can be read only once. `processor`: a tokenizer (mmdp's TinyVLM) or a
-    transformers processor of a supported family, as for VQADataset. Under torchrun, rank and
-    world size come from torch.distributed; with tensor or pipeline parallelism, pass the
-    data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`.
+    transformers processor of a supported family, as for VQADataset. `config`: a PackingConfig
+    (the loose keywords max_length=..., seed=... still work for one release). Under torchrun,
+    rank and world size come from torch.distributed; with tensor or pipeline parallelism, pass
+    the data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`.
     """
 
     def __init__(
         self,
         rows: Iterable[dict],
         processor,
+        config: PackingConfig | None = None,
         *,
-        max_length: int = config.MAX_LENGTH,
-        max_images: int = config.MAX_IMAGES,
-        max_patches: int | None = None,
-        packs_per_batch: int = config.PACKS_PER_BATCH,
-        strategy: Strategy = "images_first_bfd",
-        buffer_size: int = 4096,
-        seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
         group=None,
-        image_size: int = config.IMAGE_SIZE,
-        image_token_length: int = config.IMAGE_TOKEN_LENGTH,
+        image_size: int = defaults.IMAGE_SIZE,
+        image_token_length: int = defaults.IMAGE_TOKEN_LENGTH,
         max_queued_batches: int = 2,
+        **old_keywords,
     ):
         if isinstance(rows, Iterator):
             raise TypeError(
@@ -62,18 +58,10 @@ class StreamingPackedDataset(IterableDataset):
                 "over at every iter() (a datasets.IterableDataset, a list, a reader of files), "
                 "so that the next epoch and a resume can read it again"
             )
-        if buffer_size < 1:
-            raise ValueError(f"buffer_size must be positive, got {buffer_size}")
         self.family = family_for(
             processor, image_size=image_size, image_token_length=image_token_length
         )
-        self.max_length = max_length
-        self.max_images = max_images
-        self.max_patches = max_patches
-        self.packs_per_batch = packs_per_batch
-        self.strategy = strategy
-        self.buffer_size = buffer_size
-        self.seed = seed
+        self.config = with_old_keywords(config, old_keywords, "StreamingPackedDataset")
         self.max_queued_batches = max_queued_batches
         self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
         self.total_shards = None  # a plain iterable has none
@@ -160,14 +148,7 @@ class StreamingPackedDataset(IterableDataset):
         )
         weights = Weights.from_lists(lengths, image_counts, problems, patches)
         rng = np.random.default_rng([self.seed, self.epoch, reader, buffer_number])
-        plan, dropped = pack_buffer(
-            weights,
-            rng,
-            max_length=self.max_length,
-            max_images=self.max_images,
-            max_patches=self.max_patches,
-            strategy=self.strategy,
-        )
+        plan, dropped = pack_buffer(weights, rng, self.config)
         return plan, dropped, weights.lengths
 
     def build_pack(self, rows: list[tuple[int, dict]], lengths: np.ndarray) -> dict:

@@ -16,6 +16,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
 from mmdp.models.tiny_vlm import TinyVLMConfig
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planner import EpochPlan, filter_rows, plan_epoch
 from mmdp.packing.weighing import weigh_rows
 from mmdp.packing.weights import Weights
@@ -98,14 +99,7 @@ def hold_out(fits: list[int], num_rows: int, args) -> tuple[list[int], list[int]
 
 def plan_whole_epoch(weights: Weights, args) -> EpochPlan:
     """Stage 5's plan of one epoch of every row, packed with --strategy, on one rank."""
-    return plan_epoch(
-        weights,
-        max_length=args.max_length,
-        max_images=args.max_images,
-        packs_per_batch=args.batch_size,
-        strategy=args.strategy,
-        seed=args.seed,
-    )
+    return plan_epoch(weights, packing(args, packs_per_batch=args.batch_size, seed=args.seed))
 
 
 def packed_batches(data: StageData, rows: list[int], args, *, seed: int, epoch=0) -> list[dict]:
@@ -117,14 +111,21 @@ def packed_batches(data: StageData, rows: list[int], args, *, seed: int, epoch=0
     with no_progress_bars():
         dataset = PackedDataset(
             VQADataset(data.rows.select(rows), data.tokenizer),
-            max_length=args.max_length,
-            max_images=args.max_images,
-            packs_per_batch=data.packs_per_batch,
-            strategy=args.strategy,
-            seed=seed,
+            packing(args, packs_per_batch=data.packs_per_batch, seed=seed),
         )
     dataset.set_epoch(epoch)
     return list(PackedDataLoader(dataset, num_workers=0))
+
+
+def packing(args, *, packs_per_batch: int, seed: int) -> PackingConfig:
+    """Stage 5's packing of --strategy under --max-length and --max-images."""
+    return PackingConfig(
+        max_length=args.max_length,
+        max_images=args.max_images,
+        packs_per_batch=packs_per_batch,
+        strategy=args.strategy,
+        seed=seed,
+    )
 
 
 @contextlib.contextmanager
