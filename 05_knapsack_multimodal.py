@@ -48,6 +48,7 @@ from mmdp.cli import (
     display_path,
     non_negative_int,
     nothing_to_do,
+    packing_config,
     positive_int,
     print_batch,
     print_settings,
@@ -56,7 +57,6 @@ from mmdp.cli import (
 from mmdp.data.families import MODELS, OFFLINE, family_for, load_processor, offline_processor
 from mmdp.data.mixture import (
     MixedRows,
-    MixturePlan,
     load_mixture,
     read_mixture,
 )
@@ -68,6 +68,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
 from mmdp.errors import exit_on_user_error
 from mmdp.packing.batch import real_token_mask
+from mmdp.packing.mixture_plan import MixturePlan
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.planner import batch_loads
@@ -187,13 +188,7 @@ def main():
         # Wrap it: weigh every sample, filter, pack with a token and an image budget, shard
         packed = PackedDataset(
             samples,
-            max_length=args.max_length,
-            max_images=args.max_images,
-            max_patches=args.max_patches,
-            packs_per_batch=args.packs_per_batch,
-            strategy=args.strategy,
-            buffer_size=args.buffer_size,
-            seed=args.seed,
+            packing_config(args),
             pretokenize=args.pretokenize,
             prepared=args.prepared,
             mixture=MixturePlan.of(mixed, seed=args.seed) if mixed else None,
@@ -321,17 +316,7 @@ def run_streaming_epoch(processor, args) -> tuple[dict, VQADataset]:
     at the same step); on rank 0, the report merged over ranks. Also returns rows from the head
     of the stream, for the figure beside constrained padding."""
     stream = load_vqa_stream(args.dataset, args.subset, args.split, args.num_rows)
-    packed = StreamingPackedDataset(
-        stream,
-        processor,
-        max_length=args.max_length,
-        max_images=args.max_images,
-        max_patches=args.max_patches,
-        packs_per_batch=args.packs_per_batch,
-        strategy=args.strategy,
-        buffer_size=args.buffer_size,
-        seed=args.seed,
-    )
+    packed = StreamingPackedDataset(stream, processor, packing_config(args))
     loader = StreamingDataLoader(packed, num_workers=args.num_workers)
     loader.set_epoch(args.epoch)
     report, steps = PackReport(), []

@@ -24,6 +24,7 @@ from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing import weighing
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.metrics import PackReport
 
 GOOD_ROWS = 2000  # distinct rows of the embedded dataset; more are repeats of these
@@ -77,9 +78,9 @@ def main():
     good = good.select([i % len(good) for i in range(args.num_rows)])
     bad, drops, _ = with_bad_rows(good, args.every)
     print(f"{args.num_rows:,} rows; bad: 1 in {args.every}, {sum(drops.values()):,} to drop")
-    settings = {"max_length": 512, "packs_per_batch": 8}
+    config = PackingConfig(max_length=512, packs_per_batch=8)
     datasets = {
-        name: (rows, PackedDataset(VQADataset(rows, tokenizer), **settings))
+        name: (rows, PackedDataset(VQADataset(rows, tokenizer), config))
         for name, rows in (("clean", good), ("bad", bad))
     }
     measured = measure(datasets, tokenizer, args.repeats)

@@ -42,8 +42,9 @@ from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing.planner import Weights, plan_epoch
+from mmdp.packing.planner import plan_epoch
 from mmdp.packing.weighing import weigh_rows
+from mmdp.packing.weights import Weights
 
 BASE_ROWS = 2_000
 SETTINGS = {"max_length": 512, "max_images": 18, "packs_per_batch": 8}

@@ -43,6 +43,7 @@ from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 
 
 class ImagesOnly(Dataset):
@@ -100,12 +101,10 @@ def tensors_in(value) -> int:
 
 def packed_dataset(rows, processor, pretokenize=False) -> PackedDataset:
     family = family_for(processor)
-    return PackedDataset(
-        VQADataset(rows, processor),
-        max_length=family.default_max_length,
-        max_patches=family.default_max_patches,
-        pretokenize=pretokenize,
+    config = PackingConfig(
+        max_length=family.default_max_length, max_patches=family.default_max_patches
     )
+    return PackedDataset(VQADataset(rows, processor), config, pretokenize=pretokenize)
 
 
 def loader_epoch(rows, processor, workers: int, pretokenize=False) -> tuple[float, list]:

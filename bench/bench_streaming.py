@@ -34,6 +34,7 @@ from mmdp.data.sources import cache_dir, load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 
 BUFFER_SIZE = 4096
@@ -53,7 +54,8 @@ def parquet_epoch(rows, tokenizer, workers: int) -> dict:
 def stream_epoch(stream, tokenizer, workers: int) -> dict:
     start = time.perf_counter()
     loader = StreamingDataLoader(
-        StreamingPackedDataset(stream, tokenizer, buffer_size=BUFFER_SIZE), num_workers=workers
+        StreamingPackedDataset(stream, tokenizer, PackingConfig(buffer_size=BUFFER_SIZE)),
+        num_workers=workers,
     )
     return epoch_of(loader, start, start)
 
@@ -71,7 +73,7 @@ def parquet_files(rows) -> list[Path]:
 
 def planned_epoch(rows, tokenizer, workers: int) -> dict:
     start = time.perf_counter()
-    dataset = PackedDataset(VQADataset(rows, tokenizer), buffer_size=BUFFER_SIZE)
+    dataset = PackedDataset(VQADataset(rows, tokenizer), PackingConfig(buffer_size=BUFFER_SIZE))
     return epoch_of(PackedDataLoader(dataset, num_workers=workers), start, time.perf_counter())
 
 

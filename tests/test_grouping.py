@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 from mmdp.data.padding import NaivePadCollator
 from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS, TOO_LONG
 from mmdp.packing.grouping import ModalityLengthBatchSampler, plan_batches, plan_grouped_epoch
-from mmdp.packing.planner import Weights
+from mmdp.packing.weights import Weights
 from mmdp.training.strategies import compare_padding
 
 # The module docstring's example.

@@ -10,16 +10,16 @@ import torch
 
 from mmdp import config
 from mmdp.data.mixture import (
-    MixturePlan,
     Source,
     apply_source_rules,
-    choose_rows,
     last_turn_labels,
     mixture_from_dict,
 )
 from mmdp.errors import UserError
 from mmdp.packing.batch import collate_packs, layout_pack
-from mmdp.packing.planner import Weights, plan_epoch
+from mmdp.packing.mixture_plan import MixturePlan, choose_rows
+from mmdp.packing.planner import plan_epoch
+from mmdp.packing.weights import Weights
 from mmdp.report.mixture import source_report
 from mmdp.training.loss import mean_over_tokens, weighted_mean_over_tokens
 

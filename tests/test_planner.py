@@ -8,7 +8,6 @@ import pytest
 from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS, NO_TEXTS, TOO_LONG, TOO_MANY_IMAGES
 from mmdp.packing import planner
 from mmdp.packing.planner import (
-    Weights,
     batch_loads,
     deal_steps,
     filter_rows,
@@ -16,6 +15,7 @@ from mmdp.packing.planner import (
     plan_epoch,
     ranges,
 )
+from mmdp.packing.weights import Weights
 from mmdp.report.metrics import rank_balance
 
 

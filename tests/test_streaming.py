@@ -25,15 +25,15 @@ from mmdp.drop_reasons import (
     UNDECODABLE_IMAGE,
 )
 from mmdp.models.inputs import model_inputs
+from mmdp.packing.buffer import pack_buffer
 from mmdp.packing.packers import STRATEGIES
-from mmdp.packing.planner import Weights
 from mmdp.packing.streaming import (
     ReaderState,
     StreamingDataLoader,
     StreamingPackedDataset,
     in_turns,
-    pack_buffer,
 )
+from mmdp.packing.weights import Weights
 from mmdp.report.metrics import PackReport
 
 IMAGE_SIZE = 16  # tiny images keep these tests fast; nothing here depends on the size

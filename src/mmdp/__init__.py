@@ -27,6 +27,7 @@ from mmdp.models.inputs import model_inputs
 from mmdp.packing.batch import collate_packs, real_token_mask, sample_ids
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES, pack, pack_flat
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planner import EpochPlan, Weights, plan_epoch
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.weighing import weigh_rows
@@ -54,6 +55,7 @@ __all__ = [
     "pack_flat",
     "STRATEGIES",
     "weigh_rows",
+    "PackingConfig",
     "Weights",
     "EpochPlan",
     "plan_epoch",

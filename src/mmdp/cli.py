@@ -126,18 +126,11 @@ def add_model_and_budget_args(parser: argparse.ArgumentParser, models: Sequence[
         help="the model to pack for: mmdp's TinyVLM (the blog's 64 tokens per image) or a real "
         "family, whose processor is built offline (default: tiny)",
     )
-    parser.add_argument(
-        "--max-length",
-        type=positive_int,
-        default=None,
-        help="token budget of a pack, and its padded length (default: 512 for tiny, the "
-        "family's otherwise)",
-    )
-    parser.add_argument(
-        "--max-images",
-        type=non_negative_int,
-        default=config.MAX_IMAGES,
-        help=f"image budget of a pack (default: {config.MAX_IMAGES})",
+    add_budget_args(
+        parser,
+        max_length=None,
+        max_length_help="token budget of a pack, and its padded length (default: 512 for tiny, "
+        "the family's otherwise)",
     )
     parser.add_argument(
         "--max-patches",
@@ -148,12 +141,48 @@ def add_model_and_budget_args(parser: argparse.ArgumentParser, models: Sequence[
     )
 
 
-def add_batch_size_arg(parser: argparse.ArgumentParser, default: int = config.BATCH_SIZE):
+def add_budget_args(
+    parser: argparse.ArgumentParser, max_length: int | None, max_length_help: str
+) -> None:
+    """A pack's token and image budgets: --max-length (default `max_length`), --max-images."""
+    parser.add_argument("--max-length", type=positive_int, default=max_length, help=max_length_help)
     parser.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=default,
-        help=f"samples per padded batch (default: {default})",
+        "--max-images",
+        type=non_negative_int,
+        default=config.MAX_IMAGES,
+        help=f"image budget of a pack (default: {config.MAX_IMAGES})",
+    )
+
+
+def add_strategy_arg(parser: argparse.ArgumentParser, help: str = "packer") -> None:
+    """--strategy: one of mmdp.packing.packers.STRATEGIES (default: images_first_bfd)."""
+    from mmdp.packing.packers import STRATEGIES
+
+    parser.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="images_first_bfd",
+        help=f"{help} (default: images_first_bfd)",
+    )
+
+
+def packing_config(args: argparse.Namespace, **overrides):
+    """The mmdp.packing.packing_config.PackingConfig of the parsed flags that name its fields
+    (--max-length, --max-images, --max-patches, --packs-per-batch, --strategy, --buffer-size,
+    --seed), with `overrides`; a field without a flag keeps its default."""
+    from mmdp.packing.packing_config import FIELDS, PackingConfig
+
+    given = {name: getattr(args, name) for name in FIELDS if hasattr(args, name)}
+    return PackingConfig(**{**given, **overrides})
+
+
+def add_batch_size_arg(
+    parser: argparse.ArgumentParser,
+    default: int = config.BATCH_SIZE,
+    help: str = "samples per padded batch",
+):
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=default, help=f"{help} (default: {default})"
     )
 
 

@@ -16,7 +16,13 @@ import argparse
 import time
 
 from mmdp import config
-from mmdp.cli import add_model_and_budget_args, description, positive_int, print_settings
+from mmdp.cli import (
+    add_model_and_budget_args,
+    description,
+    packing_config,
+    positive_int,
+    print_settings,
+)
 from mmdp.data.families import MODELS, family_for, offline_processor
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
@@ -81,13 +87,7 @@ def main(argv=None):
     weighing = weigh_rows(rows, family, pretokenize=args.pretokenize, num_proc=args.num_proc)
 
     # Describe what the weights depend on, check them against the budgets, write them
-    run = describe(
-        rows,
-        family,
-        max_length=args.max_length,
-        max_images=args.max_images,
-        max_patches=args.max_patches,
-    )
+    run = describe(rows, family, packing_config(args))
     source = {
         "name": args.dataset or "synthetic",
         "subset": args.subset,

@@ -9,7 +9,8 @@ conversation  tokenize_conversation(): input_ids + labels from the chat template
 images        load_image(): decode, convert to RGB, resize; bad images become named skips
 vqa_dataset   VQADataset: one row in, one sample out (stage 2's map-style dataset)
 padding       NaivePadCollator (stage 2), ConstrainedPadCollator (stage 3)
-mixture       a mixture of sources: shares, loss weights, label policies
+mixture       a mixture of sources: shares, loss weights, label policies (which rows make
+              an epoch: mmdp.packing.mixture_plan)
 bad_rows      with_bad_rows(): the fault suite's bad rows, mixed into good ones
 families      the model families: what each processor makes of a row (base, one module per
               family), family_for(processor)

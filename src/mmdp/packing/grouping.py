@@ -36,8 +36,9 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS
-from mmdp.packing.planner import EpochPlan, Weights, deal_equal_steps, filter_rows, gather_packs
+from mmdp.packing.planner import EpochPlan, deal_equal_steps, filter_rows, gather_packs
 from mmdp.packing.sharding import rank_and_world_size
+from mmdp.packing.weights import Weights
 
 GROUPINGS = ("modality_length",)  # the choices of stage 3's --group-by
 # Steps sorted together by length (HuggingFace's LengthGroupedSampler sorts 50 batches at a

@@ -24,11 +24,16 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from mmdp import config
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
 from mmdp.packing.guards import STATEFUL_REFUSED, RefusesAcceleratePrepare, iterated_elsewhere
+from mmdp.packing.packing_config import (
+    PackingConfig,
+    PackingSettings,
+    check_resume,
+    with_old_keywords,
+)
 from mmdp.packing.planner import EpochPlan, plan_epoch
 from mmdp.packing.prepared import load_prepared
 from mmdp.packing.sharding import rank_and_world_size
@@ -36,10 +41,11 @@ from mmdp.packing.weighing import cache_key, weigh_rows
 from mmdp.packing.workers import name_failed_worker
 
 
-class PackedDataset(IterableDataset):
+class PackedDataset(PackingSettings, IterableDataset):
     """Packs a VQADataset into fixed-length rows under a token budget (max_length) and two
     vision budgets: images (max_images) and the vision encoder's patches (max_patches, None: no
-    patch budget).
+    patch budget), as `config` (a PackingConfig) says; `dataset.max_length` and the other fields
+    read it. The loose keywords (max_length=..., seed=...) still work for one release.
 
     Use it with `PackedDataLoader` (or a DataLoader with batch_size=packs_per_batch and
     collate_fn=dataset.collate). Works unchanged under torchrun: rank and world size come from
@@ -47,8 +53,9 @@ class PackedDataset(IterableDataset):
     data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`: the
     ranks that share a model replica's shard must read the same batches.
 
-    mixture (a mmdp.data.mixture.MixturePlan, with a VQADataset made with the same MixedRows):
-    each epoch takes every source's share of the rows, balanced across ranks per source.
+    mixture (a mmdp.packing.mixture_plan.MixturePlan, with a VQADataset made with the same
+    MixedRows): each epoch takes every source's share of the rows, balanced across ranks per
+    source.
 
     pretokenize=True keeps every sample's input_ids and labels from the weighing pass (cached
     with the weights), so that building a pack only slices them and decodes images.
@@ -60,14 +67,8 @@ class PackedDataset(IterableDataset):
     def __init__(
         self,
         dataset: VQADataset,
+        config: PackingConfig | None = None,
         *,
-        max_length: int = config.MAX_LENGTH,
-        max_images: int = config.MAX_IMAGES,
-        max_patches: int | None = None,
-        packs_per_batch: int = config.PACKS_PER_BATCH,
-        strategy: str = "images_first_bfd",
-        buffer_size: int = 4096,
-        seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
         group=None,
@@ -76,16 +77,11 @@ class PackedDataset(IterableDataset):
         num_proc: int | None = None,
         mixture=None,
         prepared: str | None = None,
+        **old_keywords,
     ):
         self.dataset = dataset
-        self.max_length = max_length
-        self.max_images = max_images
-        self.max_patches = max_patches
-        self.packs_per_batch = packs_per_batch
-        self.strategy = strategy
-        self.buffer_size = buffer_size
-        self.seed = seed
-        self.mixture = mixture  # a mmdp.data.mixture.MixturePlan: rows chosen by source shares
+        self.config = with_old_keywords(config, old_keywords, "PackedDataset")
+        self.mixture = mixture  # a MixturePlan: rows chosen by source shares
         self.max_queued_packs = max_queued_packs
         self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
         self.epoch = 0
@@ -115,14 +111,7 @@ class PackedDataset(IterableDataset):
         share, unless the caller chose the ranks: a dataset then built on one rank only must not
         wait for the others)."""
         if self.prepared is not None:
-            return load_prepared(
-                self.prepared,
-                self.dataset,
-                max_length=self.max_length,
-                max_images=self.max_images,
-                max_patches=self.max_patches,
-                pretokenize=pretokenize,
-            )
+            return load_prepared(self.prepared, self.dataset, self.config, pretokenize=pretokenize)
         return weigh_rows(
             self.dataset.dataset,
             self.dataset.family,
@@ -132,12 +121,14 @@ class PackedDataset(IterableDataset):
         )
 
     @classmethod
-    def from_prepared(cls, url: str, dataset: VQADataset, **settings) -> "PackedDataset":
+    def from_prepared(
+        cls, url: str, dataset: VQADataset, config: PackingConfig | None = None, **settings
+    ) -> "PackedDataset":
         """A PackedDataset that weighs nothing: the weights (and tokens, if prepared with them) of
         `dataset`'s rows are read from a prepared dataset at `url`, a path or any fsspec URL
         (`uv run -m mmdp.prepare`; mmdp.packing.prepared). It is refused in one sentence (a
         UserError) when prepared for another model, processor, budget or rows."""
-        return cls(dataset, prepared=url, **settings)
+        return cls(dataset, config, prepared=url, **settings)
 
     # 2-4. Plan the epoch ------------------------------------------------------------------------
 
@@ -149,14 +140,8 @@ class PackedDataset(IterableDataset):
                 raise RuntimeError("a DataLoader worker cannot plan: plan in the main process")
             plan = plan_epoch(
                 self.weights,
-                max_length=self.max_length,
-                max_images=self.max_images,
-                max_patches=self.max_patches,
-                packs_per_batch=self.packs_per_batch,
+                self.config,
                 world_size=self.world_size,
-                strategy=self.strategy,
-                buffer_size=self.buffer_size,
-                seed=self.seed,
                 epoch=epoch,
                 mixture=self.mixture,
             )
@@ -202,15 +187,9 @@ class PackedDataset(IterableDataset):
         wherever the epoch resumes.) `weights` names the dataset and the tokenizer: the key of
         their weights in the cache (mmdp.packing.weighing.cache_key)."""
         return {
-            "seed": self.seed,
+            **self.config.settings(),
             "rank": self.rank,
             "world_size": self.world_size,
-            "max_length": self.max_length,
-            "max_images": self.max_images,
-            "max_patches": self.max_patches,
-            "packs_per_batch": self.packs_per_batch,
-            "strategy": self.strategy,
-            "buffer_size": self.buffer_size,
             "rows": len(self.dataset),
             "weights": self.weights_key,
         }
@@ -225,17 +204,12 @@ class PackedDataset(IterableDataset):
         Refuses, in one sentence naming each difference, a state saved with other settings
         (another dataset, max_length, seed, world size...): the rest of that epoch is not this one's.
         """
-        now = self.settings()
-        different = [
-            f"{k} {state[k]!r} (now {now[k]!r})" for k in now if state.get(k, now[k]) != now[k]
-        ]
-        if different:
-            raise ValueError(
-                "cannot resume: the state was saved with "
-                + ", ".join(different)
-                + "; they decide which rows go in which batch, so resume with the same ones "
-                "(or start the epoch afresh without load_state_dict)"
-            )
+        check_resume(
+            state,
+            self.settings(),
+            "they decide which rows go in which batch, so resume with the same ones (or start "
+            "the epoch afresh without load_state_dict)",
+        )
         self.epoch = state["epoch"]
         self.batches_done = state["batches_done"]
 

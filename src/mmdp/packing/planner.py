@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmdp.drop_reasons import (
-    CODE,
     LEFT_OUT_BY_MIXTURE,
     LEFT_OUT_TO_EQUALISE_RANKS,
     REASONS,
@@ -43,41 +42,14 @@ from mmdp.drop_reasons import (
     TOO_MANY_PATCHES,
 )
 from mmdp.packing.packers import pack_flat
+from mmdp.packing.packing_config import PackingConfig, with_old_keywords
+from mmdp.packing.weights import Weights
 
 # Whole-epoch arrays are int32 (`index_dtype`) and written in place; element-wise work on them
 # goes a slice at a time, so that its temporaries (numpy's int64 indices, masks) stay a few MB
 # at any size: 100 M rows plan in about 12 bytes a row at the peak (docs/benchmarks.md).
 CHUNK_ROWS = 1 << 20  # rows per slice
 CHUNK_PACKS = 1 << 16  # packs per slice
-
-
-@dataclass(frozen=True)
-class Weights:
-    """What planning knows of each row of a dataset: one entry per row."""
-
-    lengths: np.ndarray  # int32: tokens of the sample (text + image tokens); 0 if unusable
-    image_counts: np.ndarray  # int32: images of the sample
-    reasons: np.ndarray  # uint8: 0, or why the row is unusable (its position in REASONS)
-    # int32: the vision encoder's patches for the sample's images (None: one per image)
-    patch_counts: np.ndarray | None = None
-
-    def __post_init__(self):
-        if self.patch_counts is None:
-            object.__setattr__(self, "patch_counts", self.image_counts)
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    @classmethod
-    def from_lists(cls, lengths, image_counts, reasons=None, patch_counts=None) -> "Weights":
-        """Weights from plain lists; reasons are None or names from mmdp.drop_reasons."""
-        reasons = [None] * len(lengths) if reasons is None else reasons
-        return cls(
-            np.asarray(lengths, dtype=np.int32),
-            np.asarray(image_counts, dtype=np.int32),
-            np.array([CODE[reason] for reason in reasons], dtype=np.uint8),
-            None if patch_counts is None else np.asarray(patch_counts, dtype=np.int32),
-        )
 
 
 @dataclass
@@ -317,48 +289,38 @@ def deal_equal_steps(
 
 def plan_epoch(
     weights: Weights,
+    config: PackingConfig | None = None,
     *,
-    max_length: int,
-    max_images: int,
-    max_patches: int | None = None,
-    packs_per_batch: int,
     world_size: int = 1,
-    strategy: str = "images_first_bfd",
-    buffer_size: int = 4096,
-    seed: int = 0,
     epoch: int = 0,
     mixture=None,
+    **old_keywords,
 ) -> EpochPlan:
-    """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed.
+    """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed, packed and
+    batched as `config` says (the loose keywords max_length=..., seed=... still work for one
+    release).
 
-    `mixture` (a mmdp.data.mixture.MixturePlan): the rows come from several sources, each with
-    its share; after step 1 it chooses the epoch's rows (some left out, some repeated), and after
-    step 3 each step's batches go to the ranks so that every rank's share of every source holds.
+    `mixture` (a mmdp.packing.mixture_plan.MixturePlan): the rows come from several sources, each
+    with its share; after step 1 it chooses the epoch's rows (some left out, some repeated), and
+    after step 3 each step's batches go to the ranks so that every rank's share of every source
+    holds.
     """
-    rows, dropped = filter_rows(weights, max_length, max_images, max_patches)
+    config = with_old_keywords(config, old_keywords, "plan_epoch")
+    rows, dropped = filter_rows(weights, config.max_length, config.max_images, config.max_patches)
     if mixture is not None:
         usable = rows
         rows = mixture.choose(usable, weights.lengths, epoch)
         left_out = len(usable) - len(np.intersect1d(usable, rows))
         if left_out:
             dropped[LEFT_OUT_BY_MIXTURE] += left_out
-    rng = np.random.default_rng([seed, epoch])
-    packed_rows, pack_starts, shuffled = shuffle_and_pack(
-        rows,
-        weights,
-        rng,
-        max_length=max_length,
-        max_images=max_images,
-        max_patches=max_patches,
-        strategy=strategy,
-        buffer_size=buffer_size,
-    )
+    rng = np.random.default_rng([config.seed, epoch])
+    packed_rows, pack_starts, shuffled = shuffle_and_pack(rows, weights, rng, config)
     del rows  # packed_rows, reordered in place
     num_packs = len(pack_starts) - 1
     pack_tokens = pack_sums(weights.lengths, packed_rows, pack_starts)[shuffled]
     pack_patches = pack_sums(weights.patch_counts, packed_rows, pack_starts)[shuffled]
     order, batch_starts, left_out = deal_steps(
-        pack_patches, pack_tokens, world_size, packs_per_batch
+        pack_patches, pack_tokens, world_size, config.packs_per_batch
     )
     del pack_tokens, pack_patches
     if left_out:
@@ -406,32 +368,24 @@ def balance_groups(plan: EpochPlan, group_of_row: np.ndarray, lengths: np.ndarra
 
 
 def shuffle_and_pack(
-    rows: np.ndarray,
-    weights: Weights,
-    rng: np.random.Generator,
-    *,
-    max_length: int,
-    max_images: int,
-    max_patches: int | None = None,
-    strategy: str,
-    buffer_size: int,
+    rows: np.ndarray, weights: Weights, rng: np.random.Generator, config: PackingConfig
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step 2: shuffle the rows, pack them buffer by buffer, and shuffle the packs.
 
     Returns (rows in pack order, pack_starts, a shuffled order of the packs). `rows` itself is
     shuffled and packed in place (rng.shuffle draws as rng.permutation does: the same order,
     without a copy). The planned loader packs a whole epoch this way, the streaming one each
-    buffer it reads (buffer_size: all).
+    buffer it reads (buffer_size: all). config.seed is not read here: `rng` is seeded already.
     """
     rng.shuffle(rows)
     packed_rows, pack_starts = pack_buffers(
         rows,
         weights,
-        max_length=max_length,
-        max_images=max_images,
-        max_patches=max_patches,
-        strategy=strategy,
-        buffer_size=buffer_size,
+        max_length=config.max_length,
+        max_images=config.max_images,
+        max_patches=config.max_patches,
+        strategy=config.strategy,
+        buffer_size=config.buffer_size,
     )
     pack_order = np.arange(len(pack_starts) - 1, dtype=pack_starts.dtype)
     rng.shuffle(pack_order)

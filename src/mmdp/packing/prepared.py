@@ -43,8 +43,11 @@ from datasets import Dataset
 from mmdp.data.families.base import TinyFamily, tokenizer_fingerprint
 from mmdp.data.sources import cache_dir
 from mmdp.errors import UserError
-from mmdp.packing.planner import Weights, filter_rows
-from mmdp.packing.weighing import ARRAYS, WEIGHING_VERSION, Weighing, checksum, weights_of
+from mmdp.packing.packing_config import PackingConfig
+from mmdp.packing.planner import filter_rows
+from mmdp.packing.weighing import WEIGHING_VERSION, Weighing
+from mmdp.packing.weights import Weights
+from mmdp.packing.weights_cache import ARRAYS, checksum, weights_of
 
 # Bump when the layout under URL or the manifest's meaning changes.
 PREPARED_VERSION = 1
@@ -80,8 +83,9 @@ CHECKED = {
 # What the weights depend on --------------------------------------------------------------------
 
 
-def describe(rows: Dataset, family, *, max_length: int, max_images: int, max_patches) -> dict:
-    """Everything a prepared dataset must share with a run to be reused by it (see CHECKED)."""
+def describe(rows: Dataset, family, config: PackingConfig) -> dict:
+    """Everything a prepared dataset must share with a run to be reused by it (see CHECKED): of
+    the config, the budgets."""
     return {
         "format": PREPARED_VERSION,
         "weighing_version": WEIGHING_VERSION,
@@ -90,9 +94,9 @@ def describe(rows: Dataset, family, *, max_length: int, max_images: int, max_pat
         "chat_template": digest(getattr(family.processor, "chat_template", None)),
         "image_rule": image_rule(family),
         "processor": digest(family.fingerprint()),
-        "max_length": max_length,
-        "max_images": max_images,
-        "max_patches": max_patches,
+        "max_length": config.max_length,
+        "max_images": config.max_images,
+        "max_patches": config.max_patches,
         "rows": len(rows),
         "rows_digest": rows_digest(rows),
     }
@@ -226,20 +230,12 @@ def open_url(url: str):
         raise UserError(f"reading {url} needs a package: {error} (uv sync --extra s3)") from error
 
 
-def load_prepared(
-    url: str, dataset, *, max_length: int, max_images: int, max_patches, pretokenize: bool
-) -> Weighing:
+def load_prepared(url: str, dataset, config: PackingConfig, *, pretokenize: bool) -> Weighing:
     """The weights (and tokens, when prepared with them) of `dataset`'s rows, read from `url`
     after checking that it was prepared for this run. Nothing is weighed."""
     start = time.perf_counter()
     manifest = read_manifest(url)
-    run = describe(
-        dataset.dataset,
-        dataset.family,
-        max_length=max_length,
-        max_images=max_images,
-        max_patches=max_patches,
-    )
+    run = describe(dataset.dataset, dataset.family, config)
     check_matches(manifest, run, url)
     if pretokenize and "tokens.arrow" not in manifest["files"]:
         raise UserError(

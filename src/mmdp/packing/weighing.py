@@ -25,9 +25,11 @@ Two ways under torchrun:
   whose cache is warm weighs nothing and only takes part in the gathers.
 - otherwise (a dataset built on one rank only, say): local rank 0 of each machine weighs all the
   rows, and the other local ranks wait for its cache, with no collective call.
+
+The cache on disk is mmdp.packing.weights_cache; the waiting local ranks, local_wait; the gather
+of the ranks' shares, rank_shares.
 """
 
-import errno
 import hashlib
 import json
 import os
@@ -42,16 +44,18 @@ import numpy as np
 import pyarrow.compute as pc
 import torch
 import torch.distributed as dist
-from datasets import Dataset, Features, List, Value, load_from_disk
+from datasets import Dataset, Features, List, Value
 
 from mmdp.data.conversation import BadConversation
 from mmdp.data.families import family_for
 from mmdp.data.images import BadImage
 from mmdp.data.sources import cache_dir
 from mmdp.drop_reasons import CODE
-from mmdp.errors import UserError
-from mmdp.packing.planner import Weights
+from mmdp.packing.local_wait import wait_for
+from mmdp.packing.rank_shares import gather_shares, gloo_group
 from mmdp.packing.sharding import ranks_answering
+from mmdp.packing.weights import Weights
+from mmdp.packing.weights_cache import ARRAYS, load, load_if_sound, save, weights_of
 
 # Bump when what a weight means changes (the chat template rendering, how images are counted...),
 # so that older caches are not reused.
@@ -71,8 +75,6 @@ WEIGHT_FEATURES = {
     "reason": Value("uint8"),
 }
 TOKEN_FEATURES = {"input_ids": List(Value("int32")), "labels": List(Value("int32"))}
-# The arrays of a weights file, in the order ranks send them to each other.
-ARRAYS = ("lengths", "image_counts", "patch_counts", "reasons")
 
 
 @dataclass
@@ -88,10 +90,6 @@ class Weighing:
     @property
     def weighed_here(self) -> bool:
         return self.rows_weighed_here > 0
-
-
-class BadCache(Exception):
-    """A weights cache that does not match its manifest (truncated, edited, half written)."""
 
 
 def weigh_rows(
@@ -143,7 +141,7 @@ def weigh_on_this_machine(rows, family, pretokenize: bool, num_proc, path: Path)
     the other local ranks wait for that cache."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))  # set by torchrun
     if local_rank != 0:
-        wait_for(path, local_rank)
+        wait_for(path, local_rank, WAIT_FOR_WEIGHING, POLL_SECONDS)
         return (*load(path, pretokenize), 0)
     cached = load_if_sound(path, pretokenize)
     if cached is not None:
@@ -160,45 +158,13 @@ def weigh_on_this_machine(rows, family, pretokenize: bool, num_proc, path: Path)
     return (*load(path, pretokenize), len(rows))
 
 
-def wait_for(path: Path, local_rank: int) -> None:
-    """Wait until local rank 0 of this machine has saved the weights under `path`; raise at
-    once if it stopped while weighing (its process is gone), or after WAIT_FOR_WEIGHING."""
-    deadline = time.monotonic() + WAIT_FOR_WEIGHING.total_seconds()
-    if not is_complete(path):
-        print(f"local rank {local_rank}: waiting for local rank 0 to weigh the rows", flush=True)
-    while not is_complete(path):
-        gone = weigher_gone(path.with_name(f"{path.name}.weigher"))
-        if gone is not None:
-            raise RuntimeError(
-                f"local rank {local_rank}: local rank 0 (pid {gone}) stopped while weighing the "
-                f"rows into {path}; its own error says why"
-            )
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"local rank {local_rank} waited {WAIT_FOR_WEIGHING} for local rank 0 to weigh "
-                f"the rows into {path}; did local rank 0 build the same dataset?"
-            )
-        time.sleep(POLL_SECONDS)
-
-
-def weigher_gone(weigher: Path) -> int | None:
-    """The pid of the process of this machine that was weighing, if it no longer runs."""
-    try:
-        who = json.loads(weigher.read_text())
-    except (OSError, ValueError):  # nobody is weighing yet, or the file is being written
-        return None
-    if who.get("host") != socket.gethostname():
-        return None  # a cache shared with another machine: its processes cannot be seen
-    return None if process_exists(who["pid"]) else who["pid"]
-
-
 # Every rank of every machine weighs a share ---------------------------------------------------
 
 
 def weigh_across_ranks(rows, family, key: str, path: Path, num_proc) -> tuple[Weights, int]:
     """(weights, rows weighed here): the ranks of machines without the cache weigh a share each;
     all ranks gather the shares; local rank 0 of each such machine caches the whole."""
-    group = gloo_group()
+    group = gloo_group(WAIT_FOR_WEIGHING)
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     cached = load_if_sound(path, pretokenize=False)
     keys_and_caches = [None] * world_size
@@ -217,38 +183,14 @@ def weigh_across_ranks(rows, family, key: str, path: Path, num_proc) -> tuple[We
         mine, _ = weigh(rows.select(share), family, False, num_proc, None)
     else:
         mine = {name: np.zeros(0, np.int32) for name in ARRAYS}
-    arrays = gather_shares(mine, cold, len(rows), group)
+    arrays = gather_shares(mine, cold, len(rows), group, WHILE_WEIGHING)
     print(f"rank {rank}: weighed {len(share):,} of {len(rows):,} rows (its share)", flush=True)
     if rank in cold and int(os.environ.get("LOCAL_RANK", 0)) == 0:
         save(path, arrays)
     return weights_of(arrays), len(share)
 
 
-def gloo_group():
-    """A gloo group of every rank, with its own timeout: the shares cross as CPU tensors,
-    whatever the training backend, and a rank that stops answering fails the others after
-    WAIT_FOR_WEIGHING (gloo fails them at once when its process is gone)."""
-    return dist.new_group(backend="gloo", timeout=WAIT_FOR_WEIGHING)
-
-
-def gather_shares(mine: dict, cold: list[int], num_rows: int, group) -> dict:
-    """Every row's weights, from the shares: cold rank k weighed rows k, k + C, k + 2C, ...
-    (C cold ranks); the other ranks send nothing."""
-    longest = -(-num_rows // len(cold))
-    sent = torch.zeros(longest, len(ARRAYS), dtype=torch.int32)
-    for column, name in enumerate(ARRAYS):
-        sent[: len(mine[name]), column] = torch.from_numpy(mine[name].astype(np.int32))
-    received = [torch.zeros_like(sent) for _ in range(dist.get_world_size(group))]
-    with ranks_answering(group, "weighing-shares", WHILE_WEIGHING, "the gather of the weights"):
-        dist.all_gather(received, sent, group=group)
-    whole = torch.zeros(num_rows, len(ARRAYS), dtype=torch.int32)
-    for k, rank in enumerate(cold):
-        count = len(range(k, num_rows, len(cold)))
-        whole[k :: len(cold)] = received[rank][:count]
-    return {name: whole[:, column].numpy() for column, name in enumerate(ARRAYS)}
-
-
-# Weighing, saving, loading ---------------------------------------------------------------------
+# Weighing ---------------------------------------------------------------------
 
 
 def weigh(rows, family, pretokenize: bool, num_proc, scratch: Path | None):
@@ -285,106 +227,6 @@ def weigh(rows, family, pretokenize: bool, num_proc, scratch: Path | None):
     }
     tokens = weighed.select_columns(list(TOKEN_FEATURES)) if pretokenize else None
     return arrays, tokens
-
-
-def save(path: Path, arrays: dict, tokens: Dataset | None = None) -> None:
-    """Step 3: write next to the final place, then rename: an interrupted run, a full disk or a
-    second job writing at the same time never leaves a half cache under `path`."""
-    partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    try:
-        np.savez(partial / "weights.npz", **{name: arrays[name] for name in ARRAYS})
-        if tokens is not None:
-            tokens.save_to_disk(str(partial / "tokens"))
-        manifest = {"rows": len(arrays["lengths"]), "sha256": checksum(partial / "weights.npz")}
-        (partial / "manifest.json").write_text(json.dumps(manifest))
-        partial.rename(path)
-    except OSError as error:  # another process got there first (the same weights), or no room
-        shutil.rmtree(partial, ignore_errors=True)
-        if is_complete(path):
-            return
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise UserError(
-                f"the disk is full: the weights could not be saved under {path.parent}; free "
-                "some space there or set MMDP_CACHE to a folder on another disk"
-            ) from error
-        raise
-    finally:
-        shutil.rmtree(path.with_name(f"{path.name}.map"), ignore_errors=True)
-        remove_abandoned_partials(path)
-
-
-def remove_abandoned_partials(path: Path) -> None:
-    """Remove the half-written copies that killed processes of this machine left beside `path`."""
-    for partial in path.parent.glob(f"{path.name}.partial-*"):
-        pid = partial.name.rsplit("-", 1)[1]
-        if pid.isdigit() and int(pid) != os.getpid() and not process_exists(int(pid)):
-            shutil.rmtree(partial, ignore_errors=True)
-
-
-def process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def is_complete(path: Path) -> bool:
-    """The cache under `path` was saved whole (its manifest is written last)."""
-    return (path / "manifest.json").exists()
-
-
-def load_if_sound(path: Path, pretokenize: bool):
-    """(weights, tokens) from a sound cache; None without one. A cache that does not match its
-    manifest is removed, with one line saying so, so that the rows are weighed again."""
-    if not is_complete(path):
-        return None
-    try:
-        return load(path, pretokenize)
-    except BadCache as error:
-        print(f"{error}; weighing the rows again", flush=True)
-        shutil.rmtree(path, ignore_errors=True)
-        return None
-
-
-def load(path: Path, pretokenize: bool) -> tuple[Weights, Dataset | None]:
-    """The cached weights (and tokens), checked against the manifest."""
-    try:
-        manifest = json.loads((path / "manifest.json").read_text())
-        if checksum(path / "weights.npz") != manifest["sha256"]:
-            raise BadCache(f"the weights in {path} do not match their checksum")
-        with np.load(path / "weights.npz") as saved:
-            arrays = {name: saved[name] for name in ARRAYS}
-        tokens = load_from_disk(str(path / "tokens")) if pretokenize else None
-    except (OSError, ValueError, KeyError) as error:
-        message = f"the weights in {path} cannot be read ({error.__class__.__name__})"
-        raise BadCache(message) from error
-    if len(arrays["lengths"]) != manifest["rows"] or (
-        tokens is not None and len(tokens) != manifest["rows"]
-    ):
-        raise BadCache(f"the weights in {path} do not hold {manifest['rows']:,} rows")
-    return weights_of(arrays), tokens
-
-
-def weights_of(arrays: dict) -> Weights:
-    return Weights(
-        arrays["lengths"].astype(np.int32, copy=False),
-        arrays["image_counts"].astype(np.int32, copy=False),
-        arrays["reasons"].astype(np.uint8, copy=False),
-        arrays["patch_counts"].astype(np.int32, copy=False),
-    )
-
-
-def checksum(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def count_images(rows: Dataset, chunk_rows: int = 4096) -> np.ndarray:

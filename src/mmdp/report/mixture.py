@@ -3,7 +3,8 @@ drops, samples, tokens and share, asked vs realised, overall and per rank."""
 
 import numpy as np
 
-from mmdp.data.mixture import MixedRows, MixturePlan
+from mmdp.data.mixture import MixedRows
+from mmdp.packing.mixture_plan import MixturePlan
 from mmdp.packing.planner import Weights, filter_rows
 
 

@@ -1,0 +1,95 @@
+"""PackingConfig: how rows become packs and batches, in one frozen dataclass that both loaders
+(PackedDataset, StreamingPackedDataset), the planner (plan_epoch), the stage scripts' flags and
+mmdp.prepare share; and the one check that a loader's saved state may resume under the settings
+it runs with now.
+
+    config = PackingConfig(max_length=1024, max_images=8, packs_per_batch=4)
+    loader = PackedDataLoader(PackedDataset(samples, config))
+    loader.state_dict()  # {**asdict(config), "rank": ..., "world_size": ..., "epoch": ...}
+
+The loose keywords these took before (max_length=..., seed=...) still work for one release, with
+a DeprecationWarning.
+"""
+
+import dataclasses
+import warnings
+
+from mmdp import config as defaults
+
+
+@dataclasses.dataclass(frozen=True)
+class PackingConfig:
+    """What decides the packs and batches of an epoch (a resume needs the same)."""
+
+    max_length: int = defaults.MAX_LENGTH  # token budget of a pack, and its padded length
+    max_images: int = defaults.MAX_IMAGES  # image budget of a pack
+    max_patches: int | None = None  # vision-encoder patch budget of a pack (None: none)
+    packs_per_batch: int = defaults.PACKS_PER_BATCH  # packs in a batch, one pack a row
+    strategy: str = "images_first_bfd"  # the packer: one of mmdp.packing.packers.STRATEGIES
+    buffer_size: int = 4096  # rows packed together: the shuffle window
+    seed: int = 0  # seeds every shuffle, with the epoch
+
+    def __post_init__(self):
+        if self.buffer_size < 1:
+            raise ValueError(f"buffer_size must be positive, got {self.buffer_size}")
+
+    def settings(self) -> dict:
+        """The fields as a plain dict (what a loader's state_dict saves)."""
+        return dataclasses.asdict(self)
+
+
+FIELDS = tuple(field.name for field in dataclasses.fields(PackingConfig))
+
+
+def read_from_config(name: str) -> property:
+    """A read-only attribute that reads self.config.<name>."""
+    return property(lambda self: getattr(self.config, name))
+
+
+class PackingSettings:
+    """The config's fields as read-only attributes of a loader's dataset (`dataset.max_length`,
+    `dataset.packs_per_batch`...): the names its loose keywords had."""
+
+    config: PackingConfig
+    max_length = read_from_config("max_length")
+    max_images = read_from_config("max_images")
+    max_patches = read_from_config("max_patches")
+    packs_per_batch = read_from_config("packs_per_batch")
+    strategy = read_from_config("strategy")
+    buffer_size = read_from_config("buffer_size")
+    seed = read_from_config("seed")
+
+
+def with_old_keywords(config: PackingConfig | None, keywords: dict, where: str) -> PackingConfig:
+    """`config`, or a PackingConfig of the loose keywords a caller still passes (max_length=...,
+    seed=...), with a DeprecationWarning; PackingConfig() when neither is given."""
+    unknown = sorted(set(keywords) - set(FIELDS))
+    if unknown:
+        raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
+    if not keywords:
+        return PackingConfig() if config is None else config
+    if config is not None:
+        raise TypeError(f"{where}(): pass a PackingConfig or {', '.join(keywords)}, not both")
+    warnings.warn(
+        f"{where}({'=..., '.join(keywords)}=...) is deprecated: pass a PackingConfig "
+        "(mmdp.packing.packing_config) instead; the loose keywords go in the next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return PackingConfig(**keywords)
+
+
+def check_resume(saved: dict, now: dict, why: str) -> None:
+    """Refuse, in one sentence naming each difference, a saved state whose settings differ from
+    `now` (a key missing from `saved` is not a difference); `why` says what the settings decide.
+
+    >>> check_resume({"seed": 0, "max_length": 512}, {"seed": 1, "max_length": 512}, "why")
+    Traceback (most recent call last):
+    ...
+    ValueError: cannot resume: the state was saved with seed 0 (now 1); why
+    """
+    different = [f"{k} {saved[k]!r} (now {v!r})" for k, v in now.items() if saved.get(k, v) != v]
+    if different:
+        raise ValueError(
+            "cannot resume: the state was saved with " + ", ".join(different) + f"; {why}"
+        )

@@ -1,0 +1,35 @@
+"""Part 5 of stage 6: every batching strategy on one epoch of every row, from the weights alone
+(mmdp.training.strategies), and what --metrics-json holds of the whole stage."""
+
+from mmdp.training.experiments.data import StageData
+from mmdp.training.strategies import compare_strategies
+
+
+def compare_every_strategy(data: StageData, args) -> dict:
+    """compare_strategies on the rows weighed once, in load_data; the figure reads "per_row"."""
+    return compare_strategies(
+        data.weights,
+        max_length=args.max_length,
+        max_images=args.max_images,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+
+
+def stage_metrics(check, learning, speed, ddp, strategies, device: str, seconds: dict) -> dict:
+    """What --metrics-json holds: every part's results, and the seconds each part took."""
+    return {
+        "loss": check,
+        "learning": learning,
+        "speed": speed["per_strategy"],
+        "speed_gain": speed["gain"],
+        "time_per_part": speed["time_per_part"],
+        "logits_us_per_position": speed["logits_us_per_position"],
+        "load_average": speed["load_average"],
+        "ddp": ddp,
+        "strategies": {
+            n: {k: v for k, v in r.items() if k != "per_row"} for n, r in strategies.items()
+        },
+        "device": device,
+        "seconds": {k: round(v, 1) for k, v in seconds.items()},
+    }

@@ -1,0 +1,77 @@
+"""Part 3 of stage 6: real tokens per second over the seeds (median and range), what an epoch of
+every row would take, and where the time goes."""
+
+import math
+import os
+import statistics
+
+from mmdp.models.tiny_vlm import TinyVLM
+from mmdp.training.experiments.data import StageData
+from mmdp.training.loop import PARTS, median_time_per_part, speed_of_run, time_logits_per_position
+
+
+def summarize_speed(runs, names, data: StageData, args) -> dict:
+    """Per strategy: each run's speed (speed_of_run), the median over runs, and what one epoch of
+    every row would take; the gain of packing over naive padding, run by run."""
+    naive, constrained, packed = names
+    per_seed = {n: [speed_of_run(log) for log in runs["logs"][n]] for n in names}
+    steps_per_epoch = {naive: math.ceil(len(data.samples) / args.batch_size)}
+    steps_per_epoch[constrained] = steps_per_epoch[naive]
+    steps_per_epoch[packed] = math.ceil(data.num_packs / data.packs_per_batch)
+    ratios = {
+        "real_tokens_per_s": [
+            p["real_tokens_per_s"] / q["real_tokens_per_s"]
+            for p, q in zip(per_seed[packed], per_seed[naive])
+        ],
+        "waste": [q["computed_tokens"] / q["real_tokens"] for q in per_seed[naive]],
+    }
+    ratios["recovered"] = [g / w for g, w in zip(ratios["real_tokens_per_s"], ratios["waste"])]
+    # The logits of a padded batch: per position, do they cost more in a large tensor?
+    model = TinyVLM(data.vlm_config)
+    shapes = [(data.packs_per_batch, args.max_length), (args.batch_size, args.max_length)]
+    return {
+        "per_strategy": {n: strategy_speed(per_seed[n], steps_per_epoch[n]) for n in names},
+        "gain": {k: median_and_range(v) for k, v in ratios.items()},
+        "logits_us_per_position": time_logits_per_position(model, shapes),
+        # the 1-minute load average of the machine before and after training (os.getloadavg)
+        "load_average": {
+            "cores": os.cpu_count(),
+            "before": runs["load_average"][0],
+            "after": runs["load_average"][-1],
+        },
+        "time_per_part": {n: median_time_per_part(runs["logs"][n]) for n in names},
+        "computed_tokens": {
+            n: statistics.median(s["computed_tokens"] for s in per_seed[n]) for n in names
+        },
+    }
+
+
+def strategy_speed(per_seed: list[dict], steps_per_epoch: int) -> dict:
+    """A strategy's runs (speed_of_run each): the median over them, and each run's values."""
+    median = {k: statistics.median(s[k] for s in per_seed) for k in per_seed[0]}
+    shown = ("real_tokens", "computed_tokens", "seconds", "real_tokens_per_s", "steps")
+    return {
+        **{k: median[k] for k in shown},
+        "steps_per_epoch": steps_per_epoch,
+        "seconds_per_epoch": round(steps_per_epoch * median["seconds_per_step"], 1),
+        "per_seed": {k: [s[k] for s in per_seed] for k in per_seed[0]},
+    }
+
+
+def median_and_range(values: list[float]) -> dict:
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+        "per_seed": [round(v, 3) for v in values],
+    }
+
+
+def time_per_part_columns(speed: dict, names) -> dict[str, list[float]]:
+    """Where the time goes, a row per part of a step (then the total and the computed tokens),
+    a value per strategy: seconds over a run, median over the seeds."""
+    seconds, computed = speed["time_per_part"], speed["computed_tokens"]
+    columns = {part: [seconds[n][part] for n in names] for part in PARTS}
+    columns["total"] = [sum(seconds[n].values()) for n in names]
+    columns["computed tokens"] = [computed[n] for n in names]
+    return columns

@@ -1,0 +1,86 @@
+"""One PackingConfig for both loaders and the planner: the same plan as the loose keywords it
+replaces (which still work, with a DeprecationWarning), and one resume check for both loaders."""
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+
+from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.packing.buffer import pack_buffer
+from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
+from mmdp.packing.planner import plan_epoch
+from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
+from mmdp.packing.weights import Weights
+
+CONFIG = PackingConfig(max_length=8, max_images=2, packs_per_batch=2, strategy="binpack", seed=3)
+LOOSE = {"max_length": 8, "max_images": 2, "packs_per_batch": 2, "strategy": "binpack", "seed": 3}
+WEIGHTS = Weights.from_lists([3, 6, 2, 5, 7, 1, 4, 4, 9], [0, 1, 2, 0, 1, 3, 0, 1, 0])
+
+
+def test_the_config_plans_as_the_loose_keywords_did_which_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the config itself: no warning
+        plan = plan_epoch(WEIGHTS, CONFIG)
+    with pytest.warns(DeprecationWarning, match="plan_epoch.*PackingConfig"):
+        old = plan_epoch(WEIGHTS, **LOOSE)
+    assert [p.tolist() for p in plan.packs()] == [p.tolist() for p in old.packs()]
+    assert plan.batch_starts.tolist() == old.batch_starts.tolist() == [0, 2, 4, 5]
+    assert plan.dropped == old.dropped == {"too_long": 1, "too_many_images": 1}
+    shorter = plan_epoch(WEIGHTS, dataclasses.replace(CONFIG, max_length=6))  # the config is read
+    assert shorter.dropped == {"too_long": 2, "too_many_images": 1}
+
+
+def test_a_buffer_packs_as_with_the_loose_keywords():
+    with pytest.warns(DeprecationWarning, match="pack_buffer"):
+        old = pack_buffer(WEIGHTS, np.random.default_rng(0), max_length=8, max_images=2)
+    new = pack_buffer(WEIGHTS, np.random.default_rng(0), PackingConfig(max_length=8, max_images=2))
+    assert [p.tolist() for p in new[0]] == [p.tolist() for p in old[0]] and new[1] == old[1]
+
+
+def test_a_config_and_loose_keywords_together_or_a_misspelt_keyword_are_refused():
+    with pytest.raises(TypeError, match="not both"):
+        plan_epoch(WEIGHTS, CONFIG, max_length=8)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_lenght'"):
+        plan_epoch(WEIGHTS, max_lenght=8)
+    with pytest.raises(ValueError, match="buffer_size must be positive"):
+        PackingConfig(buffer_size=0)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return load_vqa_dataset(num_rows=60)
+
+
+def test_both_loaders_save_the_config_and_refuse_another_one_the_same_way(rows, tokenizer):
+    config = PackingConfig(max_length=512, packs_per_batch=2, buffer_size=30)
+    planned = PackedDataLoader(PackedDataset(VQADataset(rows, tokenizer), config), num_workers=0)
+    stream = rows.to_iterable_dataset(num_shards=1)
+    streamed = StreamingDataLoader(StreamingPackedDataset(stream, tokenizer, config), num_workers=0)
+    for loader in (planned, streamed):
+        assert loader.dataset.max_length == 512 and loader.dataset.config is config
+        state = loader.state_dict()
+        assert {k: state[k] for k in dataclasses.asdict(config)} == dataclasses.asdict(config)
+    other = dataclasses.replace(config, seed=1)
+    with pytest.warns(DeprecationWarning, match="PackedDataset"):
+        old_planned = PackedDataset(
+            VQADataset(rows, tokenizer), max_length=512, packs_per_batch=2, buffer_size=30, seed=1
+        )
+    for loader, state in (
+        (
+            PackedDataLoader(PackedDataset(VQADataset(rows, tokenizer), other), num_workers=0),
+            planned.state_dict(),
+        ),
+        (PackedDataLoader(old_planned, num_workers=0), planned.state_dict()),
+        (
+            StreamingDataLoader(StreamingPackedDataset(stream, tokenizer, other), num_workers=0),
+            streamed.state_dict(),
+        ),
+    ):
+        with pytest.raises(
+            ValueError, match=r"cannot resume: the state was saved with seed 0 \(now 1\)"
+        ):
+            loader.load_state_dict(state)
