@@ -44,6 +44,7 @@ from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.metrics import write_json
 from mmdp.training.loss import label_tokens, summed_loss
 from mmdp.training.recipes import all_reduced, collective_device
@@ -72,11 +73,12 @@ def parse_args(argv=None):
 
 def rank_batches(samples: VQADataset, args, rank: int, world_size: int) -> list[dict]:
     """The first `micro_steps` batches stage 5's loader gives `rank`."""
+    config = PackingConfig(
+        max_length=args.max_length, packs_per_batch=args.packs_per_batch, seed=args.seed
+    )
     packed = PackedDataset(
         samples,
-        max_length=args.max_length,
-        packs_per_batch=args.packs_per_batch,
-        seed=args.seed,
+        config,
         rank=rank,
         world_size=world_size,
     )

@@ -27,6 +27,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 
 IMAGE_SIZE = 32  # small images keep a CPU step short; 32 / 4-pixel patches = 64 image tokens
 PATCH_SIZE = 4
@@ -110,11 +111,12 @@ def make_loader(args, *, rank: int | None = None, world_size: int | None = None)
     if max_length is None:
         tiny = samples.family.name == "tiny"
         max_length = TINY_VLM_MAX_LENGTH if tiny else samples.family.default_max_length
+    config = PackingConfig(
+        max_length=max_length, packs_per_batch=args.packs_per_batch, seed=args.seed
+    )
     dataset = PackedDataset(
         samples,
-        max_length=max_length,
-        packs_per_batch=args.packs_per_batch,
-        seed=args.seed,
+        config,
         rank=rank,
         world_size=world_size,
     )

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from mmdp.drop_reasons import REASONS, TOO_LONG
 from mmdp.packing.grouping import plan_batches, plan_grouped_epoch
 from mmdp.packing.packers import STRATEGIES as PACKING_STRATEGIES
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planner import Weights, plan_epoch
 from mmdp.report.metrics import rank_balance, spread
 
@@ -73,17 +74,23 @@ def padding_epoch(
 
 
 def packing_epoch(
-    weights: Weights, strategy: str, *, max_length: int, max_images: int, batch_size: int, seed: int
+    weights: Weights,
+    strategy: str,
+    *,
+    max_length: int,
+    max_images: int,
+    packs_per_batch: int,
+    seed: int,
 ) -> dict:
     """Stage 5's plan with one strategy: one row per pack."""
-    plan = plan_epoch(
-        weights,
+    config = PackingConfig(
         max_length=max_length,
         max_images=max_images,
-        packs_per_batch=batch_size,
+        packs_per_batch=packs_per_batch,
         strategy=strategy,
         seed=seed,
     )
+    plan = plan_epoch(weights, config)
     pack_of_row = np.repeat(np.arange(len(plan.pack_starts) - 1), np.diff(plan.pack_starts))
     tokens = np.bincount(pack_of_row, weights.lengths[plan.rows]).astype(np.int64)
     images = np.bincount(pack_of_row, weights.image_counts[plan.rows]).astype(np.int64)
@@ -117,10 +124,19 @@ def compare_strategies(
 ) -> dict:
     """{strategy: epoch summary} for naive, constrained and every packing strategy, from the
     same weights (mmdp.packing.weighing); batch_size is samples per padded batch, packs per packed one."""
-    budgets = {"max_length": max_length, "batch_size": batch_size, "seed": seed}
-    results = {name: padding_epoch(weights, name, **budgets) for name in PADDING_STRATEGIES}
+    results = {
+        name: padding_epoch(weights, name, max_length=max_length, batch_size=batch_size, seed=seed)
+        for name in PADDING_STRATEGIES
+    }
     for name in PACKING_STRATEGIES:
-        results[name] = packing_epoch(weights, name, max_images=max_images, **budgets)
+        results[name] = packing_epoch(
+            weights,
+            name,
+            max_length=max_length,
+            max_images=max_images,
+            packs_per_batch=batch_size,
+            seed=seed,
+        )
     return results
 
 
