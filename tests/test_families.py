@@ -32,6 +32,9 @@ from mmdp.training.loss import summed_loss, token_losses
 
 FAMILIES = tuple(OFFLINE)
 # Widths x heights from a single pixel to very wide and very tall (Qwen refuses ratios over 200).
+# The default suite weighs three of them (the smallest, a photo, the tallest); the others run with
+# the slow group (uv run pytest -m slow): SmolVLM's processor takes seconds on each large image.
+FAST_SIZES = [(1, 1), (640, 480), (300, 4000)]
 SIZES = [(1, 1), (28, 28), (300, 200), (200, 300), (640, 480), (4000, 300), (300, 4000), (97, 13)]
 
 
@@ -85,7 +88,11 @@ def processor_input_ids(family, row: dict) -> torch.Tensor:
 # Weights ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+@pytest.mark.parametrize(
+    "size",
+    [pytest.param(size, marks=() if size in FAST_SIZES else pytest.mark.slow) for size in SIZES],
+    ids=[f"{w}x{h}" for w, h in SIZES],
+)
 def test_planned_weight_is_the_processed_length_and_the_processors_own_ids(family, size):
     rows = [{"images": [cell(*size)], "texts": [turn("Describe it.", "A red rectangle.")]}]
     rows.append({"images": [cell(*size), cell(40, 30)], "texts": rows[0]["texts"]})
@@ -180,13 +187,14 @@ def language_model(model):
     return getattr(inner, "language_model", None) or inner.text_model
 
 
-# flex_attention compiles its kernels for the packed batch's shape: 46 s for LLaVA-OneVision on a
-# quiet 2-core machine, 3-4 minutes on a loaded one, so it runs with the slow group (pytest -m slow).
+# The default suite checks every family under sdpa (and its traps under eager, below); the other
+# implementations run with the slow group (uv run pytest -m slow). flex_attention compiles its
+# kernels for the packed batch's shape: 46 s for LLaVA-OneVision on a quiet 2-core machine.
 ATTENTION = (
-    "eager",
+    pytest.param("eager", marks=pytest.mark.slow),
     "sdpa",
     pytest.param("flex_attention", marks=pytest.mark.slow),
-    "flash_attention_2",
+    pytest.param("flash_attention_2", marks=pytest.mark.slow),
 )
 
 
