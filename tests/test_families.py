@@ -32,10 +32,12 @@ from mmdp.training.loss import summed_loss, token_losses
 
 FAMILIES = tuple(OFFLINE)
 # Widths x heights from a single pixel to very wide and very tall (Qwen refuses ratios over 200).
-# The default suite weighs three of them (the smallest, a photo, the tallest); the others run with
-# the slow group (uv run pytest -m slow): SmolVLM's processor takes seconds on each large image.
-FAST_SIZES = [(1, 1), (640, 480), (300, 4000)]
 SIZES = [(1, 1), (28, 28), (300, 200), (200, 300), (640, 480), (4000, 300), (300, 4000), (97, 13)]
+# SmolVLM's and LLaVA-OneVision's processors take seconds on each large image (tiles, crops): the
+# default suite weighs three sizes with them (the smallest, a photo, the tallest), the slow group
+# (uv run pytest -m slow) the others; the other families, every size in the default suite.
+SLOW_PROCESSORS = ("smolvlm", "llava_onevision")
+FAST_SIZES = [(1, 1), (640, 480), (300, 4000)]
 
 
 def cell(width: int, height: int, colour=(200, 30, 30)) -> dict:
@@ -88,11 +90,19 @@ def processor_input_ids(family, row: dict) -> torch.Tensor:
 # Weights ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "size",
-    [pytest.param(size, marks=() if size in FAST_SIZES else pytest.mark.slow) for size in SIZES],
-    ids=[f"{w}x{h}" for w, h in SIZES],
-)
+WEIGHED = [
+    pytest.param(
+        name,
+        size,
+        id=f"{name}-{size[0]}x{size[1]}",
+        marks=pytest.mark.slow if name in SLOW_PROCESSORS and size not in FAST_SIZES else (),
+    )
+    for name in FAMILIES
+    for size in SIZES
+]
+
+
+@pytest.mark.parametrize(("family", "size"), WEIGHED, indirect=["family"])
 def test_planned_weight_is_the_processed_length_and_the_processors_own_ids(family, size):
     rows = [{"images": [cell(*size)], "texts": [turn("Describe it.", "A red rectangle.")]}]
     rows.append({"images": [cell(*size), cell(40, 30)], "texts": rows[0]["texts"]})
