@@ -67,24 +67,22 @@ def relative_difference(a: float, b: float) -> float:
     return abs(a - b) / abs(b)
 
 
-# Every implementation on every layout; flex_attention on the hardest one (3 packs with a padding
-# tail) in the default suite, on the others with the slow group (uv run pytest -m slow): it
-# compiles its kernels for each shape, 30 s on a loaded 2-core machine.
+# Every implementation on every layout. flex_attention compiles its kernels for each shape (the
+# first compile in a process also starts inductor: 30 s to minutes on a busy 2-core machine), so it
+# runs with the slow group (uv run pytest -m slow); the default suite checks the other three.
 LAYOUTS = [
     pytest.param(
         num_packs,
         max_length,
         attention,
         id=f"{layout}-{num_packs}-{attention}",
-        marks=pytest.mark.slow
-        if attention == "flex_attention" and (max_length, num_packs) != (WITH_TAIL, 3)
-        else (),
+        marks=pytest.mark.slow if attention == "flex_attention" else (),
     )
     for max_length, layout in ((FULL, "no_padding"), (WITH_TAIL, "padding_tail"))
     for num_packs in (1, 3)
     for attention in ATTENTION_IMPLEMENTATIONS
 ]
-# The tiny VLM under flex_attention compiles again for its shapes: with the slow group.
+# The tiny VLM likewise: flex_attention with the slow group.
 WITH_IMAGES = [
     pytest.param(name, marks=pytest.mark.slow) if name == "flex_attention" else name
     for name in ATTENTION_IMPLEMENTATIONS
