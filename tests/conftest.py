@@ -151,11 +151,13 @@ def attention(request):
 
 @pytest.fixture
 def run_main(capsys, monkeypatch):
-    """Run a stage script in this process, as `python NAME ARGS...` would (faster than a new
-    process): returns (exit status, stdout, stderr)."""
+    """Run a stage script in this process, as `python NAME ARGS...` would from the repository
+    root (no new process: no second import of torch and transformers, about 10 s of CPU each):
+    returns (exit status, stdout, stderr)."""
     import runpy
 
     def run(name: str, *args: str) -> tuple[int, str, str]:
+        monkeypatch.chdir(REPO)
         monkeypatch.setattr(sys, "argv", [name, *args])
         try:
             runpy.run_path(str(REPO / name), run_name="__main__")

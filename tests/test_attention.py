@@ -67,9 +67,29 @@ def relative_difference(a: float, b: float) -> float:
     return abs(a - b) / abs(b)
 
 
-@pytest.mark.parametrize("attention", ATTENTION_IMPLEMENTATIONS, indirect=True)
-@pytest.mark.parametrize("num_packs", [1, 3])
-@pytest.mark.parametrize("max_length", [FULL, WITH_TAIL], ids=["no_padding", "padding_tail"])
+# Every implementation on every layout. flex_attention compiles its kernels for each shape (the
+# first compile in a process also starts inductor: 30 s to minutes on a busy 2-core machine), so it
+# runs with the slow group (uv run pytest -m slow); the default suite checks the other three.
+LAYOUTS = [
+    pytest.param(
+        num_packs,
+        max_length,
+        attention,
+        id=f"{layout}-{num_packs}-{attention}",
+        marks=pytest.mark.slow if attention == "flex_attention" else (),
+    )
+    for max_length, layout in ((FULL, "no_padding"), (WITH_TAIL, "padding_tail"))
+    for num_packs in (1, 3)
+    for attention in ATTENTION_IMPLEMENTATIONS
+]
+# The tiny VLM likewise: flex_attention with the slow group.
+WITH_IMAGES = [
+    pytest.param(name, marks=pytest.mark.slow) if name == "flex_attention" else name
+    for name in ATTENTION_IMPLEMENTATIONS
+]
+
+
+@pytest.mark.parametrize(("num_packs", "max_length", "attention"), LAYOUTS, indirect=["attention"])
 def test_packed_loss_equals_one_sample_at_a_time(attention, num_packs, max_length):
     batch, samples = packed_batch(num_packs, max_length)
     assert (batch["real_token_mask"].sum(dim=1) < max_length).any() == (max_length > FULL)
@@ -115,7 +135,7 @@ def image_samples(tokenizer):
     return VQADataset(load_vqa_dataset(num_rows=40), tokenizer, image_size=32)
 
 
-@pytest.mark.parametrize("attention", ATTENTION_IMPLEMENTATIONS, indirect=True)
+@pytest.mark.parametrize("attention", WITH_IMAGES, indirect=True)
 def test_tiny_vlm_with_images_keeps_packed_samples_apart(attention, image_samples, tokenizer):
     batch = next(
         iter(PackedDataLoader(PackedDataset(image_samples, packs_per_batch=3), num_workers=0))

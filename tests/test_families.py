@@ -33,6 +33,11 @@ from mmdp.training.loss import summed_loss, token_losses
 FAMILIES = tuple(OFFLINE)
 # Widths x heights from a single pixel to very wide and very tall (Qwen refuses ratios over 200).
 SIZES = [(1, 1), (28, 28), (300, 200), (200, 300), (640, 480), (4000, 300), (300, 4000), (97, 13)]
+# SmolVLM's and LLaVA-OneVision's processors take seconds on each large image (tiles, crops): the
+# default suite weighs three sizes with them (the smallest, a photo, the tallest), the slow group
+# (uv run pytest -m slow) the others; the other families, every size in the default suite.
+SLOW_PROCESSORS = ("smolvlm", "llava_onevision")
+FAST_SIZES = [(1, 1), (640, 480), (300, 4000)]
 
 
 def cell(width: int, height: int, colour=(200, 30, 30)) -> dict:
@@ -85,7 +90,19 @@ def processor_input_ids(family, row: dict) -> torch.Tensor:
 # Weights ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+WEIGHED = [
+    pytest.param(
+        name,
+        size,
+        id=f"{name}-{size[0]}x{size[1]}",
+        marks=pytest.mark.slow if name in SLOW_PROCESSORS and size not in FAST_SIZES else (),
+    )
+    for name in FAMILIES
+    for size in SIZES
+]
+
+
+@pytest.mark.parametrize(("family", "size"), WEIGHED, indirect=["family"])
 def test_planned_weight_is_the_processed_length_and_the_processors_own_ids(family, size):
     rows = [{"images": [cell(*size)], "texts": [turn("Describe it.", "A red rectangle.")]}]
     rows.append({"images": [cell(*size), cell(40, 30)], "texts": rows[0]["texts"]})
@@ -180,13 +197,14 @@ def language_model(model):
     return getattr(inner, "language_model", None) or inner.text_model
 
 
-# flex_attention compiles its kernels for the packed batch's shape: 46 s for LLaVA-OneVision on a
-# quiet 2-core machine, 3-4 minutes on a loaded one, so it runs with the slow group (pytest -m slow).
+# The default suite checks every family under sdpa (and its traps under eager, below); the other
+# implementations run with the slow group (uv run pytest -m slow). flex_attention compiles its
+# kernels for the packed batch's shape: 46 s for LLaVA-OneVision on a quiet 2-core machine.
 ATTENTION = (
-    "eager",
+    pytest.param("eager", marks=pytest.mark.slow),
     "sdpa",
     pytest.param("flex_attention", marks=pytest.mark.slow),
-    "flash_attention_2",
+    pytest.param("flash_attention_2", marks=pytest.mark.slow),
 )
 
 

@@ -37,14 +37,30 @@ def model(tokenizer):
     return TinyVLM(vlm_config).eval()
 
 
-def test_packed_padded_and_alone_give_the_same_loss_with_images(samples, model, tokenizer):
+@pytest.fixture(scope="module")
+def three_packs(samples, model, tokenizer) -> dict:
+    """A batch of 3 packs and the same samples naively padded, with the model's outputs on each
+    (computed once: the logits over the 49k-token vocabulary are most of these tests' time)."""
     batch = next(iter(PackedDataLoader(PackedDataset(samples, packs_per_batch=3), num_workers=0)))
+    padded = NaivePadCollator(tokenizer.pad_token_id)(
+        [samples[r] for r in batch["sample_index"].tolist()]
+    )
+    with torch.no_grad():
+        return {
+            "batch": batch,
+            "padded": padded,
+            "packed_logits": model(**vlm_inputs(batch)).logits,
+            "padded_output": model(**vlm_inputs(padded)),
+        }
+
+
+def test_packed_padded_and_alone_give_the_same_loss_with_images(three_packs, samples, model):
+    batch, padded = three_packs["batch"], three_packs["padded"]
     rows = batch["sample_index"].tolist()
     assert len(batch["pixel_values"]) >= 2
-    padded = NaivePadCollator(tokenizer.pad_token_id)([samples[r] for r in rows])
     with torch.no_grad():
-        packed = summed_loss(model(**vlm_inputs(batch)).logits, batch["labels"])
-        naive = summed_loss(model(**vlm_inputs(padded)).logits, padded["labels"])
+        packed = summed_loss(three_packs["packed_logits"], batch["labels"])
+        naive = summed_loss(three_packs["padded_output"].logits, padded["labels"])
         alone = 0.0
         for row in rows:
             s = samples[row]
@@ -70,17 +86,15 @@ def test_image_count_must_match_the_image_tokens(samples, model):
         model(**vlm_inputs({**batch, "pixel_values": batch["pixel_values"][1:]}))
 
 
-def test_both_reductions_are_the_same_for_padded_and_packed_batches(samples, model, tokenizer):
-    batch = next(iter(PackedDataLoader(PackedDataset(samples, packs_per_batch=3), num_workers=0)))
+def test_both_reductions_are_the_same_for_padded_and_packed_batches(three_packs):
+    batch, padded = three_packs["batch"], three_packs["padded"]
     rows = batch["sample_index"].tolist()
     assert (batch["samples_per_row"] > 1).all()
-    padded = NaivePadCollator(tokenizer.pad_token_id)([samples[r] for r in rows])
-    with torch.no_grad():
-        packed_logits = model(**vlm_inputs(batch)).logits
-        padded_logits = model(**vlm_inputs(padded)).logits
+    packed_logits = three_packs["packed_logits"]
+    padded_logits = three_packs["padded_output"].logits
     # mean over label tokens: transformers' own loss
     packed = mean_over_tokens(packed_logits, batch["labels"])
-    assert abs(packed - model(**vlm_inputs(padded)).loss) / packed < 1e-5
+    assert abs(packed - three_packs["padded_output"].loss) / packed < 1e-5
     assert abs(packed - mean_over_tokens(padded_logits, padded["labels"])) / packed < 1e-5
     # mean over samples: one value per sample, found per segment in the packed batch
     packed = mean_over_samples(packed_logits, batch)
@@ -223,14 +237,17 @@ def test_speed_of_a_run_leaves_out_its_first_step_unless_it_is_the_only_one():
     assert per_part["language model"] == 0.0
 
 
-def test_stage6_runs_and_reports(run_script, tmp_path):
+@pytest.mark.slow  # 2.5 min of CPU (training 3 strategies x 2 seeds over a 49k-token vocabulary)
+def test_stage6_runs_and_reports(run_main, tmp_path):
+    import datasets
+
     metrics = tmp_path / "m.json"
-    result = run_script(
+    status, out, err = run_main(
         "06_packing_pays_off.py",
         "--num-rows",
         "120",
         "--check-samples",
-        "16",
+        "8",  # the loss check on 8 samples, not 16: an eighth of the run less
         "--seeds",
         "2",
         "--train-samples",
@@ -246,17 +263,16 @@ def test_stage6_runs_and_reports(run_script, tmp_path):
         str(tmp_path),
         "--metrics-json",
         str(metrics),
-        # about 3 min of CPU time; it took 6 min on 2 cores shared at a load average of 6
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    )  # in this process: 2.5 min of CPU; 6 min on 2 cores shared at a load average of 6
+    datasets.enable_progress_bars()  # the script turns them off for the rest of the process
+    assert status == 0, err[-3000:]
     # only the lines it means to print: no empty line, no progress bar; and the rows it weighs
     # again (held out, trained on) are weighed without datasets' bars on stderr either
-    assert all(line.strip() for line in result.stdout.splitlines())
-    assert "%|" not in result.stdout and "\r" not in result.stdout
-    assert "Flattening the indices" not in result.stderr
+    assert all(line.strip() for line in out.splitlines())
+    assert "%|" not in out and "\r" not in out
+    assert "Flattening the indices" not in err
     # no GPU: FlashAttention's routing in transformers, with mmdp's reference kernels
-    assert "reference kernels, correctness only, not speed" in result.stdout
+    assert "reference kernels, correctness only, not speed" in out
     report = json.loads(metrics.read_text())
     assert report["loss"]["attn_implementation"] == "flash_attention_2"
     names = ("naive", "constrained", "images_first_bfd")  # the packed run is named by its packer

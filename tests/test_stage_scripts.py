@@ -7,11 +7,11 @@ from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS, TOO_LONG
 KEYS = {"samples", "dropped", "batches", "real_tokens", "computed_tokens", "utilization"}
 
 
-def test_stage1_saves_the_sample_figure(run_script, tmp_path):
-    result = run_script("01_check_dataset.py", "--seed", "3", "--out-dir", str(tmp_path))
-    assert result.returncode == 0, result.stderr
+def test_stage1_saves_the_sample_figure(run_main, tmp_path):
+    status, out, err = run_main("01_check_dataset.py", "--seed", "3", "--out-dir", str(tmp_path))
+    assert status == 0, err
     assert (tmp_path / "01.png").stat().st_size > 10_000
-    assert f"Saved the sample to {tmp_path / '01.png'}" in result.stdout
+    assert f"Saved the sample to {tmp_path / '01.png'}" in out
 
 
 @pytest.mark.parametrize(
@@ -21,9 +21,9 @@ def test_stage1_saves_the_sample_figure(run_script, tmp_path):
         ("03_constrained_pad_dataloader.py", ["--max-length", "256"]),
     ],
 )
-def test_padding_stages_write_figure_and_consistent_metrics(run_script, tmp_path, script, extra):
+def test_padding_stages_write_figure_and_consistent_metrics(run_main, tmp_path, script, extra):
     metrics = tmp_path / "m.json"
-    result = run_script(
+    status, _, err = run_main(
         script,
         "--num-rows",
         "96",
@@ -35,7 +35,7 @@ def test_padding_stages_write_figure_and_consistent_metrics(run_script, tmp_path
         str(metrics),
         *extra,
     )
-    assert result.returncode == 0, result.stderr
+    assert status == 0, err
     figure = tmp_path / f"{script[:2]}.png"
     assert figure.stat().st_size > 10_000
     report = json.loads(metrics.read_text())
@@ -53,10 +53,10 @@ def test_padding_stages_write_figure_and_consistent_metrics(run_script, tmp_path
         assert report["batches"] == 12 and report["dropped"] == {}
 
 
-def test_stage4_prints_the_blogs_packs_and_saves_both_figures(run_script, tmp_path):
-    result = run_script("04_knapsack_toy.py", "--out-dir", str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+def test_stage4_prints_the_blogs_packs_and_saves_both_figures(run_main, tmp_path):
+    status, out, err = run_main("04_knapsack_toy.py", "--out-dir", str(tmp_path))
+    assert status == 0, err
+    lines = out.splitlines()
     greedy = lines[lines.index("=== Strategy: GREEDY ===") + 1 :][:4]
     binpack = lines[lines.index("=== Strategy: BINPACK ===") + 1 :][:3]
     assert [line.split(": ", 1)[1] for line in greedy] == [
@@ -74,10 +74,10 @@ def test_stage4_prints_the_blogs_packs_and_saves_both_figures(run_script, tmp_pa
         assert (tmp_path / name).stat().st_size > 10_000
 
 
-def test_stage5_default_run_packs_at_least_98_percent(run_script, tmp_path):
+def test_stage5_default_run_packs_at_least_98_percent(run_main, tmp_path):
     metrics = tmp_path / "m.json"
     batch = tmp_path / "batch.pt"
-    result = run_script(
+    status, _, err = run_main(
         "05_knapsack_multimodal.py",
         "--out-dir",
         str(tmp_path),
@@ -86,7 +86,7 @@ def test_stage5_default_run_packs_at_least_98_percent(run_script, tmp_path):
         "--save-batch",
         str(batch),
     )
-    assert result.returncode == 0, result.stderr
+    assert status == 0, err
     report = json.loads(metrics.read_text())
     assert KEYS <= set(report)
     assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"] == 2000
@@ -113,6 +113,9 @@ def test_stage5_default_run_packs_at_least_98_percent(run_script, tmp_path):
     )
 
 
+# a torchrun job of 3 processes, each importing torch: 90 s on a loaded 2-core machine. The default
+# suite's multi-process check is tests/test_ddp.py; equal batches per rank: tests/test_planner.py
+@pytest.mark.slow
 def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
     metrics = tmp_path / "m.json"
     result = run_script(
@@ -150,10 +153,10 @@ def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
 
 
 def test_stage3_grouped_by_modality_length_pads_little_and_puts_the_heaviest_batch_first(
-    run_script, tmp_path
+    run_main, tmp_path
 ):
     metrics = tmp_path / "m.json"
-    result = run_script(
+    status, out, err = run_main(
         "03_constrained_pad_dataloader.py",
         "--group-by",
         "modality_length",
@@ -166,7 +169,7 @@ def test_stage3_grouped_by_modality_length_pads_little_and_puts_the_heaviest_bat
         "--metrics-json",
         str(metrics),
     )
-    assert result.returncode == 0, result.stderr
+    assert status == 0, err
     report = json.loads(metrics.read_text())
     assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"] == 300
     waste = {name: 1 - r["utilization"] for name, r in report["comparison"].items()}
@@ -175,7 +178,7 @@ def test_stage3_grouped_by_modality_length_pads_little_and_puts_the_heaviest_bat
     padded = [max(step) for step in report["padded_tokens"]]  # as the loader gave them
     assert padded[0] == max(padded) and len(padded) == report["batches"]
     assert (tmp_path / "03_grouped.png").stat().st_size > 10_000
-    assert "modality_length " in result.stdout and "naive " in result.stdout
+    assert "modality_length " in out and "naive " in out
 
 
 @pytest.mark.slow  # two processes, each weighing and loading a whole epoch

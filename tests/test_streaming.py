@@ -465,6 +465,9 @@ def test_stage5_streaming_says_when_nothing_is_left(run_main, tmp_path):
     assert "nothing to do: none of the 40 rows read" in err.strip().splitlines()[-1]
 
 
+# a torchrun job of 3 processes: the default suite checks ranks that stop together in one process
+# (test_when_another_rank_runs_out_this_rank_counts_what_it_held)
+@pytest.mark.slow
 def test_stage5_streaming_under_torchrun_unequal_shards(run_script, table, tmp_path):
     """2 ranks x 2 workers; rank 0 reads the parquet files 0 and 2 (112 rows), rank 1 the files
     1 and 3 (40 rows). Rank 1 runs out first: both stop at the same step, and what rank 0 still

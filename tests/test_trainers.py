@@ -317,22 +317,31 @@ WAYS = ("trainer", "accelerate", "torchrun")
 STEPS_PER_EPOCH = 3  # 5 batches per rank and epoch, 2 per step: 2, 2, 1 (torchrun_checks.py)
 
 
-def run_checks(way: str, out) -> dict:
+def run_checks(ways, out) -> None:
+    """tests/torchrun_checks.py for `ways`, in one torchrun launch; each way's files in out/WAY."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(REPO / "tests" / "torchrun_checks.py"), way, str(out),
+        str(REPO / "tests" / "torchrun_checks.py"), ",".join(ways), str(out),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
-    with open(out / "results.json") as f:
-        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def every_way_checked(tmp_path_factory):
+    """One torchrun launch of tests/torchrun_checks.py for every way (not one per way: each
+    launch starts 3 processes that import torch and transformers): its folder."""
+    out = tmp_path_factory.mktemp("ways")
+    run_checks(WAYS, out)
+    return out
 
 
 @pytest.fixture(scope="module", params=WAYS)
-def checked(request, tmp_path_factory):
-    """One torchrun launch of tests/torchrun_checks.py per way: (way, its folder, results)."""
-    out = tmp_path_factory.mktemp(request.param)
-    return request.param, out, run_checks(request.param, out)
+def checked(request, every_way_checked):
+    """(way, its folder, its results) from the launch above."""
+    out = every_way_checked / request.param
+    with open(out / "results.json") as f:
+        return request.param, out, json.load(f)
 
 
 def read_log(path) -> list[dict]:
