@@ -3,6 +3,7 @@ every `uv run SCRIPT --flag` they quote names a script that exists and flags its
 Read statically (the scripts are not started), so this costs well under a second."""
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -76,14 +77,20 @@ def module_path(module: str) -> Path:
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
+@functools.cache
 def parser_flags(script: Path) -> set[str]:
     """The flags of every add_argument call in the script, and in the mmdp functions it calls
     (followed into the functions those call): what its parser can define, read statically."""
-    return {"--help"} | flags_in(ast.parse(script.read_text()), script, set())
+    return {"--help"} | flags_in(parsed(script), script, set())
 
 
 def flags_in(body: ast.AST, path: Path, seen: set) -> set[str]:
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     local = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     imported = {
         alias.asname or alias.name: module_path(node.module)
@@ -116,9 +123,7 @@ def flags_in(body: ast.AST, path: Path, seen: set) -> set[str]:
             elif imported[called].exists():
                 where = imported[called]
                 functions = {
-                    n.name: n
-                    for n in ast.parse(where.read_text()).body
-                    if isinstance(n, ast.FunctionDef)
+                    n.name: n for n in parsed(where).body if isinstance(n, ast.FunctionDef)
                 }
                 if called in functions:
                     flags |= flags_in(functions[called], where, seen)
