@@ -129,7 +129,9 @@ def test_without_mmdps_trainer_the_plain_trainer_strips_the_pack_keys(samples, t
         next(iter(trainer.get_train_dataloader()))
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+# with workers (slow group): torch stops a failed DataLoader's workers only when the iterator is
+# collected, 5 s per worker, charged to whichever test runs next (20-30 s in all)
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_other_dataloaders_over_an_owned_dataset_are_refused(samples, tokenizer, num_workers):
     loader = planned(samples, num_workers=num_workers)
     others = {
@@ -152,7 +154,8 @@ def test_other_dataloaders_over_an_owned_dataset_are_refused(samples, tokenizer,
     assert len(list(loader)) == len(loader) and len(list(stream)) > 0
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+# with workers: slow group, for the reason above
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_statefuldataloader_cannot_save_a_packed_datasets_position(samples, num_workers):
     # torchdata saves the dataset's state_dict inside each worker (worker.py:46-52), where our
     # position never advances: a resume would restart the epoch. So the dataset has none.

@@ -42,8 +42,18 @@ def name_failed_worker(
             failed = worker_failure(str(error), *where(), pids)
             if failed is None:
                 raise
+            stop_workers(iterator)
             raise failed from None
         yield batch
+
+
+def stop_workers(iterator) -> None:
+    """Stop the DataLoader's other workers now. The error's traceback keeps the iterator alive
+    (its frame is on it), and torch would stop them only when the iterator is collected, waiting
+    up to 5 s for each (torch/utils/data/dataloader.py, _shutdown_workers)."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)  # what torch's own __del__ calls
+    if shutdown is not None:
+        shutdown()
 
 
 def worker_failure(text: str, rank: int, batch: int, pids: list[int]) -> Exception | None:
