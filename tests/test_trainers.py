@@ -5,8 +5,8 @@ skip_first_batches, torchdata's StatefulDataLoader, a plain DataLoader over an o
 how optimizer steps group the micro-batches, epoch after epoch; the sample log of a resumed
 run; what MMDPTrainer checks and hands to Trainer.
 
-Slow (`uv run pytest -m slow`, a few minutes each on 2 cores): each way's example under
-torchrun with 2 processes (tests/torchrun_checks.py): equal micro-batch and step counts on both
+Slow (`uv run pytest -m slow`; one torchrun launch for the three ways, 2 min 25 s on 2 quiet
+cores: docs/benchmarks.md): each way's example under torchrun with 2 processes (tests/torchrun_checks.py): equal micro-batch and step counts on both
 ranks, no sample twice and none missing over 2 epochs, the gradient of 2 ranks x 2
 micro-batches equal to one process's, and a run stopped in epoch 1 and resumed equal to the
 run that never stopped, with 0 and 2 workers.
