@@ -525,3 +525,36 @@ def test_mmdp_sft_trainer_trains_every_epoch_as_mmdptrainer(tmp_path, tokenizer)
     assert runs["sft"].state.global_step == runs["trainer"].state.global_step == 10
     for a, b in zip(runs["sft"].model.parameters(), runs["trainer"].model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+# A real family's weights on resume ----------------------------------------------------------
+
+
+def test_a_resumed_real_family_gets_its_saved_weights_back(tmp_path):
+    """Trainer's resume loads model.safetensors with load_state_dict(strict=False)
+    (transformers/trainer.py:3686-3692), but save_pretrained wrote Qwen2.5-VL's keys under its
+    checkpoints' names: the trap loads nothing (only a warning) and training goes on from the
+    initial weights. MMDPTrainer loads them through the class (load_model_weights)."""
+    import safetensors.torch
+
+    from mmdp.data.families import tiny_model, tiny_processor
+    from mmdp.training.trainer import load_model_weights
+
+    processor = tiny_processor("qwen2_5_vl")
+    trained = tiny_model(processor, seed=0)
+    with torch.no_grad():
+        for parameter in trained.parameters():
+            parameter.add_(0.01)  # weights no fresh model has
+    trained.save_pretrained(tmp_path)
+    saved = trained.state_dict()
+
+    trap = tiny_model(processor, seed=1)
+    state = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    assert trap.load_state_dict(state, strict=False).missing_keys  # what Trainer does: nothing
+    vision = "model.visual.patch_embed.proj.weight"  # lm_head.weight keeps its name, loads
+    assert not torch.equal(trap.state_dict()[vision], saved[vision])
+
+    resumed = tiny_model(processor, seed=1)
+    assert load_model_weights(resumed, str(tmp_path))
+    assert resumed.state_dict().keys() == saved.keys()
+    assert all(torch.equal(resumed.state_dict()[name], saved[name]) for name in saved)

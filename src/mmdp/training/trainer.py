@@ -270,6 +270,28 @@ def planned_max_steps(loader, args) -> int:
     return sum(epoch_steps(loader.dataset, e, args.gradient_accumulation_steps) for e in epochs)
 
 
+def load_model_weights(model, checkpoint: str) -> bool:
+    """Load a checkpoint's full model weights into `model` by the model class's own rules; False
+    when there is nothing of that kind to load (FSDP shards, a PEFT adapter: Trainer's own way).
+
+    Trainer's resume reads model.safetensors and calls `model.load_state_dict(state_dict, False)`
+    (transformers/trainer.py:3686-3692), but save_pretrained wrote the keys under the names the
+    class's checkpoints use (Qwen2.5-VL: `visual.*`, `model.layers.*`, not `model.visual.*`,
+    `model.language_model.*`): no weight is loaded, a warning lists them as missing, and the run
+    goes on from its initial weights. from_pretrained knows the class's key mapping.
+    """
+    from transformers import PreTrainedModel
+
+    names = ("model.safetensors", "model.safetensors.index.json")
+    if not isinstance(model, PreTrainedModel) or not any(
+        os.path.isfile(os.path.join(checkpoint, name)) for name in names
+    ):
+        return False
+    saved = type(model).from_pretrained(checkpoint, config=model.config, dtype=model.dtype)
+    model.load_state_dict(saved.state_dict(), strict=True)  # every weight, or an error
+    return True
+
+
 class MMDPTrainerMixin:
     """Trainer on an mmdp loader: put it before Trainer (or a Trainer subclass) in the bases.
 
@@ -370,6 +392,14 @@ class MMDPTrainerMixin:
         save_loader_state(self.train_loader, folder, self.args.process_index)
         self.accelerator.wait_for_everyone()  # every rank's file, before rank 0 rotates
         return super()._save_checkpoint(model, trial)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        """Trainer's resume, with a full model's weights loaded by its class (load_model_weights)."""
+        model = self.model if model is None else model
+        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        if not load_model_weights(model, resume_from_checkpoint):
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         if resume_from_checkpoint is True:  # as Trainer.train does, to know the folder here
