@@ -38,6 +38,16 @@ def image_cell(image) -> dict:
     return {"bytes": encode_png(image), "path": None}
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for tests of tiny real models (tests/test_lora.py,
+    tests/test_trainer_matrix.py): on a busy 2-core machine, 2 threads make their steps 9x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from mmdp.data.tokenizer import get_tokenizer

@@ -51,13 +51,7 @@ FAST = {
 CONTROL_OFF_BY = 1e-4  # a negative control must miss the reference by more than this
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a busy 2-core machine, 2 threads make these steps 9x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # 1. Called as Trainer calls it ------------------------------------------------------------------

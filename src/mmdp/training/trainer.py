@@ -76,7 +76,7 @@ import os
 
 import torch
 import transformers.trainer as hf_trainer
-from transformers import Trainer, TrainerCallback
+from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from mmdp import config
@@ -280,8 +280,6 @@ def load_model_weights(model, checkpoint: str) -> bool:
     `model.language_model.*`): no weight is loaded, a warning lists them as missing, and the run
     goes on from its initial weights. from_pretrained knows the class's key mapping.
     """
-    from transformers import PreTrainedModel
-
     names = ("model.safetensors", "model.safetensors.index.json")
     if not isinstance(model, PreTrainedModel) or not any(
         os.path.isfile(os.path.join(checkpoint, name)) for name in names
