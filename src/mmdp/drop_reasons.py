@@ -15,6 +15,11 @@ IMAGE_TOO_LARGE = "image_too_large"  # over config.MAX_IMAGE_PIXELS, read from t
 # The model's processor refuses the image's width and height (Qwen-VL: an aspect ratio over 200).
 IMAGE_SIZE_REFUSED = "image_size_refused"
 
+# A video cannot be used (mmdp.data.videos): its container does not open or decode, or the model's
+# processor refuses it (Qwen3-VL: fewer frames than its temporal patch), or the family takes no video.
+UNDECODABLE_VIDEO = "undecodable_video"
+VIDEO_REFUSED = "video_refused"
+
 # Over a budget (stages 3, 5 and 6).
 TOO_LONG = "too_long"  # more tokens than max_length
 TOO_MANY_IMAGES = "too_many_images"  # more images than max_images
@@ -47,5 +52,7 @@ REASONS = (
     TOO_MANY_PATCHES,
     IMAGE_SIZE_REFUSED,
     LEFT_OUT_BY_MIXTURE,
+    UNDECODABLE_VIDEO,
+    VIDEO_REFUSED,
 )
 CODE = {reason: code for code, reason in enumerate(REASONS)}
