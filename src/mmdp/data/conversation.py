@@ -147,14 +147,15 @@ def chat_turns(texts, reserved: tuple[str, ...]) -> list[tuple[str, str]]:
     return checked
 
 
-def chat_messages(turns: list[tuple[str, str]], num_images: int) -> list[dict]:
+def chat_messages(turns: list[tuple[str, str]], num_images: int, num_videos: int = 0) -> list[dict]:
     """Messages in the structured form real chat templates take: the images first in the first
-    user message, then its text (the_cauldron's rows give no image positions)."""
+    user message, then the videos, then its text (the_cauldron's rows give no image positions)."""
     messages = []
     for user, assistant in turns:
         messages.append({"role": "user", "content": [{"type": "text", "text": user}]})
         messages.append({"role": "assistant", "content": [{"type": "text", "text": assistant}]})
-    messages[0]["content"] = [{"type": "image"}] * num_images + messages[0]["content"]
+    media = [{"type": "image"}] * num_images + [{"type": "video"}] * num_videos
+    messages[0]["content"] = media + messages[0]["content"]
     return messages
 
 

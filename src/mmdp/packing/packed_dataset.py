@@ -100,8 +100,9 @@ class PackedDataset(PackingSettings, IterableDataset):
         self.tokens = (
             None if self.weighing.tokens is None else self.weighing.tokens.with_format("numpy")
         )
-        # with the tokens at hand, building a pack reads only the images of its rows
-        self.image_rows = dataset.dataset.select_columns(["images"]) if pretokenize else None
+        # with the tokens at hand, building a pack reads only the images (and videos) of its rows
+        media = [name for name in ("images", "videos") if name in dataset.dataset.column_names]
+        self.image_rows = dataset.dataset.select_columns(media) if pretokenize else None
         self._plan = None  # (epoch, plan of every rank), in the process that plans
         self._rank_plan = None  # (epoch, this rank's part, its rows' lengths): what workers get
 
@@ -266,18 +267,19 @@ class PackedDataset(PackingSettings, IterableDataset):
         and the images of a whole pack are read at once: a read per row costs more than slicing)."""
         if self.tokens is None:
             return [self.dataset[row] for row in rows]
-        tokens, images = self.tokens[rows], self.image_rows[rows]["images"]
+        tokens, media = self.tokens[rows], self.image_rows[rows]
+        videos = media.get("videos") or [None] * len(rows)
         return [
             self.dataset.sample(
-                {"images": row_images},
+                {"images": row_images, "videos": row_videos},
                 row,
                 tokenized=(
                     torch.tensor(input_ids, dtype=torch.long),
                     torch.tensor(labels, dtype=torch.long),
                 ),
             )
-            for row, row_images, input_ids, labels in zip(
-                rows, images, tokens["input_ids"], tokens["labels"]
+            for row, row_images, row_videos, input_ids, labels in zip(
+                rows, media["images"], videos, tokens["input_ids"], tokens["labels"]
             )
         ]
 

@@ -50,6 +50,7 @@ from mmdp.data.conversation import BadConversation
 from mmdp.data.families import family_for
 from mmdp.data.images import BadImage
 from mmdp.data.sources import cache_dir
+from mmdp.data.videos import BadVideo
 from mmdp.drop_reasons import CODE
 from mmdp.packing.local_wait import wait_for
 from mmdp.packing.rank_shares import gather_shares, gloo_group
@@ -199,6 +200,7 @@ def weigh(rows, family, pretokenize: bool, num_proc, scratch: Path | None):
     if num_proc is None:
         num_proc = os.cpu_count() if len(rows) >= PARALLEL_FROM_ROWS else 1
     columns = ["texts", "images"] if family.needs_image_sizes else ["texts"]
+    columns += ["videos"] if "videos" in rows.column_names else []  # headers read: frames, sizes
     features = {**WEIGHT_FEATURES, **(TOKEN_FEATURES if pretokenize else {})}
     if pretokenize:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -248,8 +250,9 @@ def weigh_batch(batch: dict, indices, family, pretokenize: bool, image_counts) -
     images, so their bytes stay on disk.
     """
     images = batch["images"] if family.needs_image_sizes else image_counts[indices].tolist()
+    videos = batch.get("videos") or [None] * len(images)
     if not pretokenize:
-        lengths, counts, patches, reasons = family.weigh(batch["texts"], images)
+        lengths, counts, patches, reasons = family.weigh(batch["texts"], images, videos)
         return {
             "length": lengths,
             "image_count": counts,
@@ -258,11 +261,11 @@ def weigh_batch(batch: dict, indices, family, pretokenize: bool, image_counts) -
         }
     keys = ("length", "image_count", "patches", "reason", "input_ids", "labels")
     out = {key: [] for key in keys}
-    for texts, row_images in zip(batch["texts"], images):
+    for texts, row_images, row_videos in zip(batch["texts"], images, videos):
         try:
-            input_ids, labels, count, patches = family.tokenize(texts, row_images)
+            input_ids, labels, count, patches = family.tokenize(texts, row_images, row_videos)
             reason = None
-        except (BadConversation, BadImage) as error:
+        except (BadConversation, BadImage, BadVideo) as error:
             input_ids = labels = torch.zeros(0, dtype=torch.long)
             count = row_images if isinstance(row_images, int) else len(row_images or [])
             patches, reason = 0, error.reason

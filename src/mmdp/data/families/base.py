@@ -28,6 +28,7 @@ the planned weight of every row is the length of the sample the processor builds
 
 import hashlib
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -43,16 +44,20 @@ from mmdp.data.conversation import (
     tokenize_conversation,
 )
 from mmdp.data.images import BadImage, decode_image, image_size, load_image
+from mmdp.data.videos import BadVideo, decode_frames, video_metadata
+from mmdp.drop_reasons import VIDEO_REFUSED
 
-# What a packed batch may carry for the images, under transformers' names (each family's
-# processor makes some of them).
-VISION_INPUTS = (
+# What a packed batch may carry for the images and videos, under transformers' names (each
+# family's processor makes some of them).
+IMAGE_INPUTS = (
     "pixel_values",
     "pixel_attention_mask",
     "image_grid_thw",
     "image_sizes",
     "batch_num_images",
 )
+VIDEO_INPUTS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+VISION_INPUTS = IMAGE_INPUTS + VIDEO_INPUTS
 
 
 def concatenate_vision(samples: list[dict]) -> dict:
@@ -68,11 +73,13 @@ class ImageLayout:
     text     what the processor puts in the text for the image, with one feature token per run
     runs     how many feature tokens each run of `text` stands for, in order
     patches  the vision encoder's patches for the image (what max_patches budgets)
+    video    a video's layout (its text replaces the family's video token, not the image token)
     """
 
     text: str
     runs: tuple[int, ...]
     patches: int
+    video: bool = False
 
 
 class ModelFamily:
@@ -84,6 +91,8 @@ class ModelFamily:
     image_token = ""  # what the chat template renders for each image
     feature_token = ""  # the token that stands for one image feature
     end_of_turn = ""  # the token that closes a reply (trained: the model learns to stop)
+    video_token = ""  # what the chat template renders for each video ("": takes no video)
+    video_feature_token = ""  # the token that stands for one video feature
     vision_keys: tuple[str, ...] = ("pixel_values",)  # the processor's outputs for images
     token_keys: tuple[str, ...] = ()  # per-token inputs besides input_ids (0 on padding)
     needs_image_sizes = True  # weighing reads every image's header
@@ -96,6 +105,11 @@ class ModelFamily:
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.feature_token_id = self.tokenizer.convert_tokens_to_ids(self.feature_token)
+        self.feature_token_ids = [self.feature_token_id]
+        if self.video_feature_token:
+            self.feature_token_ids.append(
+                self.tokenizer.convert_tokens_to_ids(self.video_feature_token)
+            )
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = self.tokenizer.eos_token_id if pad is None else pad
         # strings a conversation may not hold: they would become image or turn tokens
@@ -110,6 +124,19 @@ class ModelFamily:
     def vision_inputs(self, images: list) -> dict:
         """The family's image processor on one sample's (decoded, RGB) images."""
         return dict(self.processor.image_processor(images=images, return_tensors="pt"))
+
+    def video_frames(self, metadata) -> list[int]:
+        """The family's: which frames of a video (its VideoMetadata) the processor samples."""
+        raise BadVideo(VIDEO_REFUSED, f"{self.name or 'this'} family takes no video")
+
+    def video_layout(self, metadata, frames: list[int]) -> ImageLayout:
+        """The family's: what the processor makes of a video whose `frames` are sampled (BadVideo
+        if it refuses it)."""
+        raise BadVideo(VIDEO_REFUSED, f"{self.name or 'this'} family takes no video")
+
+    def video_inputs(self, videos: list, metadata: list) -> dict:
+        """The family's video processor on one sample's sampled frames ([T, H, W, 3] each)."""
+        raise NotImplementedError
 
     def check_vision(self, vision: dict, layouts: list[ImageLayout]) -> None:
         """The family's: raise if the image processor made other features than weighed."""
@@ -143,29 +170,39 @@ class ModelFamily:
     def layouts(self, sizes: list[tuple[int, int]]) -> list[ImageLayout]:
         return [self.image_layout(width, height, len(sizes)) for width, height in sizes]
 
+    def video_layouts(self, videos) -> list[ImageLayout]:
+        """The layouts of a row's videos, from their containers' headers (no frame decoded)."""
+        layouts = []
+        for video in videos or []:
+            metadata = video_metadata(video)
+            layouts.append(self.video_layout(metadata, self.video_frames(metadata)))
+        return layouts
+
     def expanded_text(
         self, turns, layouts: list[ImageLayout], labels: bool = True
     ) -> tuple[str, list[tuple[int, int]]]:
-        """Steps 1-2: the rendered conversation with every image's text in place, and the
-        character spans of the replies (to label; none when `labels` is False: weighing needs
-        only the text)."""
-        messages = chat_messages(turns, len(layouts))
+        """Steps 1-2: the rendered conversation with every image's and video's text in place
+        (`layouts`: the images', then the videos'), and the character spans of the replies (to
+        label; none when `labels` is False: weighing needs only the text)."""
+        videos = sum(layout.video for layout in layouts)
+        messages = chat_messages(turns, len(layouts) - videos, videos)
         if labels:
             text, spans = reply_spans(self.render, messages, self.end_of_turn)
         else:
             text, spans = self.render(messages), []
-        parts = text.split(self.image_token)
-        if len(parts) != len(layouts) + 1:
-            raise RuntimeError(
-                f"the chat template rendered {len(parts) - 1} {self.image_token!r} for "
-                f"{len(layouts)} images"
-            )
-        # where each image token starts in the rendered text, and how much its text grows it
+        tokens = [self.image_token] + ([self.video_token] if self.video_token else [])
+        pieces = re.split("(" + "|".join(map(re.escape, tokens)) + ")", text)
+        parts, found = pieces[::2], pieces[1::2]
+        wanted = [self.video_token if layout.video else self.image_token for layout in layouts]
+        if found != wanted:
+            raise RuntimeError(f"the chat template rendered {found} for {wanted}")
+        # where each image (or video) token starts in the rendered text, and how much its text
+        # grows it
         starts = [
-            sum(len(part) for part in parts[: k + 1]) + k * len(self.image_token)
+            sum(len(part) for part in parts[: k + 1]) + sum(map(len, found[:k]))
             for k in range(len(layouts))
         ]
-        grows = [len(layout.text) - len(self.image_token) for layout in layouts]
+        grows = [len(layout.text) - len(token) for layout, token in zip(layouts, found)]
         moved = [
             (a + shift, b + shift)
             for a, b in spans
@@ -193,7 +230,7 @@ class ModelFamily:
     def feature_repeats(self, input_ids: torch.Tensor, layouts: list[ImageLayout]) -> torch.Tensor:
         """How many times each token stands: each feature token its run's length, others once."""
         runs = [run for layout in layouts for run in layout.runs]
-        is_feature = input_ids == self.feature_token_id
+        is_feature = torch.isin(input_ids, torch.tensor(self.feature_token_ids))
         if int(is_feature.sum()) != len(runs):
             raise RuntimeError(
                 f"{int(is_feature.sum())} {self.feature_token!r} tokens for {len(runs)} runs of image "
@@ -203,19 +240,26 @@ class ModelFamily:
         repeats[is_feature] = torch.tensor(runs, dtype=torch.long)
         return repeats
 
-    def weigh(self, texts_of_rows, images_of_rows) -> tuple[list, list, list, list]:
+    def weigh(
+        self, texts_of_rows, images_of_rows, videos_of_rows=None
+    ) -> tuple[list, list, list, list]:
         """Tokens, images, patches and drop reason (None: usable) of many rows, from their text
-        and their images' headers; one batched tokenizer call."""
+        and their images' and videos' headers; one batched tokenizer call. A video's patches
+        count with its row's (it is never split), its frames not as images."""
         lengths, image_counts, patches, reasons = [], [], [], []
         rendered, rendered_rows = [], []
-        for row, (texts, images) in enumerate(zip(texts_of_rows, images_of_rows)):
+        videos_of_rows = videos_of_rows or [None] * len(texts_of_rows)
+        for row, (texts, images, videos) in enumerate(
+            zip(texts_of_rows, images_of_rows, videos_of_rows)
+        ):
             images = images or []
             image_counts.append(len(images))
             try:
                 layouts = self.layouts([image_size(image) for image in images])
+                layouts += self.video_layouts(videos)
                 turns = chat_turns(texts, self.reserved)
                 text, _ = self.expanded_text(turns, layouts, labels=False)
-            except (BadConversation, BadImage) as error:
+            except (BadConversation, BadImage, BadVideo) as error:
                 lengths.append(0)
                 patches.append(0)
                 reasons.append(error.reason)
@@ -249,12 +293,14 @@ class ModelFamily:
             costs += [(self.image_tokens(layout), layout.patches) for layout in layouts]
         return costs
 
-    def tokenize(self, texts, images) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-        """(input_ids, labels, images, patches) of a row, its images read from their headers
-        (pretokenizing: mmdp.packing.weighing)."""
+    def tokenize(self, texts, images, videos=None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """(input_ids, labels, images, patches) of a row, its images and videos read from their
+        headers (pretokenizing: mmdp.packing.weighing)."""
         layouts = self.layouts([image_size(image) for image in images or []])
-        input_ids, labels = self.encode(chat_turns(texts, self.reserved), layouts)
-        return input_ids, labels, len(layouts), sum(layout.patches for layout in layouts)
+        videos = self.video_layouts(videos)
+        input_ids, labels = self.encode(chat_turns(texts, self.reserved), layouts + videos)
+        patches = sum(layout.patches for layout in layouts + videos)
+        return input_ids, labels, len(layouts), patches
 
     def make_sample(self, row: dict, index: int, tokenized=None) -> dict:
         """One row -> one sample (see mmdp.data.vqa_dataset): the model's processor on its images,
@@ -263,12 +309,16 @@ class ModelFamily:
         try:
             decoded = [decode_image(image) for image in images]
             layouts = self.layouts([pil.size for pil, _ in decoded])
+            videos, video_layouts = self.decode_videos(row.get("videos"))
+            layouts += video_layouts
             if tokenized is None:
                 tokenized = self.encode(chat_turns(row["texts"], self.reserved), layouts)
-        except (BadConversation, BadImage) as error:
+        except (BadConversation, BadImage, BadVideo) as error:
             return {"row": index, "drop_reason": error.reason}
         input_ids, labels = tokenized
         vision = self.vision_inputs([pil for pil, _ in decoded]) if decoded else {}
+        if videos:
+            vision.update(self.video_inputs(*zip(*videos)))
         self.check_vision(vision, layouts)
         return {
             "row": index,
@@ -278,10 +328,23 @@ class ModelFamily:
             **self.token_types(input_ids),
             **vision,
             "image_count": len(images),
+            "video_count": len(videos),
             "patches": sum(layout.patches for layout in layouts),
             "converted": Counter(mode for _, mode in decoded if mode is not None),
             "drop_reason": None,
         }
+
+    def decode_videos(self, videos) -> tuple[list[tuple], list[ImageLayout]]:
+        """Each video's sampled frames with its metadata (frames_indices set, as transformers'
+        readers set it), and its layout."""
+        decoded, layouts = [], []
+        for video in videos or []:
+            metadata = video_metadata(video)
+            frames = self.video_frames(metadata)
+            layouts.append(self.video_layout(metadata, frames))
+            metadata.frames_indices = frames
+            decoded.append((decode_frames(video, frames), metadata))
+        return decoded, layouts
 
     def token_types(self, input_ids: torch.Tensor) -> dict:
         """The per-token inputs of `token_keys`: 1 on image features, 0 elsewhere."""
@@ -310,12 +373,18 @@ class TinyFamily(ModelFamily):
         self.image_size = image_size
         self.image_token_length = image_token_length
 
-    def weigh(self, texts_of_rows, images_of_rows) -> tuple[list, list, list, list]:
-        """`images_of_rows`: each row's images, or just how many (all weighing needs)."""
+    def weigh(
+        self, texts_of_rows, images_of_rows, videos_of_rows=None
+    ) -> tuple[list, list, list, list]:
+        """`images_of_rows`: each row's images, or just how many (all weighing needs). TinyVLM
+        takes no video: a row with one is refused."""
         counts = [n if isinstance(n, int) else len(n or []) for n in images_of_rows]
         lengths, reasons = count_tokens_batch(
             texts_of_rows, counts, self.tokenizer, self.image_token_length
         )
+        for row, videos in enumerate(videos_of_rows or []):
+            if videos:
+                lengths[row], reasons[row] = 0, VIDEO_REFUSED
         patches = [count * self.image_token_length for count in counts]
         return lengths, counts, patches, reasons
 
@@ -331,7 +400,9 @@ class TinyFamily(ModelFamily):
             "image_token_length": self.image_token_length,
         }
 
-    def tokenize(self, texts, images) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    def tokenize(self, texts, images, videos=None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        if videos:
+            raise BadVideo(VIDEO_REFUSED, "TinyVLM takes no video")
         count = images if isinstance(images, int) else len(images or [])
         input_ids, labels = tokenize_conversation(
             texts, count, self.tokenizer, self.image_token_length
@@ -340,6 +411,8 @@ class TinyFamily(ModelFamily):
 
     def make_sample(self, row: dict, index: int, tokenized=None) -> dict:
         images = row["images"] or []
+        if row.get("videos"):
+            return {"row": index, "drop_reason": VIDEO_REFUSED}
         try:
             if tokenized is None:
                 tokenized = tokenize_conversation(

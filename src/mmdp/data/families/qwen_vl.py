@@ -17,13 +17,28 @@ What a packed batch must carry (transformers 5.23, modeling_qwen2_5_vl.py / mode
                     and samples attend to each other (tests/test_families.py shows it).
     pixel_values    every image's patch rows, in the order of their tokens; image_grid_thw
                     [images, 3] likewise (the vision encoder attends within each image only)
-    mm_token_type_ids  1 on image tokens (the model reads it only to compute positions itself)
+    mm_token_type_ids  1 on image tokens, 2 on video tokens (the model reads it only to compute
+                    positions itself)
+    pixel_values_videos, video_grid_thw  every video's patch rows and grid, in token order;
+                    second_per_grid_ts (Qwen2.5-VL) the seconds each temporal patch spans, which
+                    spaces its temporal positions
     cu_seq_lens_q/k, max_length_q/k  for FlashAttention, as for every packed batch
 
 `offline_processor(name)` builds a processor with no network: the real Qwen2VLImageProcessor with
 the family's settings, mmdp's SmolLM2 tokenizer plus Qwen's vision tokens, and a chat template of
 the family's shape. `tiny_model(processor)` is a random model of the real class (tests).
+
+Videos (Qwen2VLVideoProcessor for Qwen2.5-VL, Qwen3VLVideoProcessor for Qwen3-VL): the processor
+samples frames by its own rule (`sample_frames`: fps, min/max frames, rounded to the temporal
+patch of 2), resizes every frame alike within the video's min/max pixels, and cuts the clip into
+patches of 2 frames: `get_num_of_video_patches(frames, height, width)` gives the patches from the
+container's header alone, and the processor's `replace_video_token` the text (Qwen3-VL: one
+"<t seconds>" block per temporal patch). mmdp decodes only the sampled frames (mmdp.data.videos).
 """
+
+import copy
+import math
+import re
 
 import torch
 import transformers
@@ -32,7 +47,8 @@ from transformers import AutoTokenizer, Qwen2VLImageProcessor
 from mmdp import config
 from mmdp.data.families.base import ImageLayout, ModelFamily
 from mmdp.data.images import BadImage
-from mmdp.drop_reasons import IMAGE_SIZE_REFUSED
+from mmdp.data.videos import BadVideo
+from mmdp.drop_reasons import IMAGE_SIZE_REFUSED, VIDEO_REFUSED
 
 # Qwen2.5-VL-*-Instruct's chat template (as transformers pins it in
 # tests/models/qwen2_5_vl/test_processor_qwen2_5_vl.py): a default system prompt, each image
@@ -75,8 +91,9 @@ class QwenVL(ModelFamily):
     """What Qwen2.5-VL and Qwen3-VL share (see the module docstring)."""
 
     image_token = feature_token = "<|image_pad|>"
+    video_token = video_feature_token = "<|video_pad|>"
     end_of_turn = "<|im_end|>"
-    vision_keys = ("pixel_values", "image_grid_thw")
+    vision_keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
     token_keys = ("mm_token_type_ids",)
     model_class = None  # the transformers model whose get_rope_index computes positions
     config_class = None
@@ -87,9 +104,7 @@ class QwenVL(ModelFamily):
     def __init__(self, processor):
         super().__init__(processor)
         self.merge_size = processor.image_processor.merge_size
-        self.rope = RopeIndex(
-            self.model_class, self.config_class, self.merge_size, self.feature_token_id
-        )
+        self.rope = RopeIndex(self.model_class, self.config_class, self.merge_size)
 
     def image_layout(self, width: int, height: int, images_in_sample: int) -> ImageLayout:
         try:
@@ -100,16 +115,86 @@ class QwenVL(ModelFamily):
             raise BadImage(IMAGE_SIZE_REFUSED, f"{width}x{height}: {error}") from error
         return ImageLayout(self.feature_token, (patches // self.merge_size**2,), patches)
 
+    def video_frames(self, metadata) -> list[int]:
+        """The frames the video processor samples (all of them when it samples none)."""
+        videos = self.processor.video_processor
+        if not videos.do_sample_frames:
+            return list(range(metadata.total_num_frames))
+        try:
+            return [int(i) for i in videos.sample_frames(copy.copy(metadata))]
+        except (ValueError, ZeroDivisionError) as error:  # fewer frames than it samples
+            raise BadVideo(VIDEO_REFUSED, str(error)) from error
+
+    def video_layout(self, metadata, frames: list[int]) -> ImageLayout:
+        """The video's patches by the processor's own rule, and its text by the processor's own
+        replace_video_token, given a grid of the same size (no pixel needed)."""
+        videos = self.processor.video_processor
+        try:
+            patches = videos.get_num_of_video_patches(
+                len(frames), metadata.height, metadata.width, self.video_settings(len(frames))
+            )
+        except ValueError as error:  # smart_resize: aspect ratio, or fewer frames than 2
+            raise BadVideo(VIDEO_REFUSED, f"{metadata.width}x{metadata.height}: {error}") from error
+        grid_t = math.ceil(len(frames) / videos.temporal_patch_size)
+        sampled = copy.copy(metadata)
+        sampled.frames_indices = frames
+        grid = {
+            "video_grid_thw": torch.tensor([[grid_t, patches // grid_t, 1]]),
+            "video_metadata": [sampled],
+        }
+        text = self.processor.replace_video_token(grid, video_idx=0)
+        runs = [
+            len(m) // len(self.video_token)
+            for m in re.findall(f"(?:{re.escape(self.video_token)})+", text)
+        ]
+        text = re.sub(f"(?:{re.escape(self.video_token)})+", self.video_token, text)
+        return ImageLayout(text, tuple(runs), patches, video=True)
+
+    def video_settings(self, frames: int) -> dict:
+        """The video processor's settings for get_num_of_video_patches. Qwen2VLVideoProcessor's
+        leaves out its own cap_pixels_per_frame (video_processing_qwen2_vl.py:389-415 against
+        resize, :252-258): with the cap on, its size is capped here the way resize caps it."""
+        videos = self.processor.video_processor
+        if not (
+            isinstance(videos, transformers.Qwen2VLVideoProcessor) and videos.cap_pixels_per_frame
+        ):
+            return {}
+        factor = videos.patch_size * videos.merge_size
+        total = int(videos.max_video_tokens * factor * factor * 0.9)
+        shortest, longest = videos.size["shortest_edge"], videos.size["longest_edge"]
+        capped = max(
+            min(longest, total * videos.temporal_patch_size // frames), int(shortest * 1.05)
+        )
+        return {"size": {"shortest_edge": shortest, "longest_edge": capped}}
+
+    def video_inputs(self, videos: list, metadata: list) -> dict:
+        """The video processor on the frames mmdp sampled by its rule (so it samples no more)."""
+        out = self.processor.video_processor(
+            videos=list(videos),
+            video_metadata=list(metadata),
+            do_sample_frames=False,
+            return_tensors="pt",
+        )
+        return {key: out[key] for key in ("pixel_values_videos", "video_grid_thw")}
+
     def check_vision(self, vision: dict, layouts: list[ImageLayout]) -> None:
-        grid = vision.get("image_grid_thw")
-        made = [] if grid is None else grid.prod(-1).tolist()
-        weighed = [layout.patches for layout in layouts]
-        if made != weighed:
-            raise RuntimeError(f"weighed {weighed} patches, the image processor made {made}")
+        for key, video in (("image_grid_thw", False), ("video_grid_thw", True)):
+            grid = vision.get(key)
+            made = [] if grid is None else grid.prod(-1).tolist()
+            weighed = [layout.patches for layout in layouts if layout.video == video]
+            if made != weighed:
+                raise RuntimeError(f"weighed {weighed} patches, the processor made {made} ({key})")
+
+    def token_types(self, input_ids: torch.Tensor) -> dict:
+        """mm_token_type_ids: 1 on image tokens, 2 on video tokens (processing_utils.py:995)."""
+        image, video = self.feature_token_ids
+        types = (input_ids == image).long() + 2 * (input_ids == video).long()
+        return {"mm_token_type_ids": types}
 
     def positions(self, input_ids: torch.Tensor, vision: dict) -> torch.Tensor:
         """[4, n]: 0..n-1, then the model's own 3-D rope index of this sample alone."""
-        return torch.cat([torch.arange(len(input_ids))[None], self.rope(input_ids, vision)])
+        types = self.token_types(input_ids)["mm_token_type_ids"]
+        return torch.cat([torch.arange(len(input_ids))[None], self.rope(input_ids, types, vision)])
 
 
 class RopeIndex:
@@ -120,20 +205,22 @@ class RopeIndex:
     so that a DataLoader worker computes positions exactly as the model would, without a model.
     """
 
-    def __init__(self, model_class, config_class, merge_size: int, image_token_id: int):
+    def __init__(self, model_class, config_class, merge_size: int):
         self.model_class = model_class
         self.config = config_class(vision_config={"spatial_merge_size": merge_size})
-        self.image_token_id = image_token_id
 
     def get_vision_position_ids(self, *args, **kwargs):
         return self.model_class.get_vision_position_ids(self, *args, **kwargs)
 
-    def __call__(self, input_ids: torch.Tensor, vision: dict) -> torch.Tensor:
-        """The [3, n] rope index of one sample."""
-        is_image = (input_ids == self.image_token_id).long()
-        grid = vision.get("image_grid_thw")
+    def __call__(self, input_ids: torch.Tensor, types: torch.Tensor, vision: dict) -> torch.Tensor:
+        """The [3, n] rope index of one sample whose tokens have mm_token_type_ids `types`."""
         index, _ = self.model_class.get_rope_index(
-            self, input_ids[None], mm_token_type_ids=is_image[None], image_grid_thw=grid
+            self,
+            input_ids[None],
+            mm_token_type_ids=types[None],
+            image_grid_thw=vision.get("image_grid_thw"),
+            video_grid_thw=vision.get("video_grid_thw"),
+            second_per_grid_ts=vision.get("second_per_grid_ts"),
         )
         return index[:, 0]
 
@@ -143,11 +230,27 @@ class Qwen2_5_VL(QwenVL):
     model_class = transformers.Qwen2_5_VLModel
     config_class = transformers.Qwen2_5_VLConfig
 
+    def video_inputs(self, videos: list, metadata: list) -> dict:
+        """...and second_per_grid_ts, as Qwen2_5_VLProcessor computes it from the sampled fps
+        (processing_qwen2_5_vl.py:133-139)."""
+        temporal = self.processor.video_processor.temporal_patch_size
+        seconds = [temporal / m.sampled_fps for m in metadata]
+        return {
+            **super().video_inputs(videos, metadata),
+            "second_per_grid_ts": torch.tensor(seconds),
+        }
+
 
 class Qwen3VL(QwenVL):
     name = "qwen3_vl"
     model_class = transformers.Qwen3VLModel
     config_class = transformers.Qwen3VLConfig
+
+
+# How the offline processors sample and cap videos: qwen-vl-utils' rule, which the Qwen-VL
+# models were trained with and ms-swift applies: 2 frames a second (at least 4), and each
+# frame's pixels capped by the video's share of the token budget (cap_pixels_per_frame).
+VIDEO_SETTINGS = {"do_sample_frames": True, "fps": 2, "cap_pixels_per_frame": True}
 
 
 def offline_processor(family: type[QwenVL]):
@@ -167,13 +270,13 @@ def offline_processor(family: type[QwenVL]):
         return transformers.Qwen3VLProcessor(
             image_processor=image_processor,
             tokenizer=tokenizer,
-            video_processor=transformers.Qwen3VLVideoProcessor(),
+            video_processor=transformers.Qwen3VLVideoProcessor(**VIDEO_SETTINGS),
             chat_template=QWEN3_VL_CHAT_TEMPLATE,
         )
     return transformers.Qwen2_5_VLProcessor(
         image_processor=Qwen2VLImageProcessor(),  # the class defaults are Qwen2.5-VL's settings
         tokenizer=tokenizer,
-        video_processor=transformers.Qwen2VLVideoProcessor(),
+        video_processor=transformers.Qwen2VLVideoProcessor(**VIDEO_SETTINGS),
         chat_template=QWEN2_5_VL_CHAT_TEMPLATE,
     )
 
