@@ -3,6 +3,7 @@
 Schema (one row = one training sample):
     images: list of images          (a `datasets` Image feature per element)
     texts:  list of {"user": str, "assistant": str, "source": str}   (one dict per turn)
+    videos: list of {"bytes", "path"} video files (optional; the families that take video)
 
 Every loader returns a `datasets.Dataset` whose images are NOT decoded (`Image(decode=False)`):
 rows carry the encoded bytes, so counting images costs nothing, and decoding happens in one
@@ -35,6 +36,10 @@ FEATURES = Features(
         ),
     }
 )
+# A row's videos (mmdp.data.videos): the encoded files, as images are stored, never decoded here.
+VIDEOS = List({"bytes": Value("binary"), "path": Value("string")})
+VIDEO_FEATURES = Features({**FEATURES, "videos": VIDEOS})
+SYNTHETIC_VIDEOS_VERSION = 1  # bump when generate_video_row changes
 
 
 def cache_dir() -> Path:
@@ -86,17 +91,42 @@ def load_synthetic(num_rows: int, seed: int = 0) -> Dataset:
             for row in map(generate_row, range(num_rows), [seed] * num_rows)
         )
         rows = tqdm(rows, total=num_rows, desc="generating", unit="row")
-        dataset = Dataset.from_list(list(rows), features=FEATURES)
-        # Write next to the final path, then rename: an interrupted run leaves no half cache, and
-        # ranks generating at the same time (torchrun, first run) never write into each other.
-        partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
-        shutil.rmtree(partial, ignore_errors=True)
-        dataset.save_to_disk(str(partial))
-        try:
-            partial.rename(path)
-        except OSError:  # another process got there first, with the same rows
-            shutil.rmtree(partial, ignore_errors=True)
+        save_once(Dataset.from_list(list(rows), features=FEATURES), path)
     return load_from_disk(str(path))
+
+
+def save_once(dataset: Dataset, path: Path) -> None:
+    """Write next to the final path, then rename: an interrupted run leaves no half cache, and
+    ranks generating at the same time (torchrun, first run) never write into each other."""
+    partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    dataset.save_to_disk(str(partial))
+    try:
+        partial.rename(path)
+    except OSError:  # another process got there first, with the same rows
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def load_synthetic_videos(num_rows: int, seed: int = 0) -> Dataset:
+    """The synthetic video task (mmdp.data.synthetic_videos), generated once and cached like
+    the images' rows: kept apart from them, for the families that take video."""
+    from mmdp.data.synthetic_videos import generate_video_row  # PyAV: the video extra
+
+    path = cache_dir() / f"synthetic-videos-v{SYNTHETIC_VIDEOS_VERSION}-seed{seed}-rows{num_rows}"
+    if not path.exists():
+        print(f"Generating the synthetic video task ({num_rows:,} clips) into {path} (once)")
+        rows = (generate_video_row(i, seed) for i in range(num_rows))
+        rows = tqdm(rows, total=num_rows, desc="generating", unit="clip")
+        save_once(Dataset.from_list(list(rows), features=VIDEO_FEATURES), path)
+    return load_from_disk(str(path))
+
+
+def with_videos(dataset: Dataset, videos: Dataset) -> Dataset:
+    """`dataset`'s rows, then the video rows: every row with a `videos` column (empty for
+    rows without)."""
+    if "videos" not in dataset.column_names:
+        dataset = dataset.add_column("videos", [[]] * len(dataset), feature=VIDEOS)
+    return datasets.concatenate_datasets([dataset, videos])
 
 
 def load_local(path: Path, split: str) -> Dataset:
