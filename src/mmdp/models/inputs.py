@@ -6,7 +6,7 @@ import functools
 import transformers
 from packaging.version import Version
 
-from mmdp.data.families.base import VISION_INPUTS
+from mmdp.data.families.base import IMAGE_INPUTS, VIDEO_INPUTS
 from mmdp.packing.batch import TOKEN_INPUTS
 
 # The keys of a packed batch that a Hugging Face causal LM takes, under every attention
@@ -38,9 +38,11 @@ def model_inputs(batch: dict, model=None) -> dict:
     here, in the inputs, because a trainer cannot be trusted to: transformers' Trainer sets only
     the top-level `config.use_cache = False`, and the Qwen-VL text models read
     `text_config.use_cache`, build a cache and mix the samples. A batch with images adds its
-    vision inputs; one without leaves them out (the models refuse empty pixel tensors). Pass the
-    model always: Gemma 3 batches need it (transformers 5.23 builds their sliding-window mask
-    wrong in packed rows, and mmdp builds both masks itself: mmdp.models.gemma3_masks).
+    image inputs, a batch with videos its video inputs (pixel_values_videos, video_grid_thw,
+    Qwen2.5-VL's second_per_grid_ts); one without leaves them out (the models refuse empty pixel
+    tensors). Pass the model always: Gemma 3 batches need it (transformers 5.23 builds their
+    sliding-window mask wrong in packed rows, and mmdp builds both masks itself:
+    mmdp.models.gemma3_masks).
 
     Raises on a transformers too old to build the per-sample mask from position_ids.
     """
@@ -49,7 +51,9 @@ def model_inputs(batch: dict, model=None) -> dict:
     inputs["use_cache"] = False
     inputs.update({key: batch[key] for key in TOKEN_INPUTS if key in batch})
     if len(batch.get("pixel_values", ())):
-        inputs.update({key: batch[key] for key in VISION_INPUTS if key in batch})
+        inputs.update({key: batch[key] for key in IMAGE_INPUTS if key in batch})
+    if len(batch.get("pixel_values_videos", ())):
+        inputs.update({key: batch[key] for key in VIDEO_INPUTS if key in batch})
     if batch.get("model_family") == "gemma3":  # imported when needed: transformers' Gemma 3
         from mmdp.models.gemma3_masks import packed_attention_masks
 

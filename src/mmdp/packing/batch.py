@@ -25,6 +25,9 @@ A batch of B packs, each a row of L = max_length tokens:
                              many in each row, patches_per_row [B] their vision-encoder patches
     pixel_values     [N, 3, S, S] every image, in sample order; sample_of_image [N]: the position
                              in sample_index of the sample each image belongs to
+    pixel_values_videos, video_grid_thw, second_per_grid_ts   every video, in sample order (a
+                             family that takes video: Qwen-VL), each whole in one pack; its
+                             patches count in patches_per_row
     batch_index, dropped, converted   where the batch is in the epoch; rows dropped while it was
                              built, by reason; images converted to RGB, by mode
 
