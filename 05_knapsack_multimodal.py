@@ -61,7 +61,7 @@ from mmdp.data.mixture import (
     read_mixture,
 )
 from mmdp.data.padding import ConstrainedPadCollator
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.sources import load_synthetic_videos, load_vqa_dataset, with_videos
 from mmdp.data.stream import load_vqa_stream
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
@@ -147,6 +147,13 @@ def parse_args():
         "--save-batch", default=None, help="torch.save the first collated batch to this path"
     )
     parser.add_argument(
+        "--video-rows",
+        type=non_negative_int,
+        default=config.DEFAULT_VIDEO_ROWS,
+        help="synthetic video clips added to the embedded dataset for a --model that takes video "
+        f"(qwen2_5_vl, qwen3_vl; default: {config.DEFAULT_VIDEO_ROWS})",
+    )
+    parser.add_argument(
         "--mixture",
         default=None,
         help="a JSON file of sources with shares, loss weights and label policies (see "
@@ -183,6 +190,9 @@ def main():
             if mixed
             else load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
         )
+        if takes_synthetic_videos(processor, args, mixed):
+            # A family that takes video packs the synthetic clips with the rows
+            rows = with_videos(rows, load_synthetic_videos(args.video_rows))
         samples = VQADataset(rows, processor, mixture=mixed)
 
         # Wrap it: weigh every sample, filter, pack with a token and an image budget, shard
@@ -208,6 +218,8 @@ def main():
     print("\nOne batch:")
     print_batch(epoch["first_batch"])
     print_report(epoch, args)
+    if not args.streaming:
+        print_videos(epoch["report"], samples, args)
     write_outputs(epoch, args)
 
     if args.model == "tiny":
@@ -216,6 +228,33 @@ def main():
     else:
         # What each image costs this model and the others, and how full the packs are
         draw_model_figure(epoch["report"], samples, args)
+
+
+def takes_synthetic_videos(processor, args, mixed) -> bool:
+    """Whether to add the synthetic clips: the embedded dataset, a family that takes video."""
+    embedded = args.dataset is None and mixed is None and not args.prepared
+    return embedded and args.video_rows > 0 and bool(family_for(processor).video_token)
+
+
+def print_videos(report: PackReport, samples: VQADataset, args) -> None:
+    """The videos packed this epoch: how many, the tokens and patches each costs (from their
+    headers), and their share of the packs' patch budget."""
+    if "videos" not in samples.dataset.column_names:
+        return
+    rows = samples.dataset.select_columns(["videos"])[report.sample_index]["videos"]
+    costs = samples.family.video_costs(rows)
+    if not costs:
+        print(f"{'videos packed:':<18}0")
+        return
+    tokens, patches = (np.array(values) for values in zip(*costs))
+    budget = len(report.patches_per_row) * args.max_patches if args.max_patches else 0
+    share = f", {patches.sum() / budget:.1%} of the packs' patch budget" if budget else ""
+    print(
+        f"{'videos packed:':<18}{len(costs):,} (tokens per video: min {tokens.min()}, median "
+        f"{np.median(tokens):.0f}, max {tokens.max()}; patches per video: min {patches.min()}, "
+        f"median {np.median(patches):.0f}, max {patches.max()}; {patches.sum():,} patches"
+        f"{share})"
+    )
 
 
 def load_sources(args) -> MixedRows | None:

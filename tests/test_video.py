@@ -10,6 +10,7 @@ restarted) must break that equality.
 """
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -407,3 +408,21 @@ def test_a_video_counts_against_the_patch_budget_whole_and_a_broken_one_is_count
             assert len(inputs["pixel_values_videos"]) == int(grids.prod(-1).sum())
             video_tokens = int((inputs["mm_token_type_ids"] == 2).sum())
             assert video_tokens == int(grids.prod(-1).sum()) // tiny_family.merge_size**2
+
+
+# Stage 5 ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # 46 s on a busy 2-core machine: the offline processors of every family
+def test_stage5_packs_and_reports_the_videos_for_a_family_that_takes_them(run_main, tmp_path):
+    metrics = tmp_path / "m.json"
+    status, out, err = run_main(
+        "05_knapsack_multimodal.py",
+        *("--model", "qwen3_vl", "--num-rows", "24", "--video-rows", "6", "--num-workers", "0"),
+        *("--out-dir", str(tmp_path), "--metrics-json", str(metrics)),
+    )
+    assert status == 0, err
+    report = json.loads(metrics.read_text())
+    assert report["rows_read"] == 30 and report["samples"] == 30
+    assert "videos packed:    6 (tokens per video: min" in out
+    assert "of the packs' patch budget" in out

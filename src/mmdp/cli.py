@@ -222,11 +222,12 @@ def nothing_to_do(rows_read: int, dropped: dict, hint: str) -> UserError:
 
 def print_batch(batch: dict) -> None:
     """One line per entry of a collated batch: tensors by shape, the rest by value."""
+    width = max(17, *(len(key) for key in batch))  # pixel_values_videos: 19
     for key, value in batch.items():
         if isinstance(value, torch.Tensor):
-            print(f"  {key:<17} {str(tuple(value.shape)):<20} {value.dtype}")
+            print(f"  {key:<{width}} {str(tuple(value.shape)):<20} {value.dtype}")
         else:
-            print(f"  {key:<17} {value}")
+            print(f"  {key:<{width}} {value}")
 
 
 def print_table(

@@ -293,6 +293,18 @@ class ModelFamily:
             costs += [(self.image_tokens(layout), layout.patches) for layout in layouts]
         return costs
 
+    def video_costs(self, videos_of_rows) -> list[tuple[int, int]]:
+        """(tokens, patches) of every video of the rows, from their headers (refused or broken
+        videos left out): what stage 5 reports of the videos it packed."""
+        costs = []
+        for videos in videos_of_rows:
+            try:
+                layouts = self.video_layouts(videos)
+            except BadVideo:
+                continue
+            costs += [(self.image_tokens(layout), layout.patches) for layout in layouts]
+        return costs
+
     def tokenize(self, texts, images, videos=None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         """(input_ids, labels, images, patches) of a row, its images and videos read from their
         headers (pretokenizing: mmdp.packing.weighing)."""
