@@ -426,3 +426,14 @@ def test_stage5_packs_and_reports_the_videos_for_a_family_that_takes_them(run_ma
     assert report["rows_read"] == 30 and report["samples"] == 30
     assert "videos packed:    6 (tokens per video: min" in out
     assert "of the packs' patch budget" in out
+
+
+def test_prepared_weights_are_refused_for_other_video_settings(family):
+    """A prepared dataset's manifest names the video processor's settings: weights made at 2 fps
+    do not pass for a run at 4 (mmdp.packing.prepared.image_rule)."""
+    from mmdp.packing.prepared import image_rule
+
+    processor = offline_processor(family.name)
+    processor.video_processor = type(processor.video_processor)(**{**VIDEO_SETTINGS, "fps": 4})
+    assert "fps=2" in image_rule(family)
+    assert image_rule(family_for(processor)) != image_rule(family)

@@ -63,6 +63,17 @@ IMAGE_RULE_SETTINGS = (
     "min_pixels",
     "max_pixels",
 )
+# ...and the video processor's settings that change a video's count besides (a family that
+# takes video: mmdp.data.families.qwen_vl.VIDEO_SETTINGS)
+VIDEO_RULE_SETTINGS = (
+    "do_sample_frames",
+    "fps",
+    "num_frames",
+    "min_frames",
+    "max_frames",
+    "cap_pixels_per_frame",
+    "max_video_tokens",
+)
 # What the manifest must match, in the order they are checked, and how a sentence names each.
 CHECKED = {
     "format": "the prepared format",
@@ -108,20 +119,25 @@ def image_rule(family) -> str:
     if isinstance(family, TinyFamily):
         return f"{family.image_token_length} tokens per image"
     settings = family.processor.image_processor.to_dict()
-    return ", ".join(f"{key}={settings[key]}" for key in IMAGE_RULE_SETTINGS if key in settings)
+    rule = ", ".join(f"{key}={settings[key]}" for key in IMAGE_RULE_SETTINGS if key in settings)
+    if family.video_token:  # a family that takes video: its video processor's too
+        settings = family.processor.video_processor.to_dict()
+        names = (*IMAGE_RULE_SETTINGS, *VIDEO_RULE_SETTINGS)
+        rule += "; videos: " + ", ".join(f"{k}={settings[k]}" for k in names if k in settings)
+    return rule
 
 
 def rows_digest(rows: Dataset) -> str:
-    """A digest of ROWS_IN_DIGEST rows spread over the dataset (texts and image bytes): another
-    dataset of the same length differs here, at the cost of reading a few rows."""
+    """A digest of ROWS_IN_DIGEST rows spread over the dataset (texts, image and video bytes):
+    another dataset of the same length differs here, at the cost of reading a few rows."""
     if len(rows) == 0:
         return digest([])
     picked = np.unique(np.linspace(0, len(rows) - 1, ROWS_IN_DIGEST).astype(int)).tolist()
     sha = hashlib.sha256()
     for row in rows.select(picked):
         sha.update(json.dumps(row["texts"], sort_keys=True).encode())
-        for image in row["images"] or []:
-            sha.update(image["bytes"] or str(image["path"]).encode())
+        for media in (row["images"] or []) + (row.get("videos") or []):
+            sha.update(media["bytes"] or str(media["path"]).encode())
     return sha.hexdigest()[:16]
 
 
