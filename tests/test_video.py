@@ -41,8 +41,15 @@ def clip(frames: int, fps: int, width: int, height: int, motion: str = "left to 
 
 
 # Held-out clips: (frames, fps, width, height), none of them the synthetic task's; 1 frame is
-# refused by both processors (fewer frames than a temporal patch).
-HELD_OUT = [(5, 3, 40, 30), (9, 30, 100, 36), (2, 1, 64, 64), (30, 25, 160, 90), (1, 5, 32, 32)]
+# refused by both processors (fewer frames than a temporal patch). The default suite weighs three,
+# the slow group the two larger ones.
+HELD_OUT = [
+    (5, 3, 40, 30),
+    (2, 1, 64, 64),
+    (1, 5, 32, 32),
+    pytest.param((9, 30, 100, 36), marks=pytest.mark.slow),
+    pytest.param((30, 25, 160, 90), marks=pytest.mark.slow),
+]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -374,7 +381,11 @@ def test_a_batch_of_videos_without_images_gives_the_model_its_videos(
 # Budgets, through the planned loader ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("pretokenize", [False, True], ids=["weighed", "pretokenized"])
+@pytest.mark.parametrize(
+    "pretokenize",
+    [False, pytest.param(True, marks=pytest.mark.slow)],
+    ids=["weighed", "pretokenized"],
+)
 def test_a_video_counts_against_the_patch_budget_whole_and_a_broken_one_is_counted(
     tiny_family, pretokenize
 ):
@@ -428,6 +439,7 @@ def test_stage5_packs_and_reports_the_videos_for_a_family_that_takes_them(run_ma
     assert "of the packs' patch budget" in out
 
 
+@pytest.mark.slow  # a processor built per family (seconds): the rule is one string
 def test_prepared_weights_are_refused_for_other_video_settings(family):
     """A prepared dataset's manifest names the video processor's settings: weights made at 2 fps
     do not pass for a run at 4 (mmdp.packing.prepared.image_rule)."""
