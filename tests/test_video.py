@@ -11,6 +11,7 @@ restarted) must break that equality.
 
 import io
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -146,6 +147,24 @@ def test_a_broken_video_is_a_counted_drop_never_a_crash(family):
     for video in broken.values():
         row = {"images": [], "videos": [video], "texts": texts}
         assert family.make_sample(row, 0)["drop_reason"] == UNDECODABLE_VIDEO
+
+
+def test_a_video_by_path_weighs_as_by_bytes(family, tmp_path):
+    video = clip(6, 4, 48, 32)
+    path = tmp_path / "clip.mp4"
+    path.write_bytes(video["bytes"])
+    texts = [turn("Which way?", "Left to right.")]
+    by_bytes, by_path = family.weigh([texts] * 2, [[]] * 2, [[video], [{"path": str(path)}]])[0]
+    assert by_bytes == by_path
+
+
+def test_without_pyav_a_video_is_one_sentence(monkeypatch):
+    from mmdp.data.videos import require_av
+    from mmdp.errors import UserError
+
+    monkeypatch.setitem(sys.modules, "av", None)  # import av raises ImportError
+    with pytest.raises(UserError, match=r"mmdp\[video\]"):
+        require_av()
 
 
 def test_the_synthetic_video_rows_are_what_they_say():
