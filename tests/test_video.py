@@ -232,6 +232,8 @@ def model(tiny_family):
     """The family's tiny model, its attention sharpened (queries and keys x 4) so that where a
     token sits shows in the loss: a trap's error stands well clear of float32 noise."""
     model = tiny_model(tiny_family.processor, attn_implementation="eager")
+    if tiny_family.tokens_per_second is not None:  # the released checkpoints' (qwen_vl.py)
+        model.config.vision_config.tokens_per_second = tiny_family.tokens_per_second
     with torch.no_grad():
         for name, weight in language_model(model).named_parameters():
             if name.endswith(("q_proj.weight", "k_proj.weight")):
@@ -242,6 +244,10 @@ def model(tiny_family):
 @pytest.fixture(scope="module")
 def packed(tiny_family):
     """(batch, samples): the six rows in two packs of 3, a padding tail in each."""
+    return packed_batch(tiny_family)
+
+
+def packed_batch(tiny_family) -> tuple[dict, list[dict]]:
     rows = [{**row, "videos": [clip(*size) for size in row["videos"]]} for row in ROWS]
     samples = [tiny_family.make_sample(row, i) for i, row in enumerate(rows)]
     assert all(s["drop_reason"] is None for s in samples)
@@ -468,3 +474,20 @@ def test_prepared_weights_are_refused_for_other_video_settings(family):
     processor.video_processor = type(processor.video_processor)(**{**VIDEO_SETTINGS, "fps": 4})
     assert "fps=2" in image_rule(family)
     assert image_rule(family_for(processor)) != image_rule(family)
+
+
+def test_qwen2_5_vl_positions_need_the_models_tokens_per_second(tiny_family, model, alone_eager):
+    """The trap of a default config: video positions computed at transformers' default
+    tokens_per_second (4) for a model configured as the released checkpoints (2) move every
+    video's temporal positions, and its loss."""
+    if tiny_family.name != "qwen2_5_vl":
+        pytest.skip("only Qwen2.5-VL spaces a video's positions by tokens_per_second")
+
+    class DefaultConfig(type(tiny_family)):
+        tokens_per_second = None  # transformers' default vision config: 4
+
+    batch, _ = packed_batch(DefaultConfig(tiny_family.processor))
+    losses = summed_losses_packed(model, batch)
+    worst = max(abs(p - a) / a for p, a in zip(losses, alone_eager))
+    print(f"qwen2_5_vl, another tokens_per_second: worst relative error {worst:.1e}")
+    assert worst > 1e-4

@@ -97,6 +97,7 @@ class QwenVL(ModelFamily):
     token_keys = ("mm_token_type_ids",)
     model_class = None  # the transformers model whose get_rope_index computes positions
     config_class = None
+    tokens_per_second = None  # the vision config's, where the rope index reads one (videos)
     # a pack of a few images: Qwen2.5-VL gives a 448 px image 256 tokens and 1,024 patches
     default_max_length = 2048
     default_max_patches = 8192
@@ -104,7 +105,9 @@ class QwenVL(ModelFamily):
     def __init__(self, processor):
         super().__init__(processor)
         self.merge_size = processor.image_processor.merge_size
-        self.rope = RopeIndex(self.model_class, self.config_class, self.merge_size)
+        self.rope = RopeIndex(
+            self.model_class, self.config_class, self.merge_size, self.tokens_per_second
+        )
 
     def image_layout(self, width: int, height: int, images_in_sample: int) -> ImageLayout:
         try:
@@ -205,9 +208,12 @@ class RopeIndex:
     so that a DataLoader worker computes positions exactly as the model would, without a model.
     """
 
-    def __init__(self, model_class, config_class, merge_size: int):
+    def __init__(self, model_class, config_class, merge_size: int, tokens_per_second=None):
         self.model_class = model_class
-        self.config = config_class(vision_config={"spatial_merge_size": merge_size})
+        vision = {"spatial_merge_size": merge_size}
+        if tokens_per_second is not None:
+            vision["tokens_per_second"] = tokens_per_second
+        self.config = config_class(vision_config=vision)
 
     def get_vision_position_ids(self, *args, **kwargs):
         return self.model_class.get_vision_position_ids(self, *args, **kwargs)
@@ -229,6 +235,11 @@ class Qwen2_5_VL(QwenVL):
     name = "qwen2_5_vl"
     model_class = transformers.Qwen2_5_VLModel
     config_class = transformers.Qwen2_5_VLConfig
+    # A video's temporal positions step by tokens_per_second x second_per_grid_ts
+    # (modeling_qwen2_5_vl.py:1026-1027). The released checkpoints' vision_config says 2;
+    # transformers' Qwen2_5_VLVisionConfig defaults to 4: a model configured otherwise than its
+    # batches gets other positions for its videos (tests/test_video.py shows it).
+    tokens_per_second = 2
 
     def video_inputs(self, videos: list, metadata: list) -> dict:
         """...and second_per_grid_ts, as Qwen2_5_VLProcessor computes it from the sampled fps
