@@ -161,8 +161,9 @@ class Gemma3(ModelFamily):
     image_token = "<start_of_image>"  # what the chat template renders for each image
     feature_token = "<image_soft_token>"
     end_of_turn = "<end_of_turn>"
-    vision_keys = ("pixel_values", "num_crops")
+    vision_keys = ("pixel_values",)  # a sample's num_crops only checks its image processor
     token_keys = ("token_type_ids",)
+    packed_mask = "gemma3"  # its sliding-window layers' mask (mmdp.models.gemma3_masks)
     # each 896 px image (or crop) is 256 soft tokens (about 260 with <start_of_image>,
     # <end_of_image> and the newlines around them) and 64 x 64 = 4,096 SigLIP patches: 2,048
     # tokens hold at most 7 images, so 8 images' patches bind only with pan-and-scan crops

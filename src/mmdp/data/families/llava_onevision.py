@@ -83,7 +83,7 @@ class LlavaOnevision(ModelFamily):
     name = "llava_onevision"
     image_token = feature_token = "<image>"
     end_of_turn = "<|im_end|>"
-    vision_keys = ("pixel_values", "image_sizes")  # batch_num_images is made per batch
+    vision_keys = ("pixel_values", "image_sizes", "batch_num_images")  # the last made per batch
     # A pack of a few images. An image alone in its sample costs at most 8,765 tokens (947 x 1154:
     # anyres_max_9 shrinks a grid's features only past 1.1^2 x 9 crops' worth; a 3 px scan of
     # 200-2400 px sides) and a 512 x 512 one 3,699, so 10,240 tokens hold any one image with ~1,400 tokens of
