@@ -2,6 +2,8 @@
 (`vision_keys`) and, for Gemma 3, the attention masks mmdp builds (`packed_mask`). Every
 registered family must answer, and its answers must match the batches it collates."""
 
+import importlib
+
 import pytest
 from PIL import Image
 
@@ -18,6 +20,7 @@ from mmdp.data.families.base import VISION_INPUTS, TinyFamily
 from mmdp.data.synthetic import encode_png
 from mmdp.errors import UserError
 from mmdp.models.inputs import PACKED_MASKS, model_inputs
+from mmdp.models.tiny import BUILDERS
 from mmdp.packing.batch import build_pack, collate_packs
 
 REGISTERED = sorted(
@@ -45,6 +48,14 @@ def packed_batch(family) -> dict:
 def test_every_registered_family_is_found_by_its_name_and_its_mask_is_built(family):
     assert family_named(family.name) is family
     assert family.packed_mask is None or family.packed_mask in PACKED_MASKS
+
+
+@pytest.mark.parametrize(
+    "family", [f for f in REGISTERED if f is not TinyFamily], ids=lambda f: f.name
+)
+def test_every_real_family_has_a_tiny_model_builder(family):
+    """TinyVLM is built by mmdp.models.tiny_vlm; every other family by mmdp.models.tiny."""
+    assert hasattr(importlib.import_module(BUILDERS[family.name]), "tiny_model")
 
 
 def test_the_vision_inputs_a_batch_may_carry_are_the_families_vision_keys():
