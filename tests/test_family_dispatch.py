@@ -1,6 +1,7 @@
 """model_inputs asks the family that collated a batch what its model takes: its vision inputs
-(`vision_keys`) and, for Gemma 3, the attention masks mmdp builds (`packed_mask`). Every
-registered family must answer, and its answers must match the batches it collates."""
+(`vision_keys`), its per-token inputs (`token_keys`) and, for Gemma 3, the attention masks mmdp
+builds (`packed_mask`). Every registered family must answer, and its answers must match the
+batches it collates."""
 
 import importlib
 
@@ -21,7 +22,7 @@ from mmdp.data.synthetic import encode_png
 from mmdp.errors import UserError
 from mmdp.models.inputs import PACKED_MASKS, model_inputs
 from mmdp.models.tiny import BUILDERS
-from mmdp.packing.batch import build_pack, collate_packs
+from mmdp.packing.batch import TOKEN_INPUTS, build_pack, collate_packs
 
 REGISTERED = sorted(
     {family_class(where) for where in (*FAMILIES.values(), *NAMED.values())} | {TinyFamily},
@@ -58,9 +59,9 @@ def test_every_real_family_has_a_tiny_model_builder(family):
     assert hasattr(importlib.import_module(BUILDERS[family.name]), "tiny_model")
 
 
-def test_the_vision_inputs_a_batch_may_carry_are_the_families_vision_keys():
-    declared = {key for family in REGISTERED for key in family.vision_keys}
-    assert set(VISION_INPUTS) == declared
+def test_the_inputs_a_batch_may_carry_are_the_families_keys():
+    assert set(VISION_INPUTS) == {key for family in REGISTERED for key in family.vision_keys}
+    assert set(TOKEN_INPUTS) == {key for family in REGISTERED for key in family.token_keys}
 
 
 def test_an_unknown_family_name_is_one_sentence():
@@ -81,6 +82,7 @@ def test_a_familys_batch_carries_its_vision_keys_and_the_model_gets_them(name, m
     assert carried == set(family.vision_keys)
     passed = model_inputs(batch)
     assert {key for key in passed if key in VISION_INPUTS} == carried
+    assert {key for key in passed if key in TOKEN_INPUTS} == set(family.token_keys)
     assert ("attention_mask" in passed) == (family.packed_mask is not None) == bool(built)
 
 

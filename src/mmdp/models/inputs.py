@@ -61,10 +61,11 @@ def model_inputs(batch: dict, model=None) -> dict:
     check_transformers()
     inputs = {key: batch[key] for key in MODEL_INPUTS}
     inputs["use_cache"] = False
-    inputs.update({key: batch[key] for key in TOKEN_INPUTS if key in batch})
     # the family that collated the batch says what its model takes; a batch collated without one
-    # concatenated whichever vision inputs its samples had (mmdp.packing.batch.collate_packs)
+    # holds whichever per-token and vision inputs its samples had (mmdp.packing.batch.collate_packs)
     family = family_named(batch["model_family"]) if "model_family" in batch else None
+    token_keys = family.token_keys if family else TOKEN_INPUTS
+    inputs.update({key: batch[key] for key in token_keys if key in batch})
     if len(batch.get("pixel_values", ())):
         keys = family.vision_keys if family else VISION_INPUTS
         inputs.update({key: batch[key] for key in keys if key in batch})
