@@ -24,11 +24,13 @@
 import argparse
 import io
 import json
+import pickle
 import resource
 import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import numpy as np
 import torch
@@ -36,6 +38,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from mmdp import config
+from mmdp.data import images as image_module
+from mmdp.data.families import base as family_module
 from mmdp.data.families import family_for
 from mmdp.data.families.base import TinyFamily
 from mmdp.data.images import decode_image, load_image
@@ -193,6 +197,159 @@ def speed(path: str, rows, workers: int, repeats: int) -> None:
         print(f"| stage 5, {label} | {took:.2f} | {took / floor - 1:+.1%} | {tensors[name]:.0f} |")
 
 
+# 4. Where a worker's time goes: each step of building a batch, timed -------------------------
+
+
+class StepClock:
+    """Seconds per step, each step's own: a step that calls another leaves out that one's time
+    (decode inside load_image is decode's, not resize's)."""
+
+    def __init__(self):
+        self.seconds = Counter()
+        self.inner = []  # for each step running, the seconds spent in the steps it called
+
+    def wrap(self, step: str, function):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            self.inner.append(0.0)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - start
+                self.seconds[step] += spent - self.inner.pop()
+                if self.inner:
+                    self.inner[-1] += spent
+
+        return timed
+
+
+class TimedRows:
+    """A datasets.Dataset whose reads (`rows[i]`, `rows[list]`) are timed as "read rows"."""
+
+    def __init__(self, rows, clock: StepClock):
+        self.rows = rows
+        self.read = clock.wrap("read rows", rows.__getitem__)
+
+    def __getitem__(self, key):
+        return self.read(key)
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getattr__(self, name):
+        return getattr(self.rows, name)
+
+
+def timed_steps(dataset: PackedDataset, clock: StepClock) -> list[tuple]:
+    """Wrap each step a worker runs to build a batch in `clock`; returns what to undo.
+
+    The wrapped functions are the loader's own (the worker calls the same ones): reads of the
+    dataset (or of the pre-computed tokens), decode_image, load_image's resize, the family's
+    image processor, tokenizing, Qwen's positions, the rest of making a sample, slicing the
+    pre-computed tokens (PackedDataset.samples), laying out a pack and collating the batch."""
+    family = dataset.dataset.family
+    undo = []
+
+    def patch(owner, name, step):
+        undo.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, clock.wrap(step, getattr(owner, name)))
+
+    patch(image_module, "decode_image", "decode")  # inside load_image (TinyVLM)
+    patch(family_module, "decode_image", "decode")  # ModelFamily.make_sample (real families)
+    patch(family_module, "load_image", "resize to the model's pixels")
+    patch(family_module, "tokenize_conversation", "tokenize")
+    for name, step in (
+        ("vision_inputs", "image processor"),
+        ("encode", "tokenize"),
+        ("positions", "positions (rope index)"),
+        ("make_sample", "make the sample (the rest)"),
+    ):
+        if not isinstance(family, TinyFamily) or name == "make_sample":
+            patch(family, name, step)
+    for name, step in (
+        ("samples", "slice the pre-computed tokens"),
+        ("build_pack", "lay out the pack"),
+        ("collate", "collate the batch"),
+    ):
+        patch(dataset, name, step)
+    for owner, name in ((dataset, "tokens"), (dataset, "image_rows"), (dataset.dataset, "dataset")):
+        rows = getattr(owner, name)
+        if rows is not None:
+            undo.append((owner, name, rows))
+            setattr(owner, name, TimedRows(rows, clock))
+    return undo
+
+
+def hand_off(batch: dict) -> tuple[float, int, int]:
+    """What handing a batch to the main process costs, as a worker does it: (seconds to
+    pickle it with torch's reductions, each tensor's storage moved to shared memory, and
+    unpickle it; tensors; bytes of tensor data)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers torch's reductions, as a worker has)
+
+    start = time.perf_counter()
+    pickle.loads(ForkingPickler.dumps(batch))
+    seconds = time.perf_counter() - start
+    tensors = [v for v in flat_values(batch) if isinstance(v, torch.Tensor)]
+    return seconds, len(tensors), sum(t.numel() * t.element_size() for t in tensors)
+
+
+def flat_values(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from flat_values(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from flat_values(v)
+    else:
+        yield value
+
+
+def profile(path: str, rows, pretokenize: bool) -> None:
+    """Build every batch of an epoch in this process as a worker does, each step timed; one
+    table of milliseconds a batch."""
+    torch.set_num_threads(1)  # as in a DataLoader worker
+    processor = processor_of(path)
+    dataset = packed_dataset(rows, processor, pretokenize)
+    plan, planned = dataset.rank_plan()
+    clock = StepClock()
+    undo = timed_steps(dataset, clock)
+    handed, tensors, data_bytes = 0.0, [], []
+    start = time.perf_counter()
+    try:
+        for step in range(plan.num_steps()):
+            packs = []
+            for p in range(plan.batch_starts[step], plan.batch_starts[step + 1]):
+                a, z = plan.pack_starts[p], plan.pack_starts[p + 1]
+                packs.append(
+                    dataset.build_pack(plan.rows[a:z].tolist(), planned[a:z].tolist(), step)
+                )
+            batch = dataset.collate(packs)
+            seconds, count, size = hand_off(batch)
+            handed += seconds
+            tensors.append(count)
+            data_bytes.append(size)
+    finally:
+        for owner, name, value in reversed(undo):
+            setattr(owner, name, value)
+    total = time.perf_counter() - start
+    steps = {**clock.seconds, "hand to the main process (pickle, shared memory)": handed}
+    steps["other (the loop, the plan's arrays)"] = total - sum(steps.values())
+    batches = plan.num_steps()
+    mode = "pre-tokenized" if pretokenize else "tokenizing each pack"
+    print(
+        f"\n{path}, {mode}: {batches} batches built in one process (one thread), "
+        f"{statistics.median(tensors):.0f} tensors and "
+        f"{statistics.median(data_bytes) / 2**20:.2f} MiB of tensor data a batch (median):\n"
+    )
+    print("| step | ms a batch | share |")
+    print("| --- | ---: | ---: |")
+    for name, seconds in sorted(steps.items(), key=lambda item: -item[1]):
+        print(f"| {name} | {seconds / batches * 1e3:.1f} | {seconds / total:.0%} |")
+    print(f"| all | {total / batches * 1e3:.1f} | |")
+
+
 def jpeg_cells(side: int, count: int) -> list[dict]:
     """`count` different JPEGs of side x side pixels: gradients with some grain, quality 90."""
     generator = np.random.default_rng(side)
@@ -245,10 +402,21 @@ def main():
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--paths", nargs="+", default=["tiny", "qwen2_5_vl"])
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory table")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="only the per-step profile of a worker's batches, for each of --paths",
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         return child(args.child, args.workers)
+    if args.profile:
+        rows = load_vqa_dataset(num_rows=args.sizes[0])
+        for path in args.paths:
+            for pretokenize in (True, False):
+                profile(path, rows, pretokenize)
+        return
     if not args.no_memory:
         memory(args.sizes, args.workers)
     rows = load_vqa_dataset(num_rows=args.sizes[0])
