@@ -10,7 +10,6 @@ from mmdp.packing.packers import (
     lower_bound,
     pack,
     pack_flat,
-    pack_greedy,
     pack_loads,
     reference_balanced_greedy,
     reference_fit_decreasing,
@@ -163,9 +162,6 @@ def test_packs_are_valid_whatever_the_input(case, strategy):
 
 
 def assert_fast_packers_match_the_readable_ones(lengths, max_length, images, max_images):
-    assert pack(lengths, max_length, "greedy", images, max_images) == pack_greedy(
-        lengths, max_length, images, max_images
-    )
     for strategy in FIT_DECREASING:
         assert pack(lengths, max_length, strategy, images, max_images) == reference_fit_decreasing(
             lengths, max_length, images, max_images, strategy=strategy
@@ -344,9 +340,6 @@ def test_packs_respect_every_budget_whatever_the_input(case, strategy):
 
 
 def assert_patch_engine_matches_the_readable_loops(lengths, max_length, *budgets):
-    assert pack(lengths, max_length, "greedy", *budgets) == pack_greedy(
-        lengths, max_length, *budgets
-    )
     for strategy in FIT_DECREASING:
         assert pack(lengths, max_length, strategy, *budgets) == reference_fit_decreasing(
             lengths, max_length, *budgets, strategy=strategy

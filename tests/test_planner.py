@@ -170,36 +170,6 @@ def test_planning_slice_by_slice_gives_the_same_plan(monkeypatch, world_size):
     assert other_seed.rows.tolist() != whole.rows.tolist()  # the comparison can tell plans apart
 
 
-def test_packing_in_processes_gives_the_same_plan(monkeypatch):
-    # Buffers are independent: processes pack ranges of them, and the ranges come back in order.
-    # 3,995 usable rows: 40 buffers of 100 (below PARALLEL_MIN_BUFFERS: processes forced here).
-    weights = random_weights(6_001)
-    settings = {"max_length": 512, "max_images": 3, "packs_per_batch": 3, "buffer_size": 100}
-    one_process = plan_epoch(weights, world_size=2, **settings)
-    monkeypatch.setattr(planner, "planning_workers", lambda num_buffers: 2)
-    ranges_packed = []
-    pack_in_processes = planner.pack_in_processes
-
-    def counted(rows, job, workers):
-        sizes = pack_in_processes(rows, job, workers)
-        ranges_packed.append(len(sizes))
-        return sizes
-
-    monkeypatch.setattr(planner, "pack_in_processes", counted)
-    two_processes = plan_epoch(weights, world_size=2, **settings)
-    assert ranges_packed == [8]  # about 4 ranges a process: 5 buffers a range
-    for name in ("rows", "pack_starts", "batch_starts"):
-        assert getattr(one_process, name).tolist() == getattr(two_processes, name).tolist(), name
-    # ranges taken out of order give another plan: the comparison can tell
-    monkeypatch.setattr(
-        planner,
-        "pack_in_processes",
-        lambda rows, job, workers: pack_in_processes(rows, job, workers)[::-1],
-    )
-    out_of_order = plan_epoch(weights, world_size=2, **settings)
-    assert out_of_order.pack_starts.tolist() != one_process.pack_starts.tolist()
-
-
 def test_plan_arrays_are_narrow_and_one_rank_shares_them():
     plan = plan_epoch(random_weights(2_000), max_length=512, max_images=3, packs_per_batch=4)
     assert plan.rows.dtype == np.int32 and plan.pack_starts.dtype == np.int32
