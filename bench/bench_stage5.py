@@ -19,6 +19,20 @@
    batch holds (each is its own shared-memory segment between processes).
 3. JPEG draft decoding: `load_image` of JPEGs 2x and 4x the target side against the full decode
    resized (what it did before), alternating in this process, medians.
+
+    uv run bench/bench_stage5.py --profile --sizes 600                       # a few minutes
+    uv run bench/bench_stage5.py --profile --sizes 600 --image-format jpeg
+
+4. --profile, instead of the above: where a worker's time goes. Every batch of an epoch is built
+   in this process (one thread) by the loader's own functions, each step timed on its own
+   (`timed_steps`): read the rows, decode, resize to TinyVLM's pixels or the family's image
+   processor, tokenize or slice the pre-computed tokens, Qwen's positions, the rest of making a
+   sample, lay out the pack, collate the batch, and hand it to the main process (pickled with
+   torch's reductions, its tensors moved to shared memory, and unpickled: what a worker's queue
+   does); tensors and bytes a batch. Then decoding alone: Pillow against torchvision's
+   libjpeg-turbo / libpng decoder on the same images, ms an image.
+--image-format jpeg runs the speed and profile parts on the embedded rows with every image
+re-encoded as a JPEG (quality 90), as most VLM datasets store them.
 """
 
 import argparse
@@ -376,6 +390,44 @@ def profile(path: str, rows, pretokenize: bool) -> None:
     print(f"| all | {total / batches * 1e3:.1f} | |")
 
 
+def decoders(rows, repeats: int) -> None:
+    """Decoding alone, ms an image to RGB pixels: Pillow (what mmdp.data.images does) against
+    torchvision.io.decode_image, on the rows' images that both decode, alternating, medians."""
+    from torchvision.io import ImageReadMode
+    from torchvision.io import decode_image as torchvision_decode
+
+    def pillow(data: bytes):
+        return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+    def torchvision(data: bytes):
+        encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return torchvision_decode(encoded, mode=ImageReadMode.RGB)
+
+    torch.set_num_threads(1)
+    images, formats = [], Counter()
+    for row in rows:
+        for cell in row["images"] or []:
+            try:
+                pillow(cell["bytes"]), torchvision(cell["bytes"])
+            except Exception:  # noqa: BLE001 (a broken image of the dataset: left out)
+                continue
+            images.append(cell["bytes"])
+            formats[Image.open(io.BytesIO(cell["bytes"])).format] += 1
+    times = {pillow: [], torchvision: []}
+    for _ in range(repeats):
+        for decode, spent in times.items():
+            start = time.perf_counter()
+            for data in images:
+                decode(data)
+            spent.append((time.perf_counter() - start) / len(images) * 1e3)
+    p, t = statistics.median(times[pillow]), statistics.median(times[torchvision])
+    kinds = ", ".join(f"{n} {name}" for name, n in formats.most_common())
+    print(f"\nDecoding alone, one thread, {len(images)} images ({kinds}), ms an image, median:\n")
+    print("| Pillow | torchvision | Pillow / torchvision |")
+    print("| ---: | ---: | ---: |")
+    print(f"| {p:.2f} | {t:.2f} | {p / t:.2f}x |")
+
+
 def jpeg_cells(side: int, count: int) -> list[dict]:
     """`count` different JPEGs of side x side pixels: gradients with some grain, quality 90."""
     generator = np.random.default_rng(side)
@@ -448,7 +500,7 @@ def main():
         for path in args.paths:
             for pretokenize in (True, False):
                 profile(path, rows, pretokenize)
-        return
+        return decoders(rows, args.repeats)
     if not args.no_memory:
         memory(args.sizes, args.workers)
     rows = with_image_format(load_vqa_dataset(num_rows=args.sizes[0]), args.image_format)

@@ -2,12 +2,20 @@
 
 Private: call `pack` or `pack_flat` (mmdp.packing.packers). They check the items, choose the order
 the items go in, and call an engine here; every engine returns (items, starts) as `pack_flat`
-does, and tests/test_packing.py holds each to its readable twin in packers
-(`reference_fit_decreasing`, `reference_balanced_greedy`) on thousands of random inputs.
+does, and tests/test_packing.py and tests/test_packing_engines.py hold each to its readable
+twin in packers (`pack_greedy`, `reference_fit_decreasing`, `reference_balanced_greedy`) on
+thousands of random inputs. A Python call costs about as much as a step of these loops, so each
+engine's hot loop is one method over all the items (or runs), its steps written out.
+
+Any budgets: greedy (`next_fit`), a pack at a time: a bisection of the running totals finds
+where each pack ends.
 
 Tokens and images (stage 5's two budgets): binpack, bfd and images_first_bfd
 (`pack_fit_decreasing`)
-1. Cut the sorted items into runs of identical (length, image count) items (`cut_into_runs`).
+0. The items longer than half the token budget at the head of the order each open a pack: no
+   two fit together, and the packs they open have room for none of them.
+1. Cut the other sorted items into runs of identical (length, image count) items
+   (`cut_into_runs`).
 2. Place a run at once: the pack the rule picks for one item stays its pick for the next one
    until it is full (its room only shrinks), so it takes as many as fit, then the next pick does;
    the rest of the run opens new packs, each with as many as fit (`Placements.open_new`).
