@@ -274,10 +274,26 @@ class FirstFitIndex:
                     heappush(heaps.setdefault(min(slots[pack], most), []), pack)
                 elif left >= shortest:  # 2. waits for a shorter length; else forgotten
                     self.wait(pack, left)
-            if todo:  # new packs for the rest of the run
-                for numbers, take in placed.open_new(todo, (length, count), budgets):
-                    left = budgets[0] - take * length
-                    self.open(numbers, left, budgets[1] - take * count, length, shortest)
+            if not todo:
+                continue
+            max_length, max_images = budgets
+            if todo * length <= max_length and todo * count <= max_images:
+                # one new pack takes the rest (most runs): Placements.open_new's first case
+                pack = placed.opened
+                placed.opened += 1
+                packs.append(pack)
+                takes.append(todo)
+                left = max_length - todo * length
+                room.append(left)  # room and slots are by pack number: this one is the next
+                slots.append(max_images - todo * count)
+                if left >= length:
+                    heappush(heaps.setdefault(min(slots[pack], most), []), pack)
+                elif left >= shortest:
+                    self.wait(pack, left)
+                continue
+            for numbers, take in placed.open_new(todo, (length, count), budgets):  # new packs
+                left = max_length - take * length
+                self.open(numbers, left, max_images - take * count, length, shortest)
 
     def open(self, numbers: range, left: int, slots: int, length: int, shortest: int) -> None:
         """New packs, numbered above all others, each with `left` room and `slots` slots."""
@@ -499,6 +515,14 @@ class BestFit:
     def open_new(self, length: int, count: int, todo: int, shortest: int) -> None:
         """New packs for the rest of a run (`Placements.open_new`), filed by their state."""
         max_length, max_images = self.budgets
+        if todo * length <= max_length and todo * count <= max_images:
+            # one new pack takes them all (most runs): Placements.open_new's first case, inline
+            placed = self.placed
+            placed.packs.append(placed.opened)
+            placed.takes.append(todo)
+            placed.opened += 1
+            left, slots = max_length - todo * length, max_images - todo * count
+            return self.file(left, slots, [placed.opened - 1], shortest)
         for numbers, take in self.placed.open_new(todo, (length, count), self.budgets):
             self.file(
                 max_length - take * length, max_images - take * count, list(numbers), shortest
@@ -531,8 +555,11 @@ def best_fit_runs(
     """
     fit = BestFit(runs, max_length, max_images, strategy, placed)
     shortest = min(length for length, _, _, _ in runs)
-    for pack, (room, slots) in enumerate(zip(*opened)):
-        fit.file(room, slots, [pack], shortest)
+    states = {}  # the packs opened already, by state: filed once a state
+    for pack, state in enumerate(zip(*opened)):
+        states.setdefault(state, []).append(pack)
+    for (room, slots), numbers in states.items():
+        fit.file(room, slots, numbers, shortest)
     fit.place(runs)
 
 
