@@ -231,9 +231,13 @@ PARALLEL_MIN_BUFFERS = 256
 def planning_workers(num_buffers: int) -> int:
     """How many processes pack `num_buffers` buffers: the cores this process may use, shared
     between the ranks of this machine (torchrun's LOCAL_WORLD_SIZE); 1 below
-    PARALLEL_MIN_BUFFERS buffers, and in a daemon process (a DataLoader worker may not start
-    processes)."""
-    if num_buffers < PARALLEL_MIN_BUFFERS or multiprocessing.current_process().daemon:
+    PARALLEL_MIN_BUFFERS buffers, in a daemon process (a DataLoader worker may not start
+    processes), and where processes cannot be forked (Windows)."""
+    if (
+        num_buffers < PARALLEL_MIN_BUFFERS
+        or multiprocessing.current_process().daemon
+        or "fork" not in multiprocessing.get_all_start_methods()
+    ):
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
