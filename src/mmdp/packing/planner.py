@@ -7,7 +7,8 @@ computes the same plan and takes its share. In the blog's terms:
 1. Filter (`filter_rows`): rows whose text is unusable, longer than `max_length` tokens or with
    more than `max_images` images are dropped and counted by reason.
 2. Shuffle the rest with (seed, epoch), pack them buffer by buffer (mmdp.packing.packers: a
-   token budget and an image budget per pack) and shuffle the packs (`shuffle_and_pack`).
+   token budget and an image budget per pack; the buffers are independent, so a big epoch's
+   go to several processes, `pack_buffers`) and shuffle the packs (`shuffle_and_pack`).
 3. Deal the packs to ranks a step at a time (`deal_steps`): a step is
    world_size * packs_per_batch packs, and within a step each rank gets packs_per_batch of them,
    heaviest first to the rank with the fewest images (then tokens) so far. Every rank gets the
