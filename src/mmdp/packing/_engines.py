@@ -246,6 +246,7 @@ class FirstFitIndex:
         (a thousand runs or so a buffer): a call costs about as much as a step."""
         room, slots, heaps, waiting_rooms = self.room, self.slots, self.heaps, self.waiting_rooms
         packs, takes, most = placed.packs, placed.takes, self.most
+        max_length, max_images = budgets
         for length, count, todo, shortest in runs:
             # 2. the waiting packs with room for this length join the heaps
             while waiting_rooms and -waiting_rooms[0] >= length:
@@ -276,7 +277,7 @@ class FirstFitIndex:
                     self.wait(pack, left)
             if not todo:
                 continue
-            max_length, max_images = budgets
+            # new packs for the rest of the run
             if todo * length <= max_length and todo * count <= max_images:
                 # one new pack takes the rest (most runs): Placements.open_new's first case
                 pack = placed.opened
@@ -291,7 +292,7 @@ class FirstFitIndex:
                 elif left >= shortest:
                     self.wait(pack, left)
                 continue
-            for numbers, take in placed.open_new(todo, (length, count), budgets):  # new packs
+            for numbers, take in placed.open_new(todo, (length, count), budgets):
                 left = max_length - take * length
                 self.open(numbers, left, max_images - take * count, length, shortest)
 
