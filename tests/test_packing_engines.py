@@ -38,7 +38,7 @@ def columns(case):
     return lengths, max_length, budgets
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(items_in_budgets)
 def test_greedy_a_pack_at_a_time_matches_the_item_by_item_loop(case):
     lengths, max_length, budgets = columns(case)
@@ -53,7 +53,7 @@ def test_greedy_ends_a_pack_where_either_budget_would_pass():
     assert pack([3, 4, 1, 6, 2], 8, "greedy", [1, 1, 1, 0, 0], 2) == [[0, 1], [2, 3], [4]]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(items_in_budgets)
 def test_items_over_half_the_budget_open_their_own_packs_as_the_loop_does(case):
     # lengths from 1 to max_length: often a head of items longer than half of it, which the
