@@ -21,7 +21,7 @@ from PIL import Image
 from test_families import cell, language_model, summed_losses_packed, turn
 
 from mmdp.data.conversation import chat_messages, chat_turns
-from mmdp.data.families import family_for, offline_processor, tiny_model
+from mmdp.data.families import family_for, offline_processor
 from mmdp.data.families.qwen_vl import VIDEO_SETTINGS
 from mmdp.data.sources import VIDEO_FEATURES
 from mmdp.data.synthetic_videos import encode_mp4, generate_video_row, moving_shape
@@ -30,6 +30,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import UNDECODABLE_VIDEO, VIDEO_REFUSED
 from mmdp.models.attention import use_attention
 from mmdp.models.inputs import model_inputs
+from mmdp.models.tiny import tiny_model
 from mmdp.packing.batch import build_pack, collate_packs
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
@@ -491,3 +492,11 @@ def test_qwen2_5_vl_positions_need_the_models_tokens_per_second(tiny_family, mod
     worst = max(abs(p - a) / a for p, a in zip(losses, alone_eager))
     print(f"qwen2_5_vl, another tokens_per_second: worst relative error {worst:.1e}")
     assert worst > 1e-4
+
+
+def test_the_video_inputs_a_batch_may_carry_are_the_families_video_keys():
+    from mmdp.data.families import FAMILIES, family_class
+    from mmdp.data.families.base import VIDEO_INPUTS
+
+    keys = {key for where in FAMILIES.values() for key in family_class(where).video_keys}
+    assert set(VIDEO_INPUTS) == keys

@@ -6,7 +6,8 @@ import functools
 import transformers
 from packaging.version import Version
 
-from mmdp.data.families.base import IMAGE_INPUTS, VIDEO_INPUTS
+from mmdp.data.families import family_named
+from mmdp.data.families.base import VIDEO_INPUTS, VISION_INPUTS
 from mmdp.packing.batch import TOKEN_INPUTS
 
 # The keys of a packed batch that a Hugging Face causal LM takes, under every attention
@@ -26,6 +27,19 @@ MODEL_INPUTS = (
 # sequence detection of huggingface/transformers#39194). Measured: 4.53.0 mixes samples, 4.53.1
 # does not (tools/check_packed_masks.py, the same check as tests/test_attention.py).
 MIN_TRANSFORMERS = "4.53.1"
+
+
+def gemma3_masks(batch: dict, model) -> dict:
+    """Gemma 3's masks for packed rows (imported when needed: transformers' Gemma 3)."""
+    from mmdp.models.gemma3_masks import packed_attention_masks
+
+    return packed_attention_masks(batch, model)
+
+
+# The attention masks mmdp builds for a family whose model cannot keep packed samples apart from
+# their position_ids alone, by the family's `packed_mask` (ModelFamily.packed_mask; a test checks
+# every registered family's is here).
+PACKED_MASKS = {"gemma3": gemma3_masks}
 
 
 def model_inputs(batch: dict, model=None) -> dict:
@@ -49,15 +63,19 @@ def model_inputs(batch: dict, model=None) -> dict:
     check_transformers()
     inputs = {key: batch[key] for key in MODEL_INPUTS}
     inputs["use_cache"] = False
-    inputs.update({key: batch[key] for key in TOKEN_INPUTS if key in batch})
+    # the family that collated the batch says what its model takes; a batch collated without one
+    # holds whichever per-token and vision inputs its samples had (mmdp.packing.batch.collate_packs)
+    family = family_named(batch["model_family"]) if "model_family" in batch else None
+    token_keys = family.token_keys if family else TOKEN_INPUTS
+    inputs.update({key: batch[key] for key in token_keys if key in batch})
     if len(batch.get("pixel_values", ())):
-        inputs.update({key: batch[key] for key in IMAGE_INPUTS if key in batch})
+        keys = family.vision_keys if family else VISION_INPUTS
+        inputs.update({key: batch[key] for key in keys if key in batch})
     if len(batch.get("pixel_values_videos", ())):
-        inputs.update({key: batch[key] for key in VIDEO_INPUTS if key in batch})
-    if batch.get("model_family") == "gemma3":  # imported when needed: transformers' Gemma 3
-        from mmdp.models.gemma3_masks import packed_attention_masks
-
-        inputs["attention_mask"] = packed_attention_masks(batch, model)
+        keys = family.video_keys if family else VIDEO_INPUTS
+        inputs.update({key: batch[key] for key in keys if key in batch})
+    if family and family.packed_mask:
+        inputs["attention_mask"] = PACKED_MASKS[family.packed_mask](batch, model)
     return inputs
 
 

@@ -50,9 +50,10 @@ import numpy as np
 import torch
 
 from mmdp import config
-from mmdp.data.families.base import VISION_INPUTS, concatenate_vision
+from mmdp.data.families.base import VIDEO_INPUTS, VISION_INPUTS, concatenate_vision
 
-# The per-token inputs some models take (Gemma 3, Qwen3-VL).
+# The per-token inputs some models take (Gemma 3, Qwen-VL): every family's `token_keys`
+# (tests/test_family_dispatch.py checks it is their union), for the code that has no family.
 TOKEN_INPUTS = ("token_type_ids", "mm_token_type_ids")
 
 
@@ -118,7 +119,9 @@ def layout_pack(samples: list[dict], max_length: int, pad_token_id: int) -> dict
         **token_loss_weights(samples, seq_lens, pad),
         "seq_lens": seq_lens + ([pad] if pad else []),
         "sample_index": [s["row"] for s in samples],
-        "vision": [{key: s[key] for key in VISION_INPUTS if key in s} for s in samples],
+        "vision": [
+            {key: s[key] for key in VISION_INPUTS + VIDEO_INPUTS if key in s} for s in samples
+        ],
         "image_counts": [s["image_count"] for s in samples],
         "patches": sum(s["patches"] for s in samples),
         "converted": converted,

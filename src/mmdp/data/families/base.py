@@ -47,22 +47,23 @@ from mmdp.data.images import BadImage, decode_image, image_size, load_image
 from mmdp.data.videos import BadVideo, decode_frames, video_metadata
 from mmdp.drop_reasons import VIDEO_REFUSED
 
-# What a packed batch may carry for the images and videos, under transformers' names (each
-# family's processor makes some of them).
-IMAGE_INPUTS = (
+# What a packed batch may carry for the images, under transformers' names: every family's
+# `vision_keys` (tests/test_families.py checks it is their union), for the code that has no family
+# at hand (a pack's samples, a batch collated without one).
+VISION_INPUTS = (
     "pixel_values",
-    "pixel_attention_mask",
     "image_grid_thw",
     "image_sizes",
     "batch_num_images",
 )
+# ...and for the videos: every family's `video_keys` (tests/test_video.py checks it)
 VIDEO_INPUTS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
-VISION_INPUTS = IMAGE_INPUTS + VIDEO_INPUTS
 
 
 def concatenate_vision(samples: list[dict]) -> dict:
-    """Each vision input of the samples that have it, concatenated along its first dimension."""
-    keys = [key for key in VISION_INPUTS if any(key in s for s in samples)]
+    """Each vision input of the samples that have it (images' and videos'), concatenated along
+    its first dimension."""
+    keys = [key for key in VISION_INPUTS + VIDEO_INPUTS if any(key in s for s in samples)]
     return {key: torch.cat([s[key] for s in samples if key in s]) for key in keys}
 
 
@@ -93,9 +94,14 @@ class ModelFamily:
     end_of_turn = ""  # the token that closes a reply (trained: the model learns to stop)
     video_token = ""  # what the chat template renders for each video ("": takes no video)
     video_feature_token = ""  # the token that stands for one video feature
-    vision_keys: tuple[str, ...] = ("pixel_values",)  # the processor's outputs for images
+    # the vision inputs of the family's batches, which its model takes (mmdp.models.inputs)
+    vision_keys: tuple[str, ...] = ("pixel_values",)
+    video_keys: tuple[str, ...] = ()  # ...and of its batches with videos
     token_keys: tuple[str, ...] = ()  # per-token inputs besides input_ids (0 on padding)
     needs_image_sizes = True  # weighing reads every image's header
+    # None: the model masks each sample of a pack from its restarting position_ids; else the
+    # name of the attention mask mmdp builds for it instead (mmdp.models.inputs.PACKED_MASKS)
+    packed_mask: str | None = None
     # stage 5's budgets for the family when none is given: tokens a pack holds, and patches
     # (None: no patch budget); each family sets them for a few images a pack
     default_max_length = config.MAX_LENGTH
