@@ -233,8 +233,6 @@ def model(tiny_family):
     """The family's tiny model, its attention sharpened (queries and keys x 4) so that where a
     token sits shows in the loss: a trap's error stands well clear of float32 noise."""
     model = tiny_model(tiny_family.processor, attn_implementation="eager")
-    if tiny_family.tokens_per_second is not None:  # the released checkpoints' (qwen_vl.py)
-        model.config.vision_config.tokens_per_second = tiny_family.tokens_per_second
     with torch.no_grad():
         for name, weight in language_model(model).named_parameters():
             if name.endswith(("q_proj.weight", "k_proj.weight")):

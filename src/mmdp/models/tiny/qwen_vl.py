@@ -4,7 +4,7 @@ processor side: mmdp.data.families.qwen_vl)."""
 import torch
 import transformers
 
-from mmdp.data.families.qwen_vl import SPECIAL_TOKENS
+from mmdp.data.families.qwen_vl import SPECIAL_TOKENS, Qwen2_5_VL
 
 
 def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa", moe: bool = False):
@@ -64,6 +64,9 @@ def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa", moe:
         raise ValueError("a mixture-of-experts tiny model needs a Qwen3-VL processor")
     else:
         vision.update(window_size=112, fullatt_block_indexes=[1])  # windows, then full attention
+        # a video's temporal positions step by this: the released checkpoints' 2, not the
+        # vision config's default 4 (mmdp.data.families.qwen_vl.Qwen2_5_VL)
+        vision["tokens_per_second"] = Qwen2_5_VL.tokens_per_second
         model_config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
         model_class = transformers.Qwen2_5_VLForConditionalGeneration
     torch.manual_seed(seed)
