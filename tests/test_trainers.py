@@ -33,6 +33,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing.batch import collate_packs
 from mmdp.packing.guards import PREPARE_REFUSED, STATEFUL_REFUSED
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.training.examples import SampleLog, make_loader, tiny_vlm
 from mmdp.training.recipes import (
@@ -46,6 +47,7 @@ from mmdp.training.recipes import (
 from mmdp.training.trainer import LoaderForTrainer, check_arguments, token_loss
 
 IMAGE_SIZE = 16
+CONFIG = PackingConfig(max_length=256, packs_per_batch=2)
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +56,16 @@ def samples(tokenizer):
 
 
 def planned(samples, num_workers=0, **kwargs):
-    dataset = PackedDataset(samples, max_length=256, packs_per_batch=2, **kwargs)
+    dataset = PackedDataset(samples, CONFIG, **kwargs)
     return PackedDataLoader(dataset, num_workers=num_workers)
 
 
 def streamed(tokenizer, num_workers=0):
     rows = load_vqa_dataset(num_rows=20).to_iterable_dataset(num_shards=2)
     return StreamingDataLoader(
-        StreamingPackedDataset(rows, tokenizer, max_length=256, image_size=IMAGE_SIZE),
+        StreamingPackedDataset(
+            rows, tokenizer, PackingConfig(max_length=256), image_size=IMAGE_SIZE
+        ),
         num_workers=num_workers,
     )
 
@@ -86,7 +90,7 @@ def test_accelerator_prepare_refuses_our_loaders_in_one_sentence(samples, tokeni
 
 
 def plain(samples, **kwargs):
-    dataset = PackedDataset(samples, max_length=256, packs_per_batch=2, **kwargs)
+    dataset = PackedDataset(samples, CONFIG, **kwargs)
     return DataLoader(dataset, batch_size=2, collate_fn=collate_packs)
 
 
@@ -122,7 +126,7 @@ def test_without_mmdps_trainer_the_plain_trainer_strips_the_pack_keys(samples, t
     # collator to drop what model.forward does not name (transformers/trainer.py:1019-1022),
     # and the loader is prepared (trainer.py:1051), so dispatched as above
     model, _ = tiny_vlm(tokenizer, seed=0)
-    dataset = PackedDataset(samples, max_length=256, packs_per_batch=2)
+    dataset = PackedDataset(samples, CONFIG)
     args = TrainingArguments(str(tmp_path), use_cpu=True, report_to="none")
     trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collate_packs)
     with pytest.raises(KeyError):
@@ -159,7 +163,7 @@ def test_other_dataloaders_over_an_owned_dataset_are_refused(samples, tokenizer,
 def test_statefuldataloader_cannot_save_a_packed_datasets_position(samples, num_workers):
     # torchdata saves the dataset's state_dict inside each worker (worker.py:46-52), where our
     # position never advances: a resume would restart the epoch. So the dataset has none.
-    dataset = PackedDataset(samples, max_length=256, packs_per_batch=2)
+    dataset = PackedDataset(samples, CONFIG)
     loader = StatefulDataLoader(
         dataset, batch_size=2, collate_fn=collate_packs, num_workers=num_workers
     )

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from mmdp.data.sources import load_vqa_dataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.training.ddp import flat_gradient, one_process_gradient, relative_difference
 from mmdp.training.examples import make_loader, training_flags
 
@@ -179,10 +180,8 @@ def trainer_on_a_stream(module, out: str) -> dict:
     def run(name: str, max_steps: int, resume: int | None = None) -> dict:
         tokenizer = get_tokenizer()
         rows = load_vqa_dataset(None, num_rows=52).to_iterable_dataset(num_shards=4)
-        dataset = StreamingPackedDataset(
-            rows, tokenizer, max_length=256, packs_per_batch=2, buffer_size=16,
-            image_size=IMAGE_SIZE,
-        )  # fmt: skip
+        config = PackingConfig(max_length=256, packs_per_batch=2, buffer_size=16)
+        dataset = StreamingPackedDataset(rows, tokenizer, config, image_size=IMAGE_SIZE)
         loader = StreamingDataLoader(dataset, num_workers=0)
         model, inputs = tiny_vlm(tokenizer, seed=0)
         module.untie_output_layer(model)
@@ -269,7 +268,9 @@ def torchrun_extras(module, model, batches, inputs, expected) -> dict:
     from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 
     own = PackedDataset(
-        loader.dataset.dataset, max_length=256, packs_per_batch=2, group=groups[dist.get_rank()]
+        loader.dataset.dataset,
+        PackingConfig(max_length=256, packs_per_batch=2),
+        group=groups[dist.get_rank()],
     )
     rows = [b["sample_index"].tolist() for b in PackedDataLoader(own, num_workers=0)]
     every = [None] * dist.get_world_size()
