@@ -30,7 +30,7 @@ import importlib.util
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
@@ -72,13 +72,15 @@ NOISE_FLOOR = 1e-4
 @dataclass
 class Case:
     """One family's samples, its tiny model (the same initial weights for every path) and the
-    batch keys it takes: `inputs(batch, model)`."""
+    batch keys it takes: `inputs(batch, model)`; `references` keeps the unpacked reference's
+    gradients by the rows they cover (a new, empty one for a dataclasses.replace'd case)."""
 
     name: str
     samples: VQADataset
     model: torch.nn.Module
     inputs: object
     max_length: int
+    references: dict = field(default_factory=dict, init=False, repr=False)
 
 
 @functools.cache
@@ -155,7 +157,16 @@ def alone_inputs(case: Case, sample: dict) -> dict:
 
 
 def reference_gradients(case: Case, rows: list[int]) -> dict:
-    """The unpacked reference: each sample alone, summed token loss / all their label tokens."""
+    """The unpacked reference: each sample alone, summed token loss / all their label tokens.
+    Computed once per case and rows: every path trains the same rows from the same initial
+    weights (each step deep-copies case.model), so the five paths share one reference."""
+    key = tuple(sorted(rows))  # the same samples in another order: the same sum
+    if key not in case.references:
+        case.references[key] = alone_gradients(case, rows)
+    return case.references[key]
+
+
+def alone_gradients(case: Case, rows: list[int]) -> dict:
     model = copy.deepcopy(case.model)
     samples = [case.samples[row] for row in rows]
     tokens = sum(label_tokens(sample["labels"][None]) for sample in samples)
