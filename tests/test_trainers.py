@@ -5,11 +5,12 @@ skip_first_batches, torchdata's StatefulDataLoader, a plain DataLoader over an o
 how optimizer steps group the micro-batches, epoch after epoch; the sample log of a resumed
 run; what MMDPTrainer checks and hands to Trainer.
 
-Slow (`uv run pytest -m slow`; one torchrun launch for the three ways, 2 min 25 s on 2 quiet
-cores: docs/benchmarks.md): each way's example under torchrun with 2 processes (tests/torchrun_checks.py): equal micro-batch and step counts on both
-ranks, no sample twice and none missing over 2 epochs, the gradient of 2 ranks x 2
-micro-batches equal to one process's, and a run stopped in epoch 1 and resumed equal to the
-run that never stopped, with 0 and 2 workers.
+Slow (`uv run pytest -m slow`; one torchrun launch for the three ways: docs/benchmarks.md):
+each way's example under torchrun with 2 processes (tests/torchrun_checks.py): equal
+micro-batch and step counts on both ranks, no sample twice and none missing over 2 epochs, the
+gradient of 2 ranks x 2 micro-batches equal to one process's, and runs resumed from the
+uninterrupted run's checkpoint in epoch 1 (saved while 2 workers read ahead), with 0 and 2
+workers, equal to the run that never stopped.
 """
 
 import json
@@ -381,12 +382,15 @@ def test_each_way_trains_every_planned_sample_once_per_epoch_and_resumes_exactly
         assert sorted(rows) == sorted(plan.rows.tolist()), epoch
         assert len(rows) + sum(plan.dropped.values()) == 52  # the rest is counted as dropped
 
-    # stopped at step 4 (epoch 1) and resumed: the same stream of samples and the same weights
+    # resumed from step 4's checkpoint (epoch 1, written while 2 workers read ahead), with 0
+    # and 2 workers: the same stream of samples and the same weights
     runs = results["runs"]
     for workers in (0, 2):
         name = f"resumed_{workers}_workers"
-        assert read_log(out / f"{name}.jsonl") == uninterrupted, (way, workers)
-        assert runs[f"stopped_{workers}_workers"]["step"] == 4
+        resumed = read_log(out / f"{name}.jsonl")
+        # the first 4 steps' lines kept from the copy, steps 5 and 6 written by the resumed run
+        assert resumed == uninterrupted, (way, workers)
+        assert runs[name]["step"] == 6
         assert runs[name]["digest"] == runs["uninterrupted"]["digest"], (way, workers)
         assert runs[name]["loss"] == pytest.approx(runs["uninterrupted"]["loss"], rel=1e-6)
 
@@ -429,10 +433,9 @@ def test_trainer_on_a_stream_resumes_exactly_across_stream_epochs(checked):
     if way != "trainer":
         pytest.skip("Trainer only")
     for stream in results["stream_per_rank"]:
-        uninterrupted, stopped, resumed = (
-            stream[name] for name in ("uninterrupted", "stopped", "resumed")
-        )
+        uninterrupted, resumed = stream["uninterrupted"], stream["resumed"]
         assert uninterrupted["stream_epoch"] >= 2  # 8 steps ran through several stream epochs
         assert len(uninterrupted["seen"]) == 16  # 8 steps of 2 micro-batches, on each rank
-        assert stopped["seen"] + resumed["seen"] == uninterrupted["seen"]
+        # resumed at step 5: the micro-batches of steps 6-8, exactly
+        assert resumed["seen"] == uninterrupted["seen"][2 * stream["resumed_at"] :]
         assert resumed["digest"] == uninterrupted["digest"]
