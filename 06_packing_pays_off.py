@@ -386,7 +386,7 @@ def print_ddp(ddp) -> None:
 def print_every_strategy(results: dict, data: StageData, args) -> None:
     print(
         f"5. One epoch of {len(data.samples):,} samples, max_length {args.max_length}, "
-        f"batch size {args.batch_size}:"
+        f"{args.batch_size} samples a padded batch, {args.batch_size} packs a packed one:"
     )
     per_row = ("tokens_per_row", "images_per_row", "samples_per_row")
     print_table(

@@ -3,6 +3,7 @@
     uv run bench/bench_scale.py                                   # 20k, 200k, 1M rows (~22 min on 2 cores)
     uv run bench/bench_scale.py --sizes 20000 --plan-rows 2000000 # quicker
     uv run bench/bench_scale.py --plan-only --rows 100000000      # planning alone (~2 min)
+    uv run bench/bench_scale.py --plan-only --rows 100000000 --planning-workers 1  # one process
 
 The embedded dataset (2,000 rows) is replicated with `datasets.concatenate_datasets` to each size.
 Every measurement runs in a fresh process (peak memory is per process), on this machine:
@@ -41,7 +42,9 @@ from mmdp.data.images import load_image
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.packing import planner
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planner import plan_epoch
 from mmdp.packing.weighing import weigh_rows
 from mmdp.packing.weights import Weights
@@ -146,8 +149,11 @@ def child_floor(size: int, rows_seen: list[int]) -> dict:
     return {"samples_per_s": samples / (time.perf_counter() - start)}
 
 
-def child_plan(rows: int) -> dict:
-    """Plan `rows` rows: the embedded dataset's weights, tiled."""
+def child_plan(rows: int, workers: int | None = None) -> dict:
+    """Plan `rows` rows: the embedded dataset's weights, tiled; `workers` processes pack the
+    buffers (None: as many as the planner chooses, mmdp.packing.planner.planning_workers)."""
+    if workers is not None:
+        planner.planning_workers = lambda num_buffers: workers
     base = weigh_rows(load_vqa_dataset(num_rows=BASE_ROWS), get_tokenizer()).weights
     copies = -(-rows // BASE_ROWS)
     weights = Weights(
@@ -165,6 +171,7 @@ def child_plan(rows: int) -> dict:
     return {
         "plan_s": seconds,
         "plan_cpu_s": cpu_seconds,
+        "workers": planner.planning_workers(-(-rows // PackingConfig().buffer_size)),
         "packs": len(plan.pack_starts) - 1,
         "baseline_mib": baseline_kib / 1024,
         "weights_bytes_per_row": sum({id(a): a.nbytes for a in vars(weights).values()}.values())
@@ -196,6 +203,12 @@ def main():
     parser.add_argument(
         "--plan-only", action="store_true", help="only plan --rows rows (step 4), nothing else"
     )
+    parser.add_argument(
+        "--planning-workers",
+        type=int,
+        default=None,
+        help="processes that pack the buffers when planning (default: the planner's choice)",
+    )
     parser.add_argument("--batches", type=int, default=150, help="batches timed per loader run")
     parser.add_argument("--repeats", type=int, default=3, help="loader and floor runs (median)")
     parser.add_argument(
@@ -222,7 +235,7 @@ def main():
     cores = os.cpu_count()
     print(f"{cores} cores; every figure from a fresh process\n")
     if args.plan_only:
-        return print_plan(args.plan_rows, run_child("plan", args.plan_rows))
+        return print_plan(args.plan_rows, run_child("plan", args.plan_rows, args.planning_workers))
     with tempfile.TemporaryDirectory(prefix="mmdp-bench-") as cache:
         os.environ["MMDP_CACHE"] = cache  # the children inherit it
         weights_dir = os.path.join(cache, "weights")
@@ -249,7 +262,8 @@ def main():
 def print_plan(rows: int, plan: dict) -> None:
     print(
         f"\nPlanning alone, {rows:,} rows (the embedded weights tiled): "
-        f"{plan['plan_s']:.1f} s ({plan['plan_cpu_s']:.1f} s of CPU), {plan['packs']:,} packs"
+        f"{plan['plan_s']:.1f} s ({plan['plan_cpu_s']:.1f} s of CPU in the main process), "
+        f"{plan['packs']:,} packs, {plan['workers']} packing process(es)"
     )
     print(
         f"  peak memory {plan['over_baseline_mib']:,.0f} MiB over the "

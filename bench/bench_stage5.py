@@ -19,16 +19,32 @@
    batch holds (each is its own shared-memory segment between processes).
 3. JPEG draft decoding: `load_image` of JPEGs 2x and 4x the target side against the full decode
    resized (what it did before), alternating in this process, medians.
+
+    uv run bench/bench_stage5.py --profile --sizes 600                       # a few minutes
+    uv run bench/bench_stage5.py --profile --sizes 600 --image-format jpeg
+
+4. --profile, instead of the above: where a worker's time goes. Every batch of an epoch is built
+   in this process (one thread) by the loader's own functions, each step timed on its own
+   (`timed_steps`): read the rows, decode, resize to TinyVLM's pixels or the family's image
+   processor, tokenize or slice the pre-computed tokens, Qwen's positions, the rest of making a
+   sample, lay out the pack, collate the batch, and hand it to the main process (pickled with
+   torch's reductions, its tensors moved to shared memory, and unpickled: what a worker's queue
+   does); tensors and bytes a batch. Then decoding alone: Pillow against torchvision's
+   libjpeg-turbo / libpng decoder on the same images, ms an image.
+--image-format jpeg runs the speed and profile parts on the embedded rows with every image
+re-encoded as a JPEG (quality 90), as most VLM datasets store them.
 """
 
 import argparse
 import io
 import json
+import pickle
 import resource
 import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import numpy as np
 import torch
@@ -36,6 +52,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from mmdp import config
+from mmdp.data import images as image_module
+from mmdp.data.families import base as family_module
 from mmdp.data.families import family_for
 from mmdp.data.families.base import TinyFamily
 from mmdp.data.images import decode_image, load_image
@@ -67,6 +85,32 @@ class ImagesOnly(Dataset):
         if not images:
             return {}
         return self.family.vision_inputs([decode_image(image)[0] for image in images])
+
+
+def with_image_format(rows, image_format: str):
+    """The rows with their images stored as `image_format`: "png" as embedded; "jpeg" each
+    image re-encoded as a JPEG of quality 90, as most VLM datasets store them (modes JPEG
+    cannot hold go to RGB first; bytes that do not decode stay as they are, to be dropped)."""
+    if image_format == "png":
+        return rows
+
+    def to_jpeg(cell: dict) -> dict:
+        try:
+            pil = Image.open(io.BytesIO(cell["bytes"]))
+            pil.load()
+        except (OSError, ValueError, SyntaxError):
+            return cell
+        if pil.mode not in ("RGB", "L"):
+            pil = pil.convert("RGB")
+        buffer = io.BytesIO()
+        pil.save(buffer, "JPEG", quality=90)
+        return {"bytes": buffer.getvalue(), "path": None}
+
+    def row_to_jpeg(row: dict) -> dict:
+        images = row["images"]
+        return {"images": None if images is None else [to_jpeg(cell) for cell in images]}
+
+    return rows.map(row_to_jpeg, features=rows.features, desc="JPEG variant")
 
 
 def concatenate(samples: list[dict]) -> dict:
@@ -193,6 +237,197 @@ def speed(path: str, rows, workers: int, repeats: int) -> None:
         print(f"| stage 5, {label} | {took:.2f} | {took / floor - 1:+.1%} | {tensors[name]:.0f} |")
 
 
+# 4. Where a worker's time goes: each step of building a batch, timed -------------------------
+
+
+class StepClock:
+    """Seconds per step, each step's own: a step that calls another leaves out that one's time
+    (decode inside load_image is decode's, not resize's)."""
+
+    def __init__(self):
+        self.seconds = Counter()
+        self.inner = []  # for each step running, the seconds spent in the steps it called
+
+    def wrap(self, step: str, function):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            self.inner.append(0.0)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - start
+                self.seconds[step] += spent - self.inner.pop()
+                if self.inner:
+                    self.inner[-1] += spent
+
+        return timed
+
+
+class TimedRows:
+    """A datasets.Dataset whose reads (`rows[i]`, `rows[list]`) are timed as "read rows"."""
+
+    def __init__(self, rows, clock: StepClock):
+        self.rows = rows
+        self.read = clock.wrap("read rows", rows.__getitem__)
+
+    def __getitem__(self, key):
+        return self.read(key)
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getattr__(self, name):
+        return getattr(self.rows, name)
+
+
+def timed_steps(dataset: PackedDataset, clock: StepClock) -> list[tuple]:
+    """Wrap each step a worker runs to build a batch in `clock`; returns what to undo.
+
+    The wrapped functions are the loader's own (the worker calls the same ones): reads of the
+    dataset (or of the pre-computed tokens), decode_image, load_image's resize, the family's
+    image processor, tokenizing, Qwen's positions, the rest of making a sample, slicing the
+    pre-computed tokens (PackedDataset.samples), laying out a pack and collating the batch."""
+    family = dataset.dataset.family
+    undo = []
+
+    def patch(owner, name, step):
+        undo.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, clock.wrap(step, getattr(owner, name)))
+
+    patch(image_module, "decode_image", "decode")  # inside load_image (TinyVLM)
+    patch(family_module, "decode_image", "decode")  # ModelFamily.make_sample (real families)
+    patch(family_module, "load_image", "resize to the model's pixels")
+    patch(family_module, "tokenize_conversation", "tokenize")
+    for name, step in (
+        ("vision_inputs", "image processor"),
+        ("encode", "tokenize"),
+        ("positions", "positions (rope index)"),
+        ("make_sample", "make the sample (the rest)"),
+    ):
+        if not isinstance(family, TinyFamily) or name == "make_sample":
+            patch(family, name, step)
+    for name, step in (
+        ("samples", "slice the pre-computed tokens"),
+        ("build_pack", "lay out the pack"),
+        ("collate", "collate the batch"),
+    ):
+        patch(dataset, name, step)
+    for owner, name in ((dataset, "tokens"), (dataset, "image_rows"), (dataset.dataset, "dataset")):
+        rows = getattr(owner, name)
+        if rows is not None:
+            undo.append((owner, name, rows))
+            setattr(owner, name, TimedRows(rows, clock))
+    return undo
+
+
+def hand_off(batch: dict) -> tuple[float, int, int]:
+    """What handing a batch to the main process costs, as a worker does it: (seconds to
+    pickle it with torch's reductions, each tensor's storage moved to shared memory, and
+    unpickle it; tensors; bytes of tensor data)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers torch's reductions, as a worker has)
+
+    start = time.perf_counter()
+    pickle.loads(ForkingPickler.dumps(batch))
+    seconds = time.perf_counter() - start
+    tensors = [v for v in flat_values(batch) if isinstance(v, torch.Tensor)]
+    return seconds, len(tensors), sum(t.numel() * t.element_size() for t in tensors)
+
+
+def flat_values(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from flat_values(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from flat_values(v)
+    else:
+        yield value
+
+
+def profile(path: str, rows, pretokenize: bool) -> None:
+    """Build every batch of an epoch in this process as a worker does, each step timed; one
+    table of milliseconds a batch."""
+    torch.set_num_threads(1)  # as in a DataLoader worker
+    processor = processor_of(path)
+    dataset = packed_dataset(rows, processor, pretokenize)
+    plan, planned = dataset.rank_plan()
+    clock = StepClock()
+    undo = timed_steps(dataset, clock)
+    handed, tensors, data_bytes = 0.0, [], []
+    start = time.perf_counter()
+    try:
+        for step in range(plan.num_steps()):
+            packs = []
+            for p in range(plan.batch_starts[step], plan.batch_starts[step + 1]):
+                a, z = plan.pack_starts[p], plan.pack_starts[p + 1]
+                packs.append(
+                    dataset.build_pack(plan.rows[a:z].tolist(), planned[a:z].tolist(), step)
+                )
+            batch = dataset.collate(packs)
+            seconds, count, size = hand_off(batch)
+            handed += seconds
+            tensors.append(count)
+            data_bytes.append(size)
+    finally:
+        for owner, name, value in reversed(undo):
+            setattr(owner, name, value)
+    total = time.perf_counter() - start
+    steps = {**clock.seconds, "hand to the main process (pickle, shared memory)": handed}
+    steps["other (the loop, the plan's arrays)"] = total - sum(steps.values())
+    batches = plan.num_steps()
+    mode = "pre-tokenized" if pretokenize else "tokenizing each pack"
+    print(
+        f"\n{path}, {mode}: {batches} batches built in one process (one thread), "
+        f"{statistics.median(tensors):.0f} tensors and "
+        f"{statistics.median(data_bytes) / 2**20:.2f} MiB of tensor data a batch (median):\n"
+    )
+    print("| step | ms a batch | share |")
+    print("| --- | ---: | ---: |")
+    for name, seconds in sorted(steps.items(), key=lambda item: -item[1]):
+        print(f"| {name} | {seconds / batches * 1e3:.1f} | {seconds / total:.0%} |")
+    print(f"| all | {total / batches * 1e3:.1f} | |")
+
+
+def decoders(rows, repeats: int) -> None:
+    """Decoding alone, ms an image to RGB pixels: Pillow (what mmdp.data.images does) against
+    torchvision.io.decode_image, on the rows' images that both decode, alternating, medians."""
+    from torchvision.io import ImageReadMode
+    from torchvision.io import decode_image as torchvision_decode
+
+    def pillow(data: bytes):
+        return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+    def torchvision(data: bytes):
+        encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return torchvision_decode(encoded, mode=ImageReadMode.RGB)
+
+    torch.set_num_threads(1)
+    images, formats = [], Counter()
+    for row in rows:
+        for cell in row["images"] or []:
+            try:
+                pillow(cell["bytes"]), torchvision(cell["bytes"])
+            except Exception:  # noqa: BLE001 (a broken image of the dataset: left out)
+                continue
+            images.append(cell["bytes"])
+            formats[Image.open(io.BytesIO(cell["bytes"])).format] += 1
+    times = {pillow: [], torchvision: []}
+    for _ in range(repeats):
+        for decode, spent in times.items():
+            start = time.perf_counter()
+            for data in images:
+                decode(data)
+            spent.append((time.perf_counter() - start) / len(images) * 1e3)
+    p, t = statistics.median(times[pillow]), statistics.median(times[torchvision])
+    kinds = ", ".join(f"{n} {name}" for name, n in formats.most_common())
+    print(f"\nDecoding alone, one thread, {len(images)} images ({kinds}), ms an image, median:\n")
+    print("| Pillow | torchvision | Pillow / torchvision |")
+    print("| ---: | ---: | ---: |")
+    print(f"| {p:.2f} | {t:.2f} | {p / t:.2f}x |")
+
+
 def jpeg_cells(side: int, count: int) -> list[dict]:
     """`count` different JPEGs of side x side pixels: gradients with some grain, quality 90."""
     generator = np.random.default_rng(side)
@@ -245,13 +480,30 @@ def main():
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--paths", nargs="+", default=["tiny", "qwen2_5_vl"])
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory table")
+    parser.add_argument(
+        "--image-format",
+        choices=["png", "jpeg"],
+        default="png",
+        help="the images as embedded (png), or each re-encoded as a JPEG (speed and profile)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="only the per-step profile of a worker's batches, for each of --paths",
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         return child(args.child, args.workers)
+    if args.profile:
+        rows = with_image_format(load_vqa_dataset(num_rows=args.sizes[0]), args.image_format)
+        for path in args.paths:
+            for pretokenize in (True, False):
+                profile(path, rows, pretokenize)
+        return decoders(rows, args.repeats)
     if not args.no_memory:
         memory(args.sizes, args.workers)
-    rows = load_vqa_dataset(num_rows=args.sizes[0])
+    rows = with_image_format(load_vqa_dataset(num_rows=args.sizes[0]), args.image_format)
     for path in args.paths:
         speed(path, rows, args.workers, args.repeats)
     jpeg_draft(config.IMAGE_SIZE, args.repeats)

@@ -20,13 +20,13 @@ from mmdp.data.families import (
     OFFLINE,
     family_for,
     offline_processor,
-    tiny_model,
     tiny_processor,
 )
 from mmdp.data.synthetic import encode_png
 from mmdp.drop_reasons import IMAGE_SIZE_REFUSED, UNDECODABLE_IMAGE
 from mmdp.models.attention import use_attention
 from mmdp.models.inputs import model_inputs
+from mmdp.models.tiny import tiny_model
 from mmdp.packing.batch import build_pack, collate_packs, sample_ids
 from mmdp.training.loss import summed_loss, token_losses
 

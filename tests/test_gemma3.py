@@ -30,12 +30,12 @@ from mmdp.data.families.gemma3 import (
     Gemma3,
     offline_processor,
     pan_and_scan_crops,
-    tiny_model,
     tiny_processor,
 )
 from mmdp.models.attention import flash_attention_on_cpu, use_attention
 from mmdp.models.gemma3_masks import packed_attention_masks
 from mmdp.models.inputs import model_inputs
+from mmdp.models.tiny.gemma3 import tiny_model
 from mmdp.packing.batch import sample_ids
 
 DEFAULTS = {

@@ -15,7 +15,8 @@ from test_families import (
     turn,
 )
 
-from mmdp.data.families import family_for, smolvlm, tiny_model
+from mmdp.data.families import family_for, smolvlm
+from mmdp.models.tiny import tiny_model
 
 
 @pytest.fixture(scope="module")

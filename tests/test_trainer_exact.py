@@ -537,7 +537,8 @@ def test_a_resumed_real_family_gets_its_saved_weights_back(tmp_path):
     initial weights. MMDPTrainer loads them through the class (load_model_weights)."""
     import safetensors.torch
 
-    from mmdp.data.families import tiny_model, tiny_processor
+    from mmdp.data.families import tiny_processor
+    from mmdp.models.tiny import tiny_model
     from mmdp.training.trainer import load_model_weights
 
     processor = tiny_processor("qwen2_5_vl")

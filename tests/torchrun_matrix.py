@@ -86,8 +86,9 @@ class Case:
 @functools.cache
 def family_case(name: str) -> Case:
     """The family's case, built once per process and shared by every path (deep-copied)."""
-    from mmdp.data.families import tiny_model, tiny_processor
+    from mmdp.data.families import tiny_processor
     from mmdp.models.inputs import model_inputs
+    from mmdp.models.tiny import tiny_model
     from mmdp.training.examples import IMAGE_SIZE, tiny_vlm
 
     rows = matrix_rows()

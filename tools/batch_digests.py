@@ -64,7 +64,9 @@ def record() -> dict:
     out["streamed"] = [digest(b) for b in stream]
     out["streamed, dropped after the last batch"] = dict(stream.dropped_at_end)
     weights = weigh_rows(rows, tokenizer).weights
-    strategies = compare_strategies(weights, max_length=512, max_images=18, batch_size=8)
+    strategies = compare_strategies(
+        weights, max_length=512, max_images=18, batch_size=8, packs_per_batch=8
+    )
     for name, result in strategies.items():
         per_row = json.dumps(result.pop("per_row"), sort_keys=True).encode()
         out[f"strategy {name}"] = {**result, "per_row": hashlib.sha256(per_row).hexdigest()[:16]}

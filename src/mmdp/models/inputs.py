@@ -6,6 +6,7 @@ import functools
 import transformers
 from packaging.version import Version
 
+from mmdp.data.families import family_named
 from mmdp.data.families.base import VISION_INPUTS
 from mmdp.packing.batch import TOKEN_INPUTS
 
@@ -28,6 +29,19 @@ MODEL_INPUTS = (
 MIN_TRANSFORMERS = "4.53.1"
 
 
+def gemma3_masks(batch: dict, model) -> dict:
+    """Gemma 3's masks for packed rows (imported when needed: transformers' Gemma 3)."""
+    from mmdp.models.gemma3_masks import packed_attention_masks
+
+    return packed_attention_masks(batch, model)
+
+
+# The attention masks mmdp builds for a family whose model cannot keep packed samples apart from
+# their position_ids alone, by the family's `packed_mask` (ModelFamily.packed_mask; a test checks
+# every registered family's is here).
+PACKED_MASKS = {"gemma3": gemma3_masks}
+
+
 def model_inputs(batch: dict, model=None) -> dict:
     """The keys of a packed batch that a Hugging Face model takes, and `use_cache=False`. Call
 
@@ -47,13 +61,16 @@ def model_inputs(batch: dict, model=None) -> dict:
     check_transformers()
     inputs = {key: batch[key] for key in MODEL_INPUTS}
     inputs["use_cache"] = False
-    inputs.update({key: batch[key] for key in TOKEN_INPUTS if key in batch})
+    # the family that collated the batch says what its model takes; a batch collated without one
+    # holds whichever per-token and vision inputs its samples had (mmdp.packing.batch.collate_packs)
+    family = family_named(batch["model_family"]) if "model_family" in batch else None
+    token_keys = family.token_keys if family else TOKEN_INPUTS
+    inputs.update({key: batch[key] for key in token_keys if key in batch})
     if len(batch.get("pixel_values", ())):
-        inputs.update({key: batch[key] for key in VISION_INPUTS if key in batch})
-    if batch.get("model_family") == "gemma3":  # imported when needed: transformers' Gemma 3
-        from mmdp.models.gemma3_masks import packed_attention_masks
-
-        inputs["attention_mask"] = packed_attention_masks(batch, model)
+        keys = family.vision_keys if family else VISION_INPUTS
+        inputs.update({key: batch[key] for key in keys if key in batch})
+    if family and family.packed_mask:
+        inputs["attention_mask"] = PACKED_MASKS[family.packed_mask](batch, model)
     return inputs
 
 

@@ -2,12 +2,20 @@
 
 Private: call `pack` or `pack_flat` (mmdp.packing.packers). They check the items, choose the order
 the items go in, and call an engine here; every engine returns (items, starts) as `pack_flat`
-does, and tests/test_packing.py holds each to its readable twin in packers
-(`reference_fit_decreasing`, `reference_balanced_greedy`) on thousands of random inputs.
+does, and tests/test_packing.py and tests/test_packing_engines.py hold each to its readable
+twin in packers (`pack_greedy`, `reference_fit_decreasing`, `reference_balanced_greedy`) on
+thousands of random inputs. A Python call costs about as much as a step of these loops, so each
+engine's hot loop is one method over all the items (or runs), its steps written out.
+
+Any budgets: greedy (`next_fit`), a pack at a time: a bisection of the running totals finds
+where each pack ends.
 
 Tokens and images (stage 5's two budgets): binpack, bfd and images_first_bfd
 (`pack_fit_decreasing`)
-1. Cut the sorted items into runs of identical (length, image count) items (`cut_into_runs`).
+0. The items longer than half the token budget at the head of the order each open a pack: no
+   two fit together, and the packs they open have room for none of them.
+1. Cut the other sorted items into runs of identical (length, image count) items
+   (`cut_into_runs`).
 2. Place a run at once: the pack the rule picks for one item stays its pick for the next one
    until it is full (its room only shrinks), so it takes as many as fit, then the next pick does;
    the rest of the run opens new packs, each with as many as fit (`Placements.open_new`).
@@ -29,7 +37,7 @@ items still go at once. O(n * open packs), vectorised: tens of ms for a buffer o
 cauldron-like items (bench/bench_packing.py, table 4).
 """
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from heapq import heappop, heappush
 
 import numpy as np
@@ -102,8 +110,14 @@ class Placements:
         for size, budget in zip(sizes, budgets):
             if size and budget // size < per_pack:
                 per_pack = budget // size
+        first = self.opened
+        if todo <= per_pack:  # one new pack takes them all: most runs are one or two items
+            self.opened += 1
+            self.packs.append(first)
+            self.takes.append(todo)
+            return [(range(first, first + 1), todo)]
         full, rest = divmod(todo, per_pack)
-        first, self.opened = self.opened, self.opened + full + (rest > 0)
+        self.opened += full + (rest > 0)
         self.packs.extend(range(first, self.opened))
         self.takes += [per_pack] * full
         if not rest:
@@ -113,9 +127,50 @@ class Placements:
             return [(range(first, self.opened), rest)]
         return [(range(first, first + full), per_pack), (range(first + full, self.opened), rest)]
 
+    def open_each(self, count: int) -> None:
+        """`count` new packs, one item each."""
+        self.packs.extend(range(self.opened, self.opened + count))
+        self.takes.extend([1] * count)
+        self.opened += count
+
     def pack_of(self) -> np.ndarray:
         """The pack of every item, in placement order."""
         return np.repeat(np.array(self.packs, dtype=np.int64), self.takes)
+
+
+# Any budgets: greedy (next fit) -----------------------------------------------------------------
+
+
+def next_fit(lengths, images, patches, budgets) -> tuple[np.ndarray, np.ndarray]:
+    """greedy (next fit) a pack at a time: a pack ends where a running total passes its budget.
+
+    With running totals before each item (total[k]: the first k items' sum), the pack that
+    starts at item a holds the items up to the first whose running total of tokens passes
+    total[a] + max_length (a bisection), fewer if that passes the image or patch budget (then a
+    bisection there too). Same packs as packers.pack_greedy, with a Python step per pack instead
+    of per item. Budgets no pack can reach are skipped.
+
+    >>> items, starts = next_fit(np.array([3, 6, 2, 5]), np.zeros(4, int), np.zeros(4, int), (8, 0, 0))
+    >>> items.tolist(), starts.tolist()
+    ([0, 1, 2, 3], [0, 1, 3, 4])
+    """
+    n = len(lengths)
+    tokens = np.r_[0, np.cumsum(lengths)].tolist()
+    others = [
+        (np.r_[0, np.cumsum(column)].tolist(), budget)
+        for column, budget in zip((images, patches), budgets[1:])
+        if column.sum() > budget  # else no pack can reach it
+    ]
+    max_length = budgets[0]
+    starts, start = [0], 0
+    while start < n:
+        end = bisect_right(tokens, tokens[start] + max_length, start) - 1
+        for total, budget in others:
+            if total[end] - total[start] > budget:
+                end = bisect_right(total, total[start] + budget, start, end) - 1
+        starts.append(end)
+        start = end
+    return np.arange(n, dtype=np.int64), np.array(starts, dtype=np.int64)
 
 
 # Tokens and images: binpack, bfd, images_first_bfd ---------------------------------------------
@@ -132,6 +187,20 @@ def pack_fit_decreasing(
     if strategy not in FIT_DECREASING:  # an unknown rule must fail, not fall back to first fit
         raise ValueError(f"{strategy!r} is not one of {', '.join(FIT_DECREASING)}")
     sorted_lengths, sorted_images = lengths[order], images[order]
+    # 0. the items longer than half the budget at the head of the order each open a pack: the
+    #    packs they open have less room than half the budget, less than any of them
+    long = 2 * sorted_lengths > max_length
+    alone = len(long) if long.all() else int(long.argmin())
+    placed = Placements()
+    placed.open_each(alone)
+    if alone == len(order):
+        return group_by_pack(order, placed.pack_of())
+    opened = (
+        (max_length - sorted_lengths[:alone]).tolist(),
+        (max_images - sorted_images[:alone]).tolist(),
+    )
+    sorted_lengths, sorted_images = sorted_lengths[alone:], sorted_images[alone:]
+    # 1. runs of identical items
     starts, counts, shortest_after = cut_into_runs((sorted_lengths, sorted_images), max_length)
     runs = list(
         zip(
@@ -142,9 +211,9 @@ def pack_fit_decreasing(
         )
     )
     if strategy == "binpack":
-        placed = first_fit_runs(runs, max_length, max_images)
+        first_fit_runs(runs, max_length, max_images, placed, opened)
     else:
-        placed = best_fit_runs(runs, max_length, max_images, strategy)
+        best_fit_runs(runs, max_length, max_images, strategy, placed, opened)
     return group_by_pack(order, placed.pack_of())
 
 
@@ -154,7 +223,7 @@ class FirstFitIndex:
     1. The packs with room for the current length wait in heaps of pack numbers (lowest on top),
        one heap per number of image slots left (counted up to `most`, the most images an item
        has: more make no difference): the first fit is the lowest top among the heaps with
-       enough slots (`fill`).
+       enough slots (`place`).
     2. The others wait by room until the length, which only decreases (binpack's order), comes
        down to their room; then they join the heaps.
     3. Packs with less room than the shortest item still to come are forgotten.
@@ -170,39 +239,62 @@ class FirstFitIndex:
     def heap(self, pack: int) -> list[int]:
         return self.heaps.setdefault(min(self.slots[pack], self.most), [])
 
-    def fill(self, length: int, count: int, todo: int, shortest: int, placed) -> int:
-        """The lowest-numbered pack that fits takes as many of the run's `todo` items as fit,
-        then the next one, and so on; returns the items left for new packs. First the waiting
-        packs with room for this length join the heaps."""
+    def place(self, runs, placed: Placements, budgets) -> None:
+        """Place the runs (length, image count, items, shortest length after), in order: the
+        lowest-numbered pack that fits takes as many of a run's items as fit, then the next
+        one, and so on; the rest open new packs. One method for all the runs, the hot loop
+        (a thousand runs or so a buffer): a call costs about as much as a step."""
         room, slots, heaps, waiting_rooms = self.room, self.slots, self.heaps, self.waiting_rooms
-        # 2. the waiting packs with room for this length join the heaps
-        while waiting_rooms and -waiting_rooms[0] >= length:
-            for pack in self.waiting.pop(-heappop(waiting_rooms)):
-                heappush(self.heap(pack), pack)
-        while todo:
-            # 1. the lowest-numbered pack among the heaps with enough image slots
-            best = None
-            for free, heap in heaps.items():
-                if heap and free >= count and (best is None or heap[0] < best[0]):
-                    best = heap
-            if best is None:
-                return todo
-            pack = heappop(best)
-            take = room[pack] // length
-            if count and slots[pack] // count < take:
-                take = slots[pack] // count
-            if take > todo:
-                take = todo
-            left = room[pack] = room[pack] - take * length
-            slots[pack] -= take * count
-            placed.packs.append(pack)
-            placed.takes.append(take)
-            todo -= take
-            if left >= length:  # out of image slots, or the run is placed: still a candidate
-                heappush(heaps.setdefault(min(slots[pack], self.most), []), pack)
-            elif left >= shortest:  # 2. waits for a shorter length; else forgotten
-                self.wait(pack, left)
-        return todo
+        packs, takes, most = placed.packs, placed.takes, self.most
+        max_length, max_images = budgets
+        for length, count, todo, shortest in runs:
+            # 2. the waiting packs with room for this length join the heaps
+            while waiting_rooms and -waiting_rooms[0] >= length:
+                for pack in self.waiting.pop(-heappop(waiting_rooms)):
+                    heappush(heaps.setdefault(min(slots[pack], most), []), pack)
+            while todo:
+                # 1. the lowest-numbered pack among the heaps with enough image slots
+                best = None
+                for free, heap in heaps.items():
+                    if heap and free >= count and (best is None or heap[0] < best[0]):
+                        best = heap
+                if best is None:
+                    break
+                pack = heappop(best)
+                take = room[pack] // length
+                if count and slots[pack] // count < take:
+                    take = slots[pack] // count
+                if take > todo:
+                    take = todo
+                left = room[pack] = room[pack] - take * length
+                slots[pack] -= take * count
+                packs.append(pack)
+                takes.append(take)
+                todo -= take
+                if left >= length:  # out of image slots, or the run is placed: still a candidate
+                    heappush(heaps.setdefault(min(slots[pack], most), []), pack)
+                elif left >= shortest:  # 2. waits for a shorter length; else forgotten
+                    self.wait(pack, left)
+            if not todo:
+                continue
+            # new packs for the rest of the run
+            if todo * length <= max_length and todo * count <= max_images:
+                # one new pack takes the rest (most runs): Placements.open_new's first case
+                pack = placed.opened
+                placed.opened += 1
+                packs.append(pack)
+                takes.append(todo)
+                left = max_length - todo * length
+                room.append(left)  # room and slots are by pack number: this one is the next
+                slots.append(max_images - todo * count)
+                if left >= length:
+                    heappush(heaps.setdefault(min(slots[pack], most), []), pack)
+                elif left >= shortest:
+                    self.wait(pack, left)
+                continue
+            for numbers, take in placed.open_new(todo, (length, count), budgets):
+                left = max_length - take * length
+                self.open(numbers, left, max_images - take * count, length, shortest)
 
     def open(self, numbers: range, left: int, slots: int, length: int, shortest: int) -> None:
         """New packs, numbered above all others, each with `left` room and `slots` slots."""
@@ -215,6 +307,16 @@ class FirstFitIndex:
             for pack in numbers:
                 self.wait(pack, left)
 
+    def open_packs(self, rooms: list[int], slots: list[int], length: int, shortest: int) -> None:
+        """Packs opened already, numbered from 0: rooms[k] and slots[k] left in pack k."""
+        self.room.extend(rooms)
+        self.slots.extend(slots)
+        for pack, left in enumerate(rooms):
+            if left >= length:
+                self.heap(pack).append(pack)  # numbers in increasing order: still a heap
+            elif left >= shortest:
+                self.wait(pack, left)
+
     def wait(self, pack: int, left: int) -> None:
         numbers = self.waiting.get(left)
         if numbers is None:
@@ -224,23 +326,19 @@ class FirstFitIndex:
             numbers.append(pack)
 
 
-def first_fit_runs(runs, max_length: int, max_images: int) -> Placements:
+def first_fit_runs(runs, max_length: int, max_images: int, placed: Placements, opened) -> None:
     """First fit, a run (length, image count, items, shortest length after) at a time.
 
     The lowest-numbered pack that fits takes as many of the run as fit, then the next one, and
     so on; the rest open new packs. `FirstFitIndex` finds that pack. A pack joins the heaps at
     most once per item it takes: O(n log n) in all (times the number of heaps looked at per
-    pick: at most the most images an item has + 1).
+    pick: at most the most images an item has + 1). `opened`: (room, image slots) of the packs
+    `placed` opened already, by number.
     """
     index = FirstFitIndex(most=max(count for _, count, _, _ in runs))
-    placed, budgets = Placements(), (max_length, max_images)
-    for length, count, todo, shortest in runs:
-        todo = index.fill(length, count, todo, shortest, placed)
-        if todo:
-            for numbers, take in placed.open_new(todo, (length, count), budgets):
-                left, slots = max_length - take * length, max_images - take * count
-                index.open(numbers, left, slots, length, shortest)
-    return placed
+    length, _, _, _ = runs[0]
+    index.open_packs(*opened, length, min(length for length, _, _, _ in runs))
+    index.place(runs, placed, (max_length, max_images))
 
 
 class RoomIndex:
@@ -259,43 +357,46 @@ class RoomIndex:
         self.most_slots_first = most_slots_first  # images_first's tie rule
 
     def add(self, room: int, slots: int) -> None:
-        """A new state."""
+        """A new state; if it has the most image slots at its room, mark them."""
         here = self.slots_at.setdefault(room, [])
         insort(here, slots)
         if here[-1] == slots:
-            self.mark(room, slots)
+            for c, line in self.rooms_with.items():
+                line[room] = slots >= c
 
     def remove(self, room: int, slots: int) -> None:
-        """A state left with no pack."""
+        """A state left with no pack; if it had the most image slots at its room, mark the
+        next most (none: -1, no pack left there)."""
         here = self.slots_at[room]
         here.remove(slots)
         if not here:
             del self.slots_at[room]
         if not here or here[-1] < slots:
-            self.mark(room, here[-1] if here else -1)
+            most = here[-1] if here else -1
+            for c, line in self.rooms_with.items():
+                line[room] = most >= c
 
-    def mark(self, room: int, most: int) -> None:
-        """The most image slots at this room changed (-1: no pack left there)."""
-        for c, line in self.rooms_with.items():
-            line[room] = most >= c
-
-    def find(self, length: int, count: int, start: int) -> tuple[int, int, int] | None:
-        """(room, slots, first): the state to take packs from and how many of its packs come
-        first; None if no pack fits. The tightest room from `start` on with `count` image slots;
-        there images_first takes the state with the most slots, bfd the lowest-numbered pack."""
+    def find(self, length: int, count: int, start: int) -> tuple | None:
+        """(room, slots, numbers, first): the state to take packs from, its pack numbers, and
+        how many of them come first; None if no pack fits. The tightest room from `start` on
+        with `count` image slots; there images_first takes the state with the most slots, bfd
+        the lowest-numbered pack."""
         room = self.rooms_with[count].find(1, start)
         if room < 0:
             return None
         here = self.slots_at[room]
         if self.most_slots_first:
-            return room, here[-1], len(self.states[room, here[-1]])
+            state = self.states[room, here[-1]]
+            return room, here[-1], state, len(state)
         i = bisect_left(here, count)
         if i == len(here) - 1:
-            return room, here[i], len(self.states[room, here[i]])
+            state = self.states[room, here[i]]
+            return room, here[i], state, len(state)
         # several states with enough slots: merge them by number
         heads = sorted((self.states[room, s][0], s) for s in here[i:])
         slots = heads[0][1]
-        return room, slots, bisect_left(self.states[room, slots], heads[1][0])
+        state = self.states[room, slots]
+        return room, slots, state, bisect_left(state, heads[1][0])
 
 
 class SlotLevels:
@@ -326,13 +427,14 @@ class SlotLevels:
     def remove(self, room: int, slots: int) -> None:
         self.levels[slots][room] = 0
 
-    def find(self, length: int, count: int, start: int) -> tuple[int, int, int] | None:
+    def find(self, length: int, count: int, start: int) -> tuple | None:
         """As RoomIndex.find, for a text-only run (`count` and `start` play no part)."""
         for slots in self.slot_counts:
             if self.most_room[slots] >= length:
                 room = self.levels[slots].find(1, length)
                 if room >= 0:
-                    return room, slots, len(self.states[room, slots])
+                    state = self.states[room, slots]
+                    return room, slots, state, len(state)
                 self.most_room[slots] = length - 1
         return None
 
@@ -348,56 +450,84 @@ class BestFit:
     goes on from the same room.
     """
 
-    def __init__(self, runs, max_length: int, max_images: int, strategy: str):
+    def __init__(self, runs, max_length: int, max_images: int, strategy: str, placed: Placements):
         self.states = {}  # (room, image slots left) -> numbers of the packs there, lowest first
-        self.images_first = strategy == "images_first_bfd"
+        # images_first searches by image slots once its text-only samples come (they come last)
+        self.text_only_to_come = strategy == "images_first_bfd"
         counts = {0, *(count for _, count, _, _ in runs)}
-        self.search = RoomIndex(self.states, max_length, counts, self.images_first)
+        self.search = RoomIndex(self.states, max_length, counts, self.text_only_to_come)
         self.budgets = (max_length, max_images)
-        self.placed = Placements()
+        self.placed = placed
 
-    def place(self, length: int, count: int, todo: int, shortest: int) -> None:
-        """Place a run of `todo` items of `length` tokens and `count` images."""
-        if self.images_first and count == 0 and isinstance(self.search, RoomIndex):
-            # the text-only samples (they come last): from now on, fewest image slots first
-            self.search = SlotLevels(self.states, self.budgets[0])
-        start = length
-        while todo:
-            found = self.search.find(length, count, start)
-            if found is None:
-                break
-            room, slots, first = found
-            start = room
-            todo = self.take(room, slots, first, length, count, todo, shortest)
-        if todo:
-            max_length, max_images = self.budgets
-            for numbers, take in self.placed.open_new(todo, (length, count), self.budgets):
-                left, slots = max_length - take * length, max_images - take * count
-                self.file(left, slots, list(numbers), shortest)
+    def place(self, runs) -> None:
+        """Place the runs (length, image count, items, shortest length after), in order.
 
-    def take(self, room, slots, first, length, count, todo, shortest) -> int:
-        """The state's `first` packs each take as many items as fit; returns the items left."""
-        per_pack = room // length
-        if count and slots // count < per_pack:
-            per_pack = slots // count
-        state = self.states[room, slots]
-        use = min(first, -(-todo // per_pack))
-        numbers = state[:use]
-        del state[:use]
-        if not state:
-            del self.states[room, slots]
-            self.search.remove(room, slots)
-        full = min(use, todo // per_pack)
-        self.placed.packs.extend(numbers)
-        self.placed.takes += [per_pack] * full
-        todo -= full * per_pack
-        if full:
-            self.file(room - per_pack * length, slots - per_pack * count, numbers[:full], shortest)
-        if full < use:  # the last pack takes the rest of the run
-            self.placed.takes.append(todo)
-            self.file(room - todo * length, slots - todo * count, numbers[full:], shortest)
-            todo = 0
-        return todo
+        The hot loop of bfd (a thousand runs or so a buffer), in one method: a call costs about
+        as much as a step, so the steps are written out here rather than called.
+        """
+        states, packs, takes, file = self.states, self.placed.packs, self.placed.takes, self.file
+        find = self.search.find
+        for length, count, todo, shortest in runs:
+            if self.text_only_to_come and count == 0:
+                # the text-only samples: from now on, fewest image slots first
+                self.search = SlotLevels(states, self.budgets[0])
+                self.text_only_to_come = False
+                find = self.search.find
+            start = length
+            while todo:
+                # 1. the state to take packs from, and how many of its packs come first
+                found = find(length, count, start)
+                if found is None:
+                    break
+                room, slots, state, first = found
+                start = room
+                # 2. its first packs each take as many items as fit
+                per_pack = room // length
+                if count and slots // count < per_pack:
+                    per_pack = slots // count
+                if todo <= per_pack:  # the first pack takes the whole run: most runs are one item
+                    numbers = [state.pop(0)]
+                    full, rest = 0, todo
+                else:
+                    use = min(first, -(-todo // per_pack))
+                    numbers = state[:use]
+                    del state[:use]
+                    full = min(use, todo // per_pack)
+                    rest = todo - full * per_pack  # what the last pack takes, if not full
+                if not state:
+                    del states[room, slots]
+                    self.search.remove(room, slots)
+                # 3. they move to their new state (less room, or fewer image slots)
+                packs += numbers
+                if full:
+                    takes += [per_pack] * full
+                    file(
+                        room - per_pack * length, slots - per_pack * count, numbers[:full], shortest
+                    )
+                    todo -= full * per_pack
+                if full < len(numbers):  # the last pack takes the rest of the run
+                    takes.append(rest)
+                    file(room - rest * length, slots - rest * count, numbers[full:], shortest)
+                    todo = 0
+            if todo:
+                # 4. new packs for the rest of the run
+                self.open_new(length, count, todo, shortest)
+
+    def open_new(self, length: int, count: int, todo: int, shortest: int) -> None:
+        """New packs for the rest of a run (`Placements.open_new`), filed by their state."""
+        max_length, max_images = self.budgets
+        if todo * length <= max_length and todo * count <= max_images:
+            # one new pack takes them all (most runs): Placements.open_new's first case, inline
+            placed = self.placed
+            placed.packs.append(placed.opened)
+            placed.takes.append(todo)
+            placed.opened += 1
+            left, slots = max_length - todo * length, max_images - todo * count
+            return self.file(left, slots, [placed.opened - 1], shortest)
+        for numbers, take in self.placed.open_new(todo, (length, count), self.budgets):
+            self.file(
+                max_length - take * length, max_images - take * count, list(numbers), shortest
+            )
 
     def file(self, room: int, slots: int, numbers: list[int], shortest: int) -> None:
         """Packs now in state (room, slots) wait there, unless they can take no item to come."""
@@ -414,17 +544,24 @@ class BestFit:
             state.sort()
 
 
-def best_fit_runs(runs, max_length: int, max_images: int, strategy: str) -> Placements:
+def best_fit_runs(
+    runs, max_length: int, max_images: int, strategy: str, placed: Placements, opened
+) -> None:
     """bfd or images_first_bfd over the runs (length, image count, items, shortest after).
 
     bfd: the pack with the least token room left that fits (ties: lowest number). images_first:
     for a sample with images as bfd, ties to the most image slots left; for a text-only sample
     the fewest image slots left, ties to the least token room (see packers' docstring).
+    `opened`: (room, image slots) of the packs `placed` opened already, by number.
     """
-    fit = BestFit(runs, max_length, max_images, strategy)
-    for run in runs:
-        fit.place(*run)
-    return fit.placed
+    fit = BestFit(runs, max_length, max_images, strategy, placed)
+    shortest = min(length for length, _, _, _ in runs)
+    states = {}  # the packs opened already, by state: filed once a state
+    for pack, state in enumerate(zip(*opened)):
+        states.setdefault(state, []).append(pack)
+    for (room, slots), numbers in states.items():
+        fit.file(room, slots, numbers, shortest)
+    fit.place(runs)
 
 
 # Tokens and images: balanced_greedy ------------------------------------------------------------

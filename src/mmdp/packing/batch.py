@@ -49,7 +49,8 @@ import torch
 from mmdp import config
 from mmdp.data.families.base import VISION_INPUTS, concatenate_vision
 
-# The per-token inputs some models take (Gemma 3, Qwen3-VL).
+# The per-token inputs some models take (Gemma 3, Qwen-VL): every family's `token_keys`
+# (tests/test_family_dispatch.py checks it is their union), for the code that has no family.
 TOKEN_INPUTS = ("token_type_ids", "mm_token_type_ids")
 
 

@@ -42,7 +42,8 @@ from mmdp.packing.weights import Weights
 
 GROUPINGS = ("modality_length",)  # the choices of stage 3's --group-by
 # Steps sorted together by length (HuggingFace's LengthGroupedSampler sorts 50 batches at a
-# time): more groups similar lengths better, fewer leaves more of the order to chance.
+# time): a longer window sorts similar lengths together better, a shorter one leaves more of
+# the order to chance.
 WINDOW_STEPS = 50
 NO_IMAGE_BUDGET = np.iinfo(np.int32).max  # stage 3 has no image budget: filter on tokens only
 

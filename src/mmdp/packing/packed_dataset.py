@@ -20,6 +20,8 @@ yielded twice or lost. Images are decoded only for packs about to be yielded.
 The packs and batches it yields are described in mmdp.packing.batch (the batch contract).
 """
 
+import warnings
+
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -194,9 +196,15 @@ class PackedDataset(PackingSettings, IterableDataset):
             "weights": self.weights_key,
         }
 
-    def position(self) -> dict:
-        """Where this epoch is, with the settings that decide it (PackedDataLoader.state_dict)."""
+    def state(self) -> dict:
+        """The loader's state: where this epoch is, with the settings that decide it
+        (PackedDataLoader.state_dict; a stream's position is a ReaderStream's)."""
         return {**self.settings(), "epoch": self.epoch, "batches_done": self.batches_done}
+
+    def position(self) -> dict:
+        """Deprecated: state() (a position is where a stream reader is)."""
+        warnings.warn("PackedDataset.position() is now state()", DeprecationWarning, stacklevel=2)
+        return self.state()
 
     def resume_at(self, state: dict) -> None:
         """Continue an epoch after `batches_done` batches: the next iteration yields the rest.
@@ -214,7 +222,7 @@ class PackedDataset(PackingSettings, IterableDataset):
         self.batches_done = state["batches_done"]
 
     def state_dict(self) -> dict:
-        """Refused: the position is the loader's (PackedDataLoader.state_dict).
+        """Refused: the state is the loader's (PackedDataLoader.state_dict).
 
         torchdata's StatefulDataLoader saves the state_dict of any dataset that has one, inside
         each worker (torchdata/stateful_dataloader/worker.py:46-52), where batches_done never
@@ -337,7 +345,7 @@ class PackedDataLoader(RefusesAcceleratePrepare, DataLoader):
         self.dataset.set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        return self.dataset.position()
+        return self.dataset.state()
 
     def load_state_dict(self, state: dict) -> None:
         """Continue an epoch after `batches_done` batches (PackedDataset.resume_at)."""

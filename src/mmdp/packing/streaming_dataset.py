@@ -143,10 +143,10 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
 
     def pack_rows(self, rows: list[tuple[int, dict]], reader: int, buffer_number: int):
         """Steps 1-3: weigh the buffer's rows, filter, shuffle and pack them."""
-        lengths, image_counts, patches, problems = self.family.weigh(
+        lengths, image_counts, patches, reasons = self.family.weigh(
             [row["texts"] for _, row in rows], [row["images"] for _, row in rows]
         )
-        weights = Weights.from_lists(lengths, image_counts, problems, patches)
+        weights = Weights.from_lists(lengths, image_counts, reasons, patches)
         rng = np.random.default_rng([self.seed, self.epoch, reader, buffer_number])
         plan, dropped = pack_buffer(weights, rng, self.config)
         return plan, dropped, weights.lengths

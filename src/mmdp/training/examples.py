@@ -19,12 +19,13 @@ import torch.distributed as dist
 
 from mmdp.cli import positive_float, positive_int
 from mmdp.data.families import OFFLINE as FAMILY_MODELS
-from mmdp.data.families import load_processor, tiny_model, tiny_processor
+from mmdp.data.families import load_processor, tiny_processor
 from mmdp.data.hub import require_hub
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.models.inputs import model_inputs
+from mmdp.models.tiny import tiny_model
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig

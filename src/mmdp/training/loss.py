@@ -96,8 +96,8 @@ def summed_weighted_loss(logits: torch.Tensor, batch: dict) -> torch.Tensor:
     labels = batch["labels"]
     if "loss_weights" not in batch:
         return summed_loss(logits, labels)
-    weights = nn.functional.pad(batch["loss_weights"][:, 1:], (0, 1), value=0.0)
-    return (token_losses(logits, labels) * weights.to(logits.device)).sum()
+    loss_weights = nn.functional.pad(batch["loss_weights"][:, 1:], (0, 1), value=0.0)
+    return (token_losses(logits, labels) * loss_weights.to(logits.device)).sum()
 
 
 def weighted_mean_over_tokens(logits: torch.Tensor, batch: dict) -> torch.Tensor:

@@ -7,6 +7,8 @@ stages 2 and 3 do, so the figures match); the packers plan the epoch as stage 5 
 stage 3's --group-by does (mmdp.packing.grouping).
 """
 
+import warnings
+
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
@@ -120,10 +122,25 @@ def summarize(real, computed, batches, dropped, *, tokens, images, samples) -> d
 
 
 def compare_strategies(
-    weights: Weights, *, max_length: int, max_images: int, batch_size: int, seed: int = 0
+    weights: Weights,
+    *,
+    max_length: int,
+    max_images: int,
+    batch_size: int,
+    packs_per_batch: int | None = None,
+    seed: int = 0,
 ) -> dict:
     """{strategy: epoch summary} for naive, constrained and every packing strategy, from the
-    same weights (mmdp.packing.weighing); batch_size is samples per padded batch, packs per packed one."""
+    same weights (mmdp.packing.weighing): `batch_size` samples per padded batch,
+    `packs_per_batch` packs per packed one (left out: batch_size, deprecated)."""
+    if packs_per_batch is None:
+        warnings.warn(
+            "compare_strategies without packs_per_batch packs batch_size packs a batch; pass "
+            "packs_per_batch (batch_size is samples per padded batch)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        packs_per_batch = batch_size
     results = {
         name: padding_epoch(weights, name, max_length=max_length, batch_size=batch_size, seed=seed)
         for name in PADDING_STRATEGIES
@@ -134,7 +151,7 @@ def compare_strategies(
             name,
             max_length=max_length,
             max_images=max_images,
-            packs_per_batch=batch_size,
+            packs_per_batch=packs_per_batch,
             seed=seed,
         )
     return results

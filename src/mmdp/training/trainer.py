@@ -324,18 +324,18 @@ class MMDPTrainerMixin:
         raise ValueError(NO_EVAL)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        weights = inputs.get("loss_weights")
+        loss_weights = inputs.get("loss_weights")
         model_inputs = self.model_inputs(inputs, self.model)  # unwrapped: Gemma 3 reads its config
         if inputs.get("filler"):
             return self.filler_loss(model, model_inputs, return_outputs)
-        if weights is None:
+        if loss_weights is None:
             return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
         if self.compute_loss_func is not token_loss:
             raise ValueError(
                 "the batch carries a mixture's loss_weights, which only "
                 "mmdp.training.trainer.token_loss applies: leave compute_loss_func unset"
             )
-        self.compute_loss_func = lambda *a, **k: token_loss(*a, **k, loss_weights=weights)
+        self.compute_loss_func = lambda *a, **k: token_loss(*a, **k, loss_weights=loss_weights)
         try:
             return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
         finally:

@@ -4,7 +4,9 @@ family_for(processor)   the ModelFamily of a tokenizer (mmdp's TinyVLM), of a tr
                         processor of a supported family, or a ModelFamily as it is
 offline_processor(name) a processor of a family, built in code with no network
 tiny_processor(name)    the same with the smaller images a tiny model tests fast with, where the
-                        family has them (LLaVA-OneVision: 32 px tiles; Gemma 3: 28 px, not 896)
+                        family has them (LLaVA-OneVision: 32 px tiles; Gemma 3: 28 px, not 896);
+                        the tiny models themselves are model-side: mmdp.models.tiny
+family_named(name)      the family class a batch names (its `model_family`)
 MODELS                  the names of stage 5's --model
 """
 
@@ -36,12 +38,23 @@ OFFLINE = {
     "smolvlm": "mmdp.data.families.smolvlm:SmolVLM",
 }
 MODELS = ("tiny", *OFFLINE)
+# By the family's own name (ModelFamily.name: what a batch's `model_family` says):
+NAMED = {**OFFLINE, "idefics3": "mmdp.data.families.smolvlm:Idefics3"}
 
 
 def family_class(where: str) -> type[ModelFamily]:
     """The family class at "module:class" (see FAMILIES)."""
     module, name = where.split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def family_named(name: str) -> type[ModelFamily]:
+    """The family class called `name` (a batch's `model_family`; "tiny" for mmdp's TinyVLM)."""
+    if name == TinyFamily.name:
+        return TinyFamily
+    if name not in NAMED:
+        raise UserError(f"no model family is called {name!r}; mmdp knows tiny, {', '.join(NAMED)}")
+    return family_class(NAMED[name])
 
 
 def family_for(processor, **tiny_settings) -> ModelFamily:
@@ -73,12 +86,6 @@ def tiny_processor(name: str):
     family = family_class(OFFLINE[name])
     module = importlib.import_module(family.__module__)
     return getattr(module, "tiny_processor", module.offline_processor)(family)
-
-
-def tiny_model(processor, **kwargs):
-    """A small random model of the real class of `processor`'s family (for tests)."""
-    module = importlib.import_module(type(family_for(processor)).__module__)
-    return module.tiny_model(processor, **kwargs)
 
 
 def load_processor(name_or_path: str):

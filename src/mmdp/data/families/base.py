@@ -44,11 +44,11 @@ from mmdp.data.conversation import (
 )
 from mmdp.data.images import BadImage, decode_image, image_size, load_image
 
-# What a packed batch may carry for the images, under transformers' names (each family's
-# processor makes some of them).
+# What a packed batch may carry for the images, under transformers' names: every family's
+# `vision_keys` (tests/test_families.py checks it is their union), for the code that has no family
+# at hand (a pack's samples, a batch collated without one).
 VISION_INPUTS = (
     "pixel_values",
-    "pixel_attention_mask",
     "image_grid_thw",
     "image_sizes",
     "batch_num_images",
@@ -84,9 +84,13 @@ class ModelFamily:
     image_token = ""  # what the chat template renders for each image
     feature_token = ""  # the token that stands for one image feature
     end_of_turn = ""  # the token that closes a reply (trained: the model learns to stop)
-    vision_keys: tuple[str, ...] = ("pixel_values",)  # the processor's outputs for images
+    # the vision inputs of the family's batches, which its model takes (mmdp.models.inputs)
+    vision_keys: tuple[str, ...] = ("pixel_values",)
     token_keys: tuple[str, ...] = ()  # per-token inputs besides input_ids (0 on padding)
     needs_image_sizes = True  # weighing reads every image's header
+    # None: the model masks each sample of a pack from its restarting position_ids; else the
+    # name of the attention mask mmdp builds for it instead (mmdp.models.inputs.PACKED_MASKS)
+    packed_mask: str | None = None
     # stage 5's budgets for the family when none is given: tokens a pack holds, and patches
     # (None: no patch budget); each family sets them for a few images a pack
     default_max_length = config.MAX_LENGTH

@@ -38,8 +38,8 @@ and the FlashAttention mask is None, masking_utils.py:636-676): images attend ca
 or not (tests/test_gemma3.py measures it).
 
 `offline_processor(Gemma3)` builds the real checkpoint's processor with no network;
-`tiny_processor` the same at 28 px with 4 soft tokens per image, for `tiny_model`, a random
-Gemma3ForConditionalGeneration that CPU tests run in a second.
+`tiny_processor` the same at 28 px with 4 soft tokens per image, for mmdp.models.tiny.gemma3's
+random Gemma3ForConditionalGeneration that CPU tests run in a second.
 """
 
 import math
@@ -47,12 +47,8 @@ import math
 import torch
 from transformers import (
     AutoTokenizer,
-    Gemma3Config,
-    Gemma3ForConditionalGeneration,
     Gemma3ImageProcessor,
     Gemma3Processor,
-    Gemma3TextConfig,
-    SiglipVisionConfig,
 )
 from transformers.image_utils import PILImageResampling
 
@@ -161,8 +157,9 @@ class Gemma3(ModelFamily):
     image_token = "<start_of_image>"  # what the chat template renders for each image
     feature_token = "<image_soft_token>"
     end_of_turn = "<end_of_turn>"
-    vision_keys = ("pixel_values", "num_crops")
+    vision_keys = ("pixel_values",)  # a sample's num_crops only checks its image processor
     token_keys = ("token_type_ids",)
+    packed_mask = "gemma3"  # its sliding-window layers' mask (mmdp.models.gemma3_masks)
     # each 896 px image (or crop) is 256 soft tokens (about 260 with <start_of_image>,
     # <end_of_image> and the newlines around them) and 64 x 64 = 4,096 SigLIP patches: 2,048
     # tokens hold at most 7 images, so 8 images' patches bind only with pan-and-scan crops
@@ -278,62 +275,3 @@ def tiny_processor(family: type[Gemma3] = Gemma3):
     would attend over 4,096 patches per image and every image would add 256 tokens, too slow for
     a CPU test. Everything else is the real processor's."""
     return offline_processor(family, TINY_IMAGE_SIZE, TINY_IMAGE_SEQ_LENGTH)
-
-
-def tiny_config(processor) -> Gemma3Config:
-    """The smallest Gemma 3 that shows what packing can break: a sliding-window layer (window 16,
-    shorter than the samples, longer than an image's run) and a global one, SigLIP sized to
-    `processor`'s images, token ids aligned with its tokenizer."""
-    tokenizer = processor.tokenizer
-    side = processor.image_processor.size["height"]
-    text = Gemma3TextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        layer_types=["sliding_attention", "full_attention"],  # the default pattern has 5:1
-        sliding_window=16,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        query_pre_attn_scalar=16,
-        max_position_embeddings=4096,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")],
-    )
-    vision = SiglipVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=side,
-        patch_size=PATCH_SIZE,
-        vision_use_head=False,
-    )
-    return Gemma3Config(
-        text_config=text,
-        vision_config=vision,
-        mm_tokens_per_image=processor.image_seq_length,  # a square dividing (side / 14)^2
-        image_token_index=tokenizer.image_token_id,
-        boi_token_index=tokenizer.boi_token_id,
-        eoi_token_index=tokenizer.eoi_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-
-
-def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa"):
-    """A random Gemma3ForConditionalGeneration of tiny_config, float32, in eval mode.
-
-    Every parameter is drawn again (normal, std 0.3): Gemma 3's own initialisation zeroes the
-    image projection (modeling_gemma3.py:444) and its (1 + w) norm weights, so a fresh model
-    feeds all-zero image embeddings and no test could tell one image from another.
-    """
-    torch.manual_seed(seed)
-    model = Gemma3ForConditionalGeneration._from_config(
-        tiny_config(processor), attn_implementation=attn_implementation, dtype=torch.float32
-    )
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.3)
-    return model.eval()

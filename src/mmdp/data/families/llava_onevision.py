@@ -31,8 +31,8 @@ The model checks only the TOTAL number of image features against the <image> tok
 (M:446-452), so images out of order are silent when the totals agree (tests/test_families.py).
 
 `offline_processor(family)` builds the real processor with no network; `tiny_processor(family)`
-the same with 32 px tiles, and `tiny_model(processor)` a random model of the real class with a
-processor's geometry. The tests' packed batch of six small samples (tests/test_families.py,
+the same with 32 px tiles, for mmdp.models.tiny.llava_onevision's random model of the real class
+with a processor's geometry. The tests' packed batch of six small samples (tests/test_families.py,
 packed_batch) is 2 rows of 2,860 tokens and eight 384 px crops with the real tiles, 2 rows of
 262 tokens and 21 crops of 32 px with the tiny ones: the tiny model's tests run in seconds.
 """
@@ -83,7 +83,7 @@ class LlavaOnevision(ModelFamily):
     name = "llava_onevision"
     image_token = feature_token = "<image>"
     end_of_turn = "<|im_end|>"
-    vision_keys = ("pixel_values", "image_sizes")  # batch_num_images is made per batch
+    vision_keys = ("pixel_values", "image_sizes", "batch_num_images")  # the last made per batch
     # A pack of a few images. An image alone in its sample costs at most 8,765 tokens (947 x 1154:
     # anyres_max_9 shrinks a grid's features only past 1.1^2 x 9 crops' worth; a 3 px scan of
     # 200-2400 px sides) and a 512 x 512 one 3,699, so 10,240 tokens hold any one image with ~1,400 tokens of
@@ -190,49 +190,3 @@ def build_processor(image_processor, num_image_tokens: int):
         vision_feature_select_strategy=FEATURE_SELECT_STRATEGY,
         chat_template=CHAT_TEMPLATE,
     )
-
-
-def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa"):
-    """A randomly initialised LlavaOnevisionForConditionalGeneration, small enough for a CPU test:
-    narrow SigLIP and Qwen2 towers with the processor's geometry (tile, patch, pinpoints), token
-    ids aligned with its tokenizer."""
-    tokenizer, image_processor = processor.tokenizer, processor.image_processor
-    tile = image_processor.size["height"]
-    patch = tile // math.isqrt(processor.num_image_tokens)  # 384 // 27 = SigLIP's 14
-    vision = transformers.SiglipVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=tile,
-        patch_size=patch,
-        vision_use_head=False,
-    )
-    text = transformers.Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8192,
-        tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    model_config = transformers.LlavaOnevisionConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_index=tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS["image_token"]),
-        video_token_index=tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS["video_token"]),
-        vision_feature_select_strategy=processor.vision_feature_select_strategy,
-        vision_feature_layer=-1,
-        image_grid_pinpoints=image_processor.image_grid_pinpoints,
-        vision_aspect_ratio=processor.vision_aspect_ratio,
-    )
-    torch.manual_seed(seed)
-    model = transformers.LlavaOnevisionForConditionalGeneration._from_config(
-        model_config, attn_implementation=attn_implementation, dtype=torch.float32
-    )
-    return model.eval()

@@ -98,8 +98,9 @@ def hold_out(fits: list[int], num_rows: int, args) -> tuple[list[int], list[int]
 
 
 def plan_whole_epoch(weights: Weights, args) -> EpochPlan:
-    """Stage 5's plan of one epoch of every row, packed with --strategy, on one rank."""
-    return plan_epoch(weights, packing(args, packs_per_batch=args.batch_size, seed=args.seed))
+    """Stage 5's plan of one epoch of every row, packed with --strategy, on one rank (its packs
+    are what counts: on one rank no pack is left out, however many packs a batch holds)."""
+    return plan_epoch(weights, packing(args, packs_per_batch=1, seed=args.seed))
 
 
 def packed_batches(data: StageData, rows: list[int], args, *, seed: int, epoch=0) -> list[dict]:

@@ -12,6 +12,7 @@ def compare_every_strategy(data: StageData, args) -> dict:
         max_length=args.max_length,
         max_images=args.max_images,
         batch_size=args.batch_size,
+        packs_per_batch=args.batch_size,  # as many packs a batch as padding batches samples
         seed=args.seed,
     )
 

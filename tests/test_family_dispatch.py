@@ -1,0 +1,97 @@
+"""model_inputs asks the family that collated a batch what its model takes: its vision inputs
+(`vision_keys`), its per-token inputs (`token_keys`) and, for Gemma 3, the attention masks mmdp
+builds (`packed_mask`). Every registered family must answer, and its answers must match the
+batches it collates."""
+
+import importlib
+
+import pytest
+from PIL import Image
+
+from mmdp.data.families import (
+    FAMILIES,
+    NAMED,
+    OFFLINE,
+    family_class,
+    family_for,
+    family_named,
+    tiny_processor,
+)
+from mmdp.data.families.base import VISION_INPUTS, TinyFamily
+from mmdp.data.synthetic import encode_png
+from mmdp.errors import UserError
+from mmdp.models.inputs import PACKED_MASKS, model_inputs
+from mmdp.models.tiny import BUILDERS
+from mmdp.packing.batch import TOKEN_INPUTS, build_pack, collate_packs
+
+REGISTERED = sorted(
+    {family_class(where) for where in (*FAMILIES.values(), *NAMED.values())} | {TinyFamily},
+    key=lambda family: family.name,
+)
+
+
+def packed_batch(family) -> dict:
+    """One pack of an image sample and a text-only one, collated by `family`."""
+    image = {"bytes": encode_png(Image.new("RGB", (64, 48), (200, 30, 30))), "path": None}
+    rows = [
+        {"images": [image], "texts": [{"user": "What is this?", "assistant": "A red box."}]},
+        {"images": [], "texts": [{"user": "2 + 2?", "assistant": "4."}]},
+    ]
+    samples = [family.make_sample(row, i) for i, row in enumerate(rows)]
+    lengths = [len(s["input_ids"]) for s in samples]
+    pack = build_pack(
+        samples, lengths, max_length=sum(lengths), pad_token_id=family.pad_token_id, batch_index=0
+    )
+    return collate_packs([pack], family)
+
+
+@pytest.mark.parametrize("family", REGISTERED, ids=lambda family: family.name)
+def test_every_registered_family_is_found_by_its_name_and_its_mask_is_built(family):
+    assert family_named(family.name) is family
+    assert family.packed_mask is None or family.packed_mask in PACKED_MASKS
+
+
+@pytest.mark.parametrize(
+    "family", [f for f in REGISTERED if f is not TinyFamily], ids=lambda f: f.name
+)
+def test_every_real_family_has_a_tiny_model_builder(family):
+    """TinyVLM is built by mmdp.models.tiny_vlm; every other family by mmdp.models.tiny."""
+    assert hasattr(importlib.import_module(BUILDERS[family.name]), "tiny_model")
+
+
+def test_the_inputs_a_batch_may_carry_are_the_families_keys():
+    assert set(VISION_INPUTS) == {key for family in REGISTERED for key in family.vision_keys}
+    assert set(TOKEN_INPUTS) == {key for family in REGISTERED for key in family.token_keys}
+
+
+def test_an_unknown_family_name_is_one_sentence():
+    with pytest.raises(UserError, match="no model family is called 'qwen9'"):
+        family_named("qwen9")
+
+
+@pytest.mark.parametrize("name", OFFLINE)
+def test_a_familys_batch_carries_its_vision_keys_and_the_model_gets_them(name, monkeypatch):
+    """The keys collate_vision makes are the ones the family declares, and model_inputs passes
+    exactly those; only a family that declares a packed_mask gets mmdp's attention_mask."""
+    built = []
+    monkeypatch.setitem(PACKED_MASKS, "gemma3", lambda batch, model: built.append(1) or {})
+    family = family_for(tiny_processor(name))
+    batch = packed_batch(family)
+    assert batch["model_family"] == family.name
+    carried = {key for key in batch if key in VISION_INPUTS}
+    assert carried == set(family.vision_keys)
+    passed = model_inputs(batch)
+    assert {key for key in passed if key in VISION_INPUTS} == carried
+    assert {key for key in passed if key in TOKEN_INPUTS} == set(family.token_keys)
+    assert ("attention_mask" in passed) == (family.packed_mask is not None) == bool(built)
+
+
+def test_the_dispatch_follows_the_declaration_not_the_name(monkeypatch):
+    """Negative control: a Qwen2.5-VL family class that declared Gemma 3's mask would get it; so
+    model_inputs reads the family's declaration, and a family without one gets no mask."""
+    family = family_for(tiny_processor("qwen2_5_vl"))
+    batch = packed_batch(family)
+    assert "attention_mask" not in model_inputs(batch)
+    monkeypatch.setattr(type(family), "packed_mask", "gemma3")
+    monkeypatch.setitem(PACKED_MASKS, "gemma3", lambda batch, model: "built")
+    assert model_inputs(batch)["attention_mask"] == "built"

@@ -1,0 +1,46 @@
+"""One word per idea, where a name used to mean two things: `batch_size` is samples per padded
+batch and `packs_per_batch` packs per packed one; a PackedDataset's `state()` is the loader's
+state (a `position()` is a stream reader's). The old spellings keep working, with a warning."""
+
+import pytest
+
+from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
+from mmdp.packing.weights import Weights
+from mmdp.training.strategies import compare_strategies
+
+# Lengths [3, 6, 2, 5], budget 8: binpack makes [[6, 2], [5, 3]], 2 packs; 4 samples.
+WEIGHTS = Weights.from_lists([3, 6, 2, 5], [0, 0, 0, 0])
+
+
+def batches(**sizes) -> dict:
+    results = compare_strategies(WEIGHTS, max_length=8, max_images=4, seed=0, **sizes)
+    return {name: r["batches"] for name, r in results.items()}
+
+
+def test_batch_size_counts_samples_and_packs_per_batch_counts_packs():
+    # 4 samples, 2 a padded batch: 2 batches; 2 packs, 1 a packed batch: 2 batches
+    assert batches(batch_size=2, packs_per_batch=1)["naive"] == 2
+    assert batches(batch_size=2, packs_per_batch=1)["binpack"] == 2
+    # 2 packs a packed batch: 1 batch, whatever batch_size says
+    assert batches(batch_size=2, packs_per_batch=2)["binpack"] == 1
+    assert batches(batch_size=1, packs_per_batch=2)["naive"] == 4
+
+
+def test_compare_strategies_without_packs_per_batch_warns_and_packs_batch_size_packs():
+    with pytest.warns(DeprecationWarning, match="packs_per_batch"):
+        old = batches(batch_size=2)
+    assert old == batches(batch_size=2, packs_per_batch=2)
+
+
+def test_a_packed_datasets_state_is_what_its_loader_saves(tokenizer):
+    samples = VQADataset(load_vqa_dataset(num_rows=40), tokenizer, image_size=16)
+    dataset = PackedDataset(samples, PackingConfig(max_length=512, packs_per_batch=2))
+    loader = PackedDataLoader(dataset, num_workers=0)
+    next(iter(loader))
+    assert loader.state_dict() == dataset.state()
+    assert dataset.state()["batches_done"] == 1
+    with pytest.warns(DeprecationWarning, match="state()"):
+        assert dataset.position() == dataset.state()
