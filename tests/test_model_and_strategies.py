@@ -188,7 +188,9 @@ def loader_report(samples, collate):
 
 def test_strategy_comparison_matches_the_stages_own_loaders(samples, tokenizer):
     weights = weigh_rows(samples.dataset, tokenizer).weights
-    results = compare_strategies(weights, max_length=512, max_images=18, batch_size=8, seed=0)
+    results = compare_strategies(
+        weights, max_length=512, max_images=18, batch_size=8, packs_per_batch=8, seed=0
+    )
     assert list(results) == ["naive", "constrained", *STRATEGIES]
     naive = loader_report(samples, NaivePadCollator(tokenizer.pad_token_id))
     constrained = loader_report(samples, ConstrainedPadCollator(tokenizer.pad_token_id, 512))
