@@ -38,6 +38,15 @@ def image_cell(image) -> dict:
     return {"bytes": encode_png(image), "path": None}
 
 
+def config_and_rest(settings: dict) -> tuple:
+    """A test's loader keywords split into a PackingConfig of its fields and the rest (rank=...,
+    image_size=...): the loaders' loose budget keywords are deprecated (they warn)."""
+    from mmdp.packing.packing_config import FIELDS, PackingConfig
+
+    config = PackingConfig(**{key: settings[key] for key in FIELDS if key in settings})
+    return config, {key: value for key, value in settings.items() if key not in FIELDS}
+
+
 @pytest.fixture
 def one_thread():
     """One intra-op thread for tests of tiny real models (tests/test_lora.py,

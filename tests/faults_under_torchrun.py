@@ -2,7 +2,7 @@
 docs/faults.md rows 1 and 3). tests/test_faults_under_torchrun.py starts it; by hand:
 
     uv run torchrun --standalone --nproc-per-node 2 tests/faults_under_torchrun.py \\
-        train --loader streaming --out /tmp/faults --kill-at 7 --kill-rank 1
+        train --loader planned --loader streaming --out /tmp/faults --kill-at 7 --kill-rank 1
 
 No model: a step logs the ids of its batch's samples (the loader's `sample_index`, the stream
 a trainer would see) and all-reduces a number, as DDP's gradient all-reduce would, so the ranks
@@ -10,9 +10,13 @@ move in step. Every `--checkpoint-every` steps each rank saves `loader.state_dic
 (written beside, then renamed), all ranks meet at a barrier, and rank 0 then names that step the
 latest checkpoint (also atomically): a restart resumes from the latest step every rank saved.
 
-`train`: an epoch of the planned (PackedDataLoader) or streaming (StreamingDataLoader) loader,
-2 DataLoader workers per rank, resumed from the latest checkpoint in `--out` if there is one;
-rank `--kill-rank` sends itself SIGKILL when it receives batch `--kill-at`.
+`train`: an epoch of the planned (PackedDataLoader) and/or the streaming (StreamingDataLoader)
+loader, 2 DataLoader workers each per rank, resumed from the latest checkpoint in `--out` if
+there is one; rank `--kill-rank` sends itself SIGKILL when it reaches step `--kill-at`. With
+both loaders, each step takes a batch from each (until each one's epoch ends) and a checkpoint
+holds both states: one job kills and resumes both loaders at once (each torchrun launch starts
+3 processes that import torch, so the fault test launches half as many jobs as with one loader
+a job), and each loader's stream is logged apart (`--launch`-rank-R-LOADER.jsonl).
 
 `rank-dies`: rank 1 leaves (os._exit) or hangs, while rank 0 waits for it: in the streaming
 loader's end-of-data all-reduce (`--where stream` or `hang`, at step 3) or in the weighing
@@ -38,7 +42,10 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="an epoch, checkpointed, maybe killed")
-    train.add_argument("--loader", choices=["planned", "streaming"], required=True)
+    train.add_argument(
+        "--loader", choices=["planned", "streaming"], action="append", required=True,
+        help="the loader to train with; twice for both, side by side",
+    )  # fmt: skip
     train.add_argument("--out", type=Path, required=True, help="checkpoints and sample-id logs")
     train.add_argument("--launch", default="run", help="this launch's name, for its logs")
     train.add_argument("--checkpoint-every", type=int, default=3, help="steps between saves")
@@ -61,14 +68,15 @@ def make_loader(kind: str, rows, tokenizer, **loader_args):
     """A loader over `rows` with 2 workers on this rank: the planned or the streaming one."""
     from mmdp.data.vqa_dataset import VQADataset
     from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+    from mmdp.packing.packing_config import PackingConfig
     from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 
-    settings = {"max_length": 512, "packs_per_batch": PACKS_PER_BATCH, "buffer_size": BUFFER_SIZE}
+    config = PackingConfig(max_length=512, packs_per_batch=PACKS_PER_BATCH, buffer_size=BUFFER_SIZE)
     if kind == "planned":
-        return PackedDataLoader(PackedDataset(VQADataset(rows, tokenizer), **settings), 2)
+        return PackedDataLoader(PackedDataset(VQADataset(rows, tokenizer), config), 2)
     # 4 shards: one per reader (2 ranks x 2 workers)
     stream = rows.to_iterable_dataset(num_shards=4)
-    dataset = StreamingPackedDataset(stream, tokenizer, **settings)
+    dataset = StreamingPackedDataset(stream, tokenizer, config)
     return StreamingDataLoader(dataset, 2, **loader_args)
 
 
@@ -114,21 +122,35 @@ def train(args: argparse.Namespace) -> None:
     from mmdp.packing.sharding import start_ranks
 
     rank = start_ranks()
-    loader = make_loader(args.loader, *rows_and_tokenizer())
+    rows, tokenizer = rows_and_tokenizer()
+    loaders = {kind: make_loader(kind, rows, tokenizer) for kind in args.loader}
     state = latest_checkpoint(args.out, rank)
     if state is not None:
-        loader.load_state_dict(state)
-        print(f"rank {rank}: resuming after {state['batches_done']} steps", flush=True)
-    with open(args.out / f"{args.launch}-rank-{rank}.jsonl", "a") as log:
-        for batch in loader:
-            step = batch["batch_index"]
-            if step == args.kill_at and rank == args.kill_rank:
-                os.kill(os.getpid(), signal.SIGKILL)  # the training process dies, mid-epoch
-            log.write(json.dumps({"step": step, "ids": batch["sample_index"].tolist()}) + "\n")
-            log.flush()
+        for kind, loader in loaders.items():
+            loader.load_state_dict(state[kind])
+        print(f"rank {rank}: resuming after {state[kind]['batches_done']} steps", flush=True)
+    logs = {
+        kind: open(args.out / f"{args.launch}-rank-{rank}-{kind}.jsonl", "a") for kind in loaders
+    }
+    batches = {kind: iter(loader) for kind, loader in loaders.items()}
+    step = state[kind]["batches_done"] if state is not None else 0
+    while batches:
+        if step == args.kill_at and rank == args.kill_rank:
+            os.kill(os.getpid(), signal.SIGKILL)  # the training process dies, mid-epoch
+        for kind in list(batches):  # the same order on every rank: the loaders' collectives meet
+            batch = next(batches[kind], None)
+            if batch is None:  # this loader's epoch is over (on every rank: equal batches)
+                del batches[kind]
+                continue
+            assert batch["batch_index"] == step, (kind, batch["batch_index"], step)
+            logs[kind].write(json.dumps({"step": step, "ids": batch["sample_index"].tolist()}))
+            logs[kind].write("\n")
+            logs[kind].flush()
             dist.all_reduce(torch.tensor([len(batch["sample_index"])]))  # DDP's gradient sync
-            if (step + 1) % args.checkpoint_every == 0:
-                save_checkpoint(args.out, step + 1, loader.state_dict(), rank)
+        step += 1
+        if batches and step % args.checkpoint_every == 0:
+            states = {kind: loader.state_dict() for kind, loader in loaders.items()}
+            save_checkpoint(args.out, step, states, rank)
     print(f"rank {rank}: epoch done", flush=True)
     dist.destroy_process_group()
 

@@ -15,6 +15,7 @@ from mmdp.models.attention import reference_flash_attn_func, reference_flash_att
 from mmdp.models.inputs import MIN_TRANSFORMERS, check_transformers, model_inputs
 from mmdp.packing.batch import collate_packs, layout_pack
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.training.loss import summed_loss
 
 VOCAB = 97
@@ -137,9 +138,10 @@ def image_samples(tokenizer):
 
 @pytest.mark.parametrize("attention", WITH_IMAGES, indirect=True)
 def test_tiny_vlm_with_images_keeps_packed_samples_apart(attention, image_samples, tokenizer):
-    batch = next(
-        iter(PackedDataLoader(PackedDataset(image_samples, packs_per_batch=3), num_workers=0))
+    loader = PackedDataLoader(
+        PackedDataset(image_samples, PackingConfig(packs_per_batch=3)), num_workers=0
     )
+    batch = next(iter(loader))
     assert len(batch["pixel_values"]) >= 2 and len(batch["samples_per_row"]) == 3
     packed, alone = tiny_vlm_losses(batch, image_samples.__getitem__, tokenizer, attention)
     assert relative_difference(packed, alone) < 1e-5
@@ -173,7 +175,9 @@ def test_a_transformers_that_mixes_packed_samples_is_refused():
 def test_in_bf16_packing_differs_by_rounding_not_leakage(attention, image_samples, tokenizer):
     """bf16 rounds differently in a pack than alone: a looser check (rel < 1e-4) still separates
     that from samples seeing each other (which costs more than 1e-3 even in bf16)."""
-    loader = PackedDataLoader(PackedDataset(image_samples, packs_per_batch=3), num_workers=0)
+    loader = PackedDataLoader(
+        PackedDataset(image_samples, PackingConfig(packs_per_batch=3)), num_workers=0
+    )
     batch = next(iter(loader))
     model = tiny_llama(len(tokenizer), attention).to(torch.bfloat16)
     rows = batch["sample_index"].tolist()

@@ -1,3 +1,4 @@
+import socket
 import time
 
 import numpy as np
@@ -133,20 +134,40 @@ def test_local_data_in_another_schema_is_a_clear_error(tmp_path):
         load_vqa_dataset(str(tmp_path / "other"))
 
 
-def test_hub_dataset_offline_fails_with_one_sentence(run_script):
-    result = run_script(
-        "01_check_dataset.py",
-        "--dataset",
-        "HuggingFaceM4/the_cauldron",
-        "--subset",
-        "ai2d",
-        env={"HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    message = result.stderr.strip().splitlines()[-1]
+OFFLINE_HUB = ["--dataset", "HuggingFaceM4/the_cauldron", "--subset", "ai2d"]
+
+
+def said_offline_in_one_sentence(status: int, stderr: str) -> None:
+    assert status == 2
+    assert "Traceback" not in stderr
+    message = stderr.strip().splitlines()[-1]
     assert message.startswith("error: could not load dataset 'HuggingFaceM4/the_cauldron'")
     assert "run without --dataset to use the embedded synthetic dataset" in message
+
+
+def test_hub_dataset_offline_fails_with_one_sentence(run_main, monkeypatch):
+    """Stage 1 with HF_HUB_OFFLINE=1, in this process: huggingface_hub and datasets read the
+    variable once, at import (huggingface_hub/constants.py:194, datasets/config.py:217), so
+    their copies are set too; no socket may open. The slow test below sets the variable before
+    a new process starts."""
+    import datasets
+    import huggingface_hub
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("offline: nothing may connect")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    status, _, err = run_main("01_check_dataset.py", *OFFLINE_HUB)
+    said_offline_in_one_sentence(status, err)
+
+
+@pytest.mark.slow  # a new process that imports torch, datasets and transformers
+def test_hub_dataset_offline_fails_with_one_sentence_in_a_new_process(run_script):
+    result = run_script("01_check_dataset.py", *OFFLINE_HUB, env={"HF_HUB_OFFLINE": "1"})
+    said_offline_in_one_sentence(result.returncode, result.stderr)
 
 
 def test_unreachable_hub_fails_fast_without_retries(monkeypatch):

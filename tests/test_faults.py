@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import config_and_rest
 from datasets import Dataset, load_dataset, load_from_disk
 
 from mmdp.data.bad_rows import BAD_ROWS, with_bad_rows
@@ -26,6 +27,7 @@ from mmdp.drop_reasons import UNDECODABLE_IMAGE
 from mmdp.errors import UserError, exit_on_user_error
 from mmdp.packing import weighing
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.weighing import weigh_rows
 from mmdp.packing.workers import WorkerFailed
@@ -48,8 +50,8 @@ def fresh_cache(tmp_path, monkeypatch):
 
 
 def packed(rows, tokenizer, **settings) -> PackedDataset:
-    settings = {"max_length": 512, "packs_per_batch": 1, **settings}
-    return PackedDataset(VQADataset(rows, tokenizer), **settings)
+    config, rest = config_and_rest({"max_length": 512, "packs_per_batch": 1, **settings})
+    return PackedDataset(VQADataset(rows, tokenizer), config, **rest)
 
 
 def sample_ids(loader) -> list[list[int]]:
@@ -70,45 +72,69 @@ def torchrun(tmp_path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
 
 
-def logged_steps(out: Path, launch: str, rank: int) -> list[dict]:
-    lines = (out / f"{launch}-rank-{rank}.jsonl").read_text().splitlines()
+def logged_steps(out: Path, launch: str, rank: int, loader: str) -> list[dict]:
+    lines = (out / f"{launch}-rank-{rank}-{loader}.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 
 
 def latest_checkpoint(out: Path) -> int:
+    """The step the job's latest checkpoint was saved after (0: none yet, it starts over)."""
+    if not (out / "latest.json").exists():
+        return 0
     return json.loads((out / "latest.json").read_text())["steps_done"]
 
 
-@pytest.mark.slow  # 5 torchrun jobs of 2 ranks x 2 workers: minutes on a busy 2-core machine
-@pytest.mark.parametrize("loader", ["planned", "streaming"])
-def test_killed_mid_epoch_and_resumed_the_sample_stream_goes_on_exactly(loader, rows, tmp_path):
+LOADERS = ("planned", "streaming")
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory) -> dict:
+    """Jobs of tests/faults_under_torchrun.py training both loaders side by side (one job for
+    both: each launch starts 3 processes that import torch): one that never dies, then one
+    killed with SIGKILL at 3 random steps (MMDP_FAULT_SEED picks others), by rank 0, then 1,
+    then 0, each restart resuming from the latest checkpoint (every 3 steps), and the last run
+    to the end. Per loader and rank: the whole run's steps and the killed job's stream, built
+    as a trainer sees it (each restart's steps replacing those after its checkpoint)."""
+    tmp_path = tmp_path_factory.mktemp("killed")
+    loaders = [arg for kind in LOADERS for arg in ("--loader", kind)]
     whole_run = tmp_path / "whole"
     whole_run.mkdir()
-    done = torchrun(tmp_path, "train", "--loader", loader, "--out", str(whole_run), "--launch", "a")
+    done = torchrun(tmp_path, "train", *loaders, "--out", str(whole_run), "--launch", "a")
     assert done.returncode == 0, done.stderr[-2000:]
-    whole = {rank: logged_steps(whole_run, "a", rank) for rank in (0, 1)}
-    # SIGKILL at 3 random steps (MMDP_FAULT_SEED picks others), by rank 0, then 1, then 0;
-    # each restart resumes from the latest checkpoint (every 3 steps)
+    whole = {(k, r): logged_steps(whole_run, "a", r, k) for k in LOADERS for r in (0, 1)}
+    shortest = min(len(steps) for steps in whole.values())
     seed = int(os.environ.get("MMDP_FAULT_SEED", 0))
-    kills = sorted(random.Random(f"{loader}-{seed}").sample(range(2, len(whole[0]) - 2), 3))
-    out, stream, redone = tmp_path / "killed", {0: [], 1: []}, 0
+    kills = sorted(random.Random(f"both-{seed}").sample(range(2, shortest - 2), 3))
+    out, stream, resumes = tmp_path / "killed", {key: [] for key in whole}, []
     out.mkdir()
     for launch, kill_at in enumerate([*kills, None]):
         resume_at = latest_checkpoint(out) if launch else 0
-        args = ["train", "--loader", loader, "--out", str(out), "--launch", str(launch)]
+        resumes.append(resume_at)
+        args = ["train", *loaders, "--out", str(out), "--launch", str(launch)]
         if kill_at is not None:
             args += ["--kill-at", str(kill_at), "--kill-rank", str(launch % 2)]
         done = torchrun(tmp_path, *args)
         killed = "Signal 9 (SIGKILL) received by PID"
         assert (killed in done.stderr) == (kill_at is not None), done.stderr[-2000:]
-        for rank in (0, 1):
-            steps = logged_steps(out, str(launch), rank)
+        for loader, rank in stream:
+            steps = logged_steps(out, str(launch), rank, loader)
             assert steps[0]["step"] == resume_at, f"kills at {kills}"  # resumed, not restarted
-            redone += len(stream[rank]) - resume_at
-            stream[rank] = stream[rank][:resume_at] + steps
-    # nothing lost, nothing repeated: the stream of a job that never died, step for step
-    assert stream == whole, f"kills at {kills}"
-    assert redone > 0  # the steps after a checkpoint were trained again (their model was lost)
+            stream[loader, rank] = stream[loader, rank][:resume_at] + steps
+    return {"whole": whole, "stream": stream, "kills": kills, "resumes": resumes}
+
+
+@pytest.mark.slow  # 5 torchrun jobs of 2 ranks x 2 loaders x 2 workers: about a minute
+@pytest.mark.parametrize("loader", LOADERS)
+def test_killed_mid_epoch_and_resumed_the_sample_stream_goes_on_exactly(loader, killed_and_resumed):
+    whole, stream = killed_and_resumed["whole"], killed_and_resumed["stream"]
+    kills, resumes = killed_and_resumed["kills"], killed_and_resumed["resumes"]
+    # each restart began at the latest checkpoint before its kill
+    assert all(resume_at <= kill_at for resume_at, kill_at in zip(resumes[1:], kills))
+    for rank in (0, 1):
+        # nothing lost, nothing repeated: the stream of a job that never died, step for step
+        assert stream[loader, rank] == whole[loader, rank], f"rank {rank}, kills at {kills}"
+    # the steps after a checkpoint were trained again (their model was lost)
+    assert any(resume_at < kill_at for resume_at, kill_at in zip(resumes[1:], kills))
 
 
 # 2. A DataLoader worker that raises or dies ----------------------------------------------------
@@ -167,7 +193,9 @@ def test_a_streaming_worker_that_raises_is_named_too(rows, tokenizer, monkeypatc
     original = StreamingPackedDataset.build_pack
     monkeypatch.setattr(StreamingPackedDataset, "build_pack", build_pack)
     stream = rows.to_iterable_dataset(num_shards=2)
-    dataset = StreamingPackedDataset(stream, tokenizer, max_length=512, buffer_size=16)
+    dataset = StreamingPackedDataset(
+        stream, tokenizer, PackingConfig(max_length=512, buffer_size=16)
+    )
     with pytest.raises(WorkerFailed, match="DataLoader worker [01] of rank 0 failed building "):
         sample_ids(StreamingDataLoader(dataset, num_workers=2))
 
@@ -270,7 +298,9 @@ def test_a_truncated_shard_in_a_stream_is_named_in_one_sentence(workers, rows, t
     stream = load_dataset(
         "parquet", data_files=list(map(str, files)), split="train", streaming=True
     )
-    dataset = StreamingPackedDataset(stream, tokenizer, max_length=512, buffer_size=16)
+    dataset = StreamingPackedDataset(
+        stream, tokenizer, PackingConfig(max_length=512, buffer_size=16)
+    )
     with pytest.raises(UserError, match=f"^data file {files[3]} is damaged") as failed:
         sample_ids(StreamingDataLoader(dataset, num_workers=workers))
     assert "\n" not in str(failed.value) and "Traceback" not in str(failed.value)
@@ -281,7 +311,9 @@ def test_a_shard_that_vanishes_mid_stream_is_named(rows, tokenizer, tmp_path):
     stream = load_dataset(
         "parquet", data_files=list(map(str, files)), split="train", streaming=True
     )
-    dataset = StreamingPackedDataset(stream, tokenizer, max_length=512, buffer_size=16)
+    dataset = StreamingPackedDataset(
+        stream, tokenizer, PackingConfig(max_length=512, buffer_size=16)
+    )
     loader = iter(StreamingDataLoader(dataset, num_workers=0))
     next(loader)  # reading the first shard
     files[3].unlink()
@@ -305,7 +337,9 @@ def test_garbage_and_truncated_images_are_counted_not_raised(rows, tokenizer, fr
         report.add_batch(batch)
     assert report.dropped[UNDECODABLE_IMAGE] == 2
     streamed = StreamingPackedDataset(
-        broken.to_iterable_dataset(num_shards=2), tokenizer, max_length=512, buffer_size=16
+        broken.to_iterable_dataset(num_shards=2),
+        tokenizer,
+        PackingConfig(max_length=512, buffer_size=16),
     )
     loader = StreamingDataLoader(streamed, num_workers=2)
     report = PackReport()

@@ -18,6 +18,7 @@ from mmdp.data.mixture import (
 from mmdp.errors import UserError
 from mmdp.packing.batch import collate_packs, layout_pack
 from mmdp.packing.mixture_plan import MixturePlan, choose_rows
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planner import plan_epoch
 from mmdp.packing.weights import Weights
 from mmdp.report.mixture import source_report
@@ -49,11 +50,8 @@ def test_asked_50_30_20_by_tokens_is_realised_within_one_point_per_rank_and_over
     mixture = MixturePlan(source, ASKED, "tokens", None, seed)
     plan = plan_epoch(
         weights,
-        max_length=512,
-        max_images=8,
-        packs_per_batch=8,
+        PackingConfig(max_length=512, max_images=8, packs_per_batch=8, seed=seed),
         world_size=world_size,
-        seed=seed,
         mixture=mixture,
     )
     overall = token_shares(plan.rows, source, weights)
@@ -62,7 +60,9 @@ def test_asked_50_30_20_by_tokens_is_realised_within_one_point_per_rank_and_over
         mine = token_shares(plan.for_rank(rank).rows, source, weights)
         assert np.abs(mine - ASKED).max() < 0.01, (rank, mine)
     # negative control: the same rows without the mixture are far from 50/30/20
-    plain = plan_epoch(weights, max_length=512, max_images=8, packs_per_batch=8, seed=seed)
+    plain = plan_epoch(
+        weights, PackingConfig(max_length=512, max_images=8, packs_per_batch=8, seed=seed)
+    )
     assert np.abs(token_shares(plain.rows, source, weights) - ASKED).max() > 0.05
 
 
@@ -71,8 +71,8 @@ def test_the_plan_is_the_same_for_a_seed_and_on_every_rank_another_for_another_e
 
     def plan(seed, epoch):
         mixture = MixturePlan(source, ASKED, "tokens", None, seed)
-        budgets = {"max_length": 512, "max_images": 8, "packs_per_batch": 4, "world_size": 2}
-        return plan_epoch(weights, **budgets, seed=seed, epoch=epoch, mixture=mixture).rows
+        config = PackingConfig(max_length=512, max_images=8, packs_per_batch=4, seed=seed)
+        return plan_epoch(weights, config, world_size=2, epoch=epoch, mixture=mixture).rows
 
     assert plan(0, 0).tolist() == plan(0, 0).tolist()
     assert plan(0, 1).tolist() != plan(0, 0).tolist()
@@ -200,7 +200,7 @@ def test_the_per_source_report_counts_rows_over_the_patch_budget():
     weights = Weights.from_lists([50] * 6, images, patch_counts=[100 * n for n in images])
     budgets = {"max_length": 512, "max_images": 4, "max_patches": 150}
     plan = MixturePlan(source, mixture.shares(), "rows", None, 0)
-    epoch = plan_epoch(weights, **budgets, packs_per_batch=1, mixture=plan)
+    epoch = plan_epoch(weights, PackingConfig(**budgets, packs_per_batch=1), mixture=plan)
     report = source_report(
         SimpleNamespace(mixture=mixture), plan, weights, [epoch.rows.tolist()], budgets=budgets
     )

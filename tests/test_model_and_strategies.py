@@ -13,6 +13,7 @@ from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.batch import collate_packs, layout_pack, real_token_mask, sample_ids
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weighing import weigh_rows
 from mmdp.report.metrics import EpochReport
 from mmdp.training.loop import PARTS, median_time_per_part, speed_of_run
@@ -41,7 +42,10 @@ def model(tokenizer):
 def three_packs(samples, model, tokenizer) -> dict:
     """A batch of 3 packs and the same samples naively padded, with the model's outputs on each
     (computed once: the logits over the 49k-token vocabulary are most of these tests' time)."""
-    batch = next(iter(PackedDataLoader(PackedDataset(samples, packs_per_batch=3), num_workers=0)))
+    loader = PackedDataLoader(
+        PackedDataset(samples, PackingConfig(packs_per_batch=3)), num_workers=0
+    )
+    batch = next(iter(loader))
     padded = NaivePadCollator(tokenizer.pad_token_id)(
         [samples[r] for r in batch["sample_index"].tolist()]
     )
@@ -81,7 +85,10 @@ def test_packed_padded_and_alone_give_the_same_loss_with_images(three_packs, sam
 
 
 def test_image_count_must_match_the_image_tokens(samples, model):
-    batch = next(iter(PackedDataLoader(PackedDataset(samples, packs_per_batch=2), num_workers=0)))
+    loader = PackedDataLoader(
+        PackedDataset(samples, PackingConfig(packs_per_batch=2)), num_workers=0
+    )
+    batch = next(iter(loader))
     with pytest.raises(ValueError, match="image tokens"):
         model(**vlm_inputs({**batch, "pixel_values": batch["pixel_values"][1:]}))
 
@@ -107,7 +114,10 @@ def test_both_reductions_are_the_same_for_padded_and_packed_batches(three_packs)
 
 def test_packed_and_padded_batches_of_the_same_samples_give_the_same_gradient(samples, tokenizer):
     """What one training step learns does not depend on the layout: same samples, same gradient."""
-    batch = next(iter(PackedDataLoader(PackedDataset(samples, packs_per_batch=2), num_workers=0)))
+    loader = PackedDataLoader(
+        PackedDataset(samples, PackingConfig(packs_per_batch=2)), num_workers=0
+    )
+    batch = next(iter(loader))
     padded = NaivePadCollator(tokenizer.pad_token_id)(
         [samples[r] for r in batch["sample_index"].tolist()]
     )
@@ -178,7 +188,9 @@ def loader_report(samples, collate):
 
 def test_strategy_comparison_matches_the_stages_own_loaders(samples, tokenizer):
     weights = weigh_rows(samples.dataset, tokenizer).weights
-    results = compare_strategies(weights, max_length=512, max_images=18, batch_size=8, seed=0)
+    results = compare_strategies(
+        weights, max_length=512, max_images=18, batch_size=8, packs_per_batch=8, seed=0
+    )
     assert list(results) == ["naive", "constrained", *STRATEGIES]
     naive = loader_report(samples, NaivePadCollator(tokenizer.pad_token_id))
     constrained = loader_report(samples, ConstrainedPadCollator(tokenizer.pad_token_id, 512))
@@ -186,7 +198,7 @@ def test_strategy_comparison_matches_the_stages_own_loaders(samples, tokenizer):
         assert results[name]["real_tokens"] == report.real_tokens
         assert results[name]["computed_tokens"] == report.computed_tokens
         assert results[name]["batches"] == report.batches
-    packed = PackedDataset(samples, max_length=512, packs_per_batch=8)
+    packed = PackedDataset(samples, PackingConfig(max_length=512, packs_per_batch=8))
     batches = list(PackedDataLoader(packed, num_workers=0))
     assert results["images_first_bfd"]["batches"] == len(batches)
     assert results["images_first_bfd"]["real_tokens"] == sum(

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from conftest import image_cell
+from conftest import config_and_rest, image_cell
 from datasets import Dataset
 from PIL import Image
 from torch.utils.data import DataLoader
@@ -16,6 +16,7 @@ from mmdp.drop_reasons import (
 )
 from mmdp.packing.batch import collate_packs, sample_ids
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 
 IMAGE_SIZE = 16  # tiny images keep these tests fast; nothing here depends on the size
 
@@ -26,8 +27,8 @@ def samples(tokenizer):
 
 
 def packed(samples, **kwargs):
-    kwargs = {"max_length": 512, "packs_per_batch": 4, **kwargs}
-    return PackedDataset(samples, **kwargs)
+    config, rest = config_and_rest({"max_length": 512, "packs_per_batch": 4, **kwargs})
+    return PackedDataset(samples, config, **rest)
 
 
 def epoch_rows(loader):
@@ -116,9 +117,7 @@ def test_filtered_and_broken_samples_are_counted(tokenizer):
     )
     dataset = PackedDataset(
         VQADataset(rows, tokenizer, image_size=IMAGE_SIZE),
-        max_length=256,
-        max_images=2,
-        packs_per_batch=2,
+        PackingConfig(max_length=256, max_images=2, packs_per_batch=2),
     )
     batches = list(PackedDataLoader(dataset, num_workers=2))
     used = sorted(row for b in batches for row in b["sample_index"].tolist())

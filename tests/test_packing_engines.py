@@ -12,6 +12,7 @@ from mmdp.packing.packers import (
     pack_greedy,
     reference_fit_decreasing,
 )
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planner import plan_epoch
 from mmdp.packing.weights import Weights
 
@@ -83,8 +84,8 @@ def test_packing_in_processes_gives_the_same_plan(monkeypatch):
     # Buffers are independent: processes pack ranges of them, and the ranges come back in order.
     # 3,500 or so usable rows in buffers of 100 (below PARALLEL_MIN_BUFFERS: processes forced)
     weights = random_weights(4_000)
-    settings = {"max_length": 512, "max_images": 3, "packs_per_batch": 3, "buffer_size": 100}
-    one_process = plan_epoch(weights, world_size=2, **settings)
+    config = PackingConfig(max_length=512, max_images=3, packs_per_batch=3, buffer_size=100)
+    one_process = plan_epoch(weights, config, world_size=2)
     monkeypatch.setattr(planner, "planning_workers", lambda num_buffers: 2)
     ranges_packed = []
     pack_in_processes = planner.pack_in_processes
@@ -95,7 +96,7 @@ def test_packing_in_processes_gives_the_same_plan(monkeypatch):
         return sizes
 
     monkeypatch.setattr(planner, "pack_in_processes", counted)
-    two_processes = plan_epoch(weights, world_size=2, **settings)
+    two_processes = plan_epoch(weights, config, world_size=2)
     assert len(ranges_packed) == 1 and ranges_packed[0] > 2  # several ranges, in processes
     for name in ("rows", "pack_starts", "batch_starts"):
         assert getattr(one_process, name).tolist() == getattr(two_processes, name).tolist(), name
@@ -105,7 +106,7 @@ def test_packing_in_processes_gives_the_same_plan(monkeypatch):
         "pack_in_processes",
         lambda rows, job, workers: pack_in_processes(rows, job, workers)[::-1],
     )
-    out_of_order = plan_epoch(weights, world_size=2, **settings)
+    out_of_order = plan_epoch(weights, config, world_size=2)
     assert out_of_order.pack_starts.tolist() != one_process.pack_starts.tolist()
 
 

@@ -1,12 +1,14 @@
 """The epoch planner, traced by hand on tiny integer inputs (as tests/test_packing.py does)."""
 
 import tracemalloc
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS, NO_TEXTS, TOO_LONG, TOO_MANY_IMAGES
 from mmdp.packing import planner
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planner import (
     batch_loads,
     deal_steps,
@@ -93,7 +95,9 @@ def test_plan_accounts_for_every_row_and_ranks_get_equal_batches():
     # the 5th pack left out (1 or 2 rows, depending on the shuffle)
     lengths = [4] * 9 + [9, 0]
     weights = Weights.from_lists(lengths, [0] * 11, [None] * 10 + [NO_TEXTS])
-    plan = plan_epoch(weights, max_length=8, max_images=1, packs_per_batch=1, world_size=2)
+    plan = plan_epoch(
+        weights, PackingConfig(max_length=8, max_images=1, packs_per_batch=1), world_size=2
+    )
     assert plan.num_steps() == 2
     used = [
         row for step in range(2) for rank in range(2) for p in plan.batch(step, rank) for row in p
@@ -106,10 +110,10 @@ def test_plan_accounts_for_every_row_and_ranks_get_equal_batches():
 
 def test_same_seed_same_plan_another_epoch_another_order():
     weights = Weights.from_lists(np.arange(1, 60) % 7 + 1, np.arange(59) % 3)
-    settings = {"max_length": 12, "max_images": 4, "packs_per_batch": 2, "world_size": 2}
-    a = plan_epoch(weights, **settings, seed=1, epoch=0)
-    b = plan_epoch(weights, **settings, seed=1, epoch=0)
-    c = plan_epoch(weights, **settings, seed=1, epoch=1)
+    config = PackingConfig(max_length=12, max_images=4, packs_per_batch=2, seed=1)
+    a = plan_epoch(weights, config, world_size=2, epoch=0)
+    b = plan_epoch(weights, config, world_size=2, epoch=0)
+    c = plan_epoch(weights, config, world_size=2, epoch=1)
     assert a.rows.tolist() == b.rows.tolist() and a.pack_starts.tolist() == b.pack_starts.tolist()
     assert a.rows.tolist() != c.rows.tolist()
     assert sorted(a.rows.tolist()) == sorted(c.rows.tolist())
@@ -117,7 +121,9 @@ def test_same_seed_same_plan_another_epoch_another_order():
 
 def test_a_rank_plan_holds_exactly_that_ranks_batches():
     weights = Weights.from_lists(np.arange(1, 80) % 9 + 1, np.arange(79) % 4)
-    plan = plan_epoch(weights, max_length=16, max_images=5, packs_per_batch=3, world_size=3)
+    plan = plan_epoch(
+        weights, PackingConfig(max_length=16, max_images=5, packs_per_batch=3), world_size=3
+    )
     for rank in range(3):
         mine = plan.for_rank(rank)
         assert mine.world_size == 1 and mine.num_steps() == plan.num_steps()
@@ -130,7 +136,9 @@ def test_batch_loads_give_each_ranks_tokens_and_images_per_step():
     # the plan of test_dealing_evens_out_images_between_ranks, through plan_epoch: 4 rows of 8
     # tokens with 3, 0, 2, 1 images, one row a pack, 2 ranks x 2 packs
     weights = Weights.from_lists([8, 8, 8, 8], [3, 0, 2, 1])
-    plan = plan_epoch(weights, max_length=8, max_images=3, packs_per_batch=2, world_size=2)
+    plan = plan_epoch(
+        weights, PackingConfig(max_length=8, max_images=3, packs_per_batch=2), world_size=2
+    )
     loads = batch_loads(plan, weights)
     assert loads["tokens"].tolist() == [[16, 16]] and loads["images"].tolist() == [
         [3, 3]
@@ -158,20 +166,22 @@ def test_planning_slice_by_slice_gives_the_same_plan(monkeypatch, world_size):
     # the planner works on slices of CHUNK_ROWS rows and CHUNK_PACKS packs; tiny slices (and
     # steps cut across dealing slices) must give the plan that one slice gives
     weights = random_weights(3_001)
-    settings = {"max_length": 512, "max_images": 3, "packs_per_batch": 3, "buffer_size": 500}
-    whole = plan_epoch(weights, world_size=world_size, **settings)
+    config = PackingConfig(max_length=512, max_images=3, packs_per_batch=3, buffer_size=500)
+    whole = plan_epoch(weights, config, world_size=world_size)
     monkeypatch.setattr(planner, "CHUNK_ROWS", 7)
     monkeypatch.setattr(planner, "CHUNK_PACKS", 5)
-    sliced = plan_epoch(weights, world_size=world_size, **settings)
+    sliced = plan_epoch(weights, config, world_size=world_size)
     for name in ("rows", "pack_starts", "batch_starts"):
         assert getattr(whole, name).tolist() == getattr(sliced, name).tolist(), name
     assert whole.dropped == sliced.dropped and whole.dropped[TOO_LONG] > 0
-    other_seed = plan_epoch(weights, world_size=world_size, seed=1, **settings)
+    other_seed = plan_epoch(weights, replace(config, seed=1), world_size=world_size)
     assert other_seed.rows.tolist() != whole.rows.tolist()  # the comparison can tell plans apart
 
 
 def test_plan_arrays_are_narrow_and_one_rank_shares_them():
-    plan = plan_epoch(random_weights(2_000), max_length=512, max_images=3, packs_per_batch=4)
+    plan = plan_epoch(
+        random_weights(2_000), PackingConfig(max_length=512, max_images=3, packs_per_batch=4)
+    )
     assert plan.rows.dtype == np.int32 and plan.pack_starts.dtype == np.int32
     assert plan.for_rank(0).rows is plan.rows  # one rank: the plan itself, not a copy
 
@@ -187,7 +197,7 @@ def traced_peak(rows: int) -> int:
     weights = random_weights(rows)
     tracemalloc.start()
     try:
-        plan_epoch(weights, max_length=512, max_images=3, packs_per_batch=8)
+        plan_epoch(weights, PackingConfig(max_length=512, max_images=3, packs_per_batch=8))
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -16,6 +16,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
 from mmdp.packing import packed_dataset, prepared
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.prepare import main as prepare
 
 TESTS = Path(__file__).parent
@@ -49,10 +50,11 @@ def s3_bucket():
 def digests(rows, tokenizer, prepared_at=None, **settings) -> list[str]:
     """The batch digests of one epoch, weighed here or read from a prepared dataset."""
     samples = VQADataset(rows, tokenizer)
+    config = PackingConfig(packs_per_batch=2)
     if prepared_at is None:
-        packed = PackedDataset(samples, packs_per_batch=2, **settings)
+        packed = PackedDataset(samples, config, **settings)
     else:
-        packed = PackedDataset.from_prepared(prepared_at, samples, packs_per_batch=2, **settings)
+        packed = PackedDataset.from_prepared(prepared_at, samples, config, **settings)
     return batch_digests(PackedDataLoader(packed, num_workers=0))
 
 
@@ -117,7 +119,7 @@ def test_a_prepared_dataset_made_for_another_run_is_refused_naming_both_values(
         image_token_length=run.get("image_token_length", 64),
     )
     with pytest.raises(UserError) as refused:
-        PackedDataset.from_prepared(tmp_path, samples, **budgets)
+        PackedDataset.from_prepared(tmp_path, samples, PackingConfig(**budgets))
     sentence = str(refused.value)
     assert f"made with {theirs}" in sentence and f"but this run has {ours};" in sentence
     assert ". " not in sentence and "\n" not in sentence
@@ -215,7 +217,7 @@ def test_two_ranks_read_from_an_s3_server_weigh_nothing_and_get_the_batches_of_a
         local = PackedDataset.from_prepared(
             tmp_path / "local",
             VQADataset(rows, tokenizer),
-            packs_per_batch=2,
+            PackingConfig(packs_per_batch=2),
             rank=rank,
             world_size=2,
         )

@@ -114,7 +114,8 @@ def test_stage5_default_run_packs_at_least_98_percent(run_main, tmp_path):
 
 
 # a torchrun job of 3 processes, each importing torch: 90 s on a loaded 2-core machine. The default
-# suite's multi-process check is tests/test_ddp.py; equal batches per rank: tests/test_planner.py
+# suite checks two ranks' step in one process (tests/test_ddp.py); equal batches per rank:
+# tests/test_planner.py
 @pytest.mark.slow
 def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
     metrics = tmp_path / "m.json"

@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_vlm_losses
+from conftest import config_and_rest, tiny_vlm_losses
 from datasets import Dataset, load_dataset
 
 from mmdp.data.families.base import TinyFamily
@@ -27,6 +27,7 @@ from mmdp.drop_reasons import (
 from mmdp.models.inputs import model_inputs
 from mmdp.packing.buffer import pack_buffer
 from mmdp.packing.packers import STRATEGIES
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.streaming import (
     ReaderState,
     StreamingDataLoader,
@@ -101,15 +102,11 @@ def parquet_stream(table: Dataset, sizes: list[int], folder) -> Dataset:
 
 
 def streamed(rows, tokenizer, **kwargs) -> StreamingPackedDataset:
-    kwargs = {
-        "max_length": MAX_LENGTH,
-        "max_images": MAX_IMAGES,
-        "packs_per_batch": 3,
-        "buffer_size": 40,
-        "image_size": IMAGE_SIZE,
-        **kwargs,
-    }
-    return StreamingPackedDataset(rows, tokenizer, **kwargs)
+    defaults = {"max_length": MAX_LENGTH, "max_images": MAX_IMAGES, "packs_per_batch": 3}
+    config, rest = config_and_rest(
+        {**defaults, "buffer_size": 40, "image_size": IMAGE_SIZE, **kwargs}
+    )
+    return StreamingPackedDataset(rows, tokenizer, config, **rest)
 
 
 def rows_in(batch: dict, tokenizer) -> list[int]:
@@ -140,9 +137,7 @@ def test_pack_buffer_worked_example():
     packs, dropped = pack_buffer(
         Weights.from_lists([3, 9, 6, 2, 5], [0] * 5),
         np.random.default_rng(0),
-        max_length=8,
-        max_images=0,
-        strategy="binpack",
+        PackingConfig(max_length=8, max_images=0, strategy="binpack"),
     )
     assert sorted(sorted(p.tolist()) for p in packs) == [[0, 4], [2, 3]]
     assert dropped == {TOO_LONG: 1}
@@ -153,7 +148,9 @@ def test_pack_buffer_counts_each_reason_once():
     # row 2: too long AND too many images: counted once, as too long
     weights = Weights.from_lists([0, 5, 20, 4, 4], [0, 3, 3, 1, 1], [NO_TEXTS] + [None] * 4)
     packs, dropped = pack_buffer(
-        weights, np.random.default_rng(0), max_length=8, max_images=2, strategy="greedy"
+        weights,
+        np.random.default_rng(0),
+        PackingConfig(max_length=8, max_images=2, strategy="greedy"),
     )
     assert dropped == {NO_TEXTS: 1, TOO_MANY_IMAGES: 1, TOO_LONG: 1}
     assert [sorted(p.tolist()) for p in packs] == [[3, 4]]  # 4 + 4 tokens, 1 + 1 images
@@ -167,7 +164,9 @@ def test_pack_buffer_places_every_usable_row_once_under_both_budgets(strategy):
     problems = [NO_TEXTS if i % 37 == 0 else None for i in range(300)]
     weights = Weights.from_lists(lengths, images, problems)
     packs, dropped = pack_buffer(
-        weights, np.random.default_rng(1), max_length=512, max_images=3, strategy=strategy
+        weights,
+        np.random.default_rng(1),
+        PackingConfig(max_length=512, max_images=3, strategy=strategy),
     )
     placed = np.concatenate(packs)
     usable = [i for i in range(300) if problems[i] is None and lengths[i] <= 512 and images[i] <= 3]
@@ -175,7 +174,9 @@ def test_pack_buffer_places_every_usable_row_once_under_both_budgets(strategy):
     assert len(placed) + sum(dropped.values()) == 300
     assert all(lengths[p].sum() <= 512 and images[p].sum() <= 3 for p in packs)
     again, _ = pack_buffer(
-        weights, np.random.default_rng(1), max_length=512, max_images=3, strategy=strategy
+        weights,
+        np.random.default_rng(1),
+        PackingConfig(max_length=512, max_images=3, strategy=strategy),
     )
     assert [p.tolist() for p in again] == [p.tolist() for p in packs]  # same buffer, same seed
 

@@ -15,8 +15,9 @@ Fast:
   unpacked reference's, every parameter within 1e-5, and each micro-batch's own mean is not.
 
 Slow (`uv run pytest -m slow tests/test_trainer_matrix.py -s`): every family on every path under
-torchrun, 2 ranks x 2 micro-batches, one launch per path (tests/torchrun_matrix.py); it prints
-the table of docs/use-in-your-trainer.md ("Proven: every family on every path").
+torchrun, 2 ranks x 2 micro-batches, one launch for all five paths (tests/torchrun_matrix.py; a
+module-scoped fixture), one test per path reading its numbers from that launch; it prints the
+table of docs/use-in-your-trainer.md ("Proven: every family on every path").
 """
 
 import copy
@@ -143,11 +144,15 @@ def test_one_process_step_under_ddp_and_fsdp2_is_the_unpacked_gradient(
     check(path, FAST[path], measure(path, FAST[path], grad_accum=2, out=str(tmp_path)))
 
 
-def launch(path: str, out) -> dict:
-    """tests/torchrun_matrix.py under torchrun, 2 processes: every family on `path`."""
+@pytest.fixture(scope="module")
+def every_path_measured(tmp_path_factory) -> dict:
+    """tests/torchrun_matrix.py under torchrun, 2 processes: every family on every path, in one
+    launch (not one per path: each launch starts 3 processes that import torch and transformers
+    and build every family's tiny model). {path: {family: result}}."""
+    out = tmp_path_factory.mktemp("matrix")
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(REPO / "tests" / "torchrun_matrix.py"), path, str(out),
+        str(REPO / "tests" / "torchrun_matrix.py"), ",".join(PATHS), str(out),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -157,9 +162,10 @@ def launch(path: str, out) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", PATHS)
-def test_every_family_on_every_path_under_torchrun(path, tmp_path):
-    results = launch(path, tmp_path)
+def test_every_family_on_every_path_under_torchrun(path, every_path_measured):
+    results = every_path_measured[path]
     assert list(results) == list(FAMILIES)
     for family, result in results.items():
+        assert "error" not in result, (path, family, result.get("error"))
         assert result["micro_batches"] == 4  # 2 ranks x 2
         check(path, family, result)

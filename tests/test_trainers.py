@@ -5,11 +5,12 @@ skip_first_batches, torchdata's StatefulDataLoader, a plain DataLoader over an o
 how optimizer steps group the micro-batches, epoch after epoch; the sample log of a resumed
 run; what MMDPTrainer checks and hands to Trainer.
 
-Slow (`uv run pytest -m slow`; one torchrun launch for the three ways, 2 min 25 s on 2 quiet
-cores: docs/benchmarks.md): each way's example under torchrun with 2 processes (tests/torchrun_checks.py): equal micro-batch and step counts on both
-ranks, no sample twice and none missing over 2 epochs, the gradient of 2 ranks x 2
-micro-batches equal to one process's, and a run stopped in epoch 1 and resumed equal to the
-run that never stopped, with 0 and 2 workers.
+Slow (`uv run pytest -m slow`; one torchrun launch for the three ways: docs/benchmarks.md):
+each way's example under torchrun with 2 processes (tests/torchrun_checks.py): equal
+micro-batch and step counts on both ranks, no sample twice and none missing over 2 epochs, the
+gradient of 2 ranks x 2 micro-batches equal to one process's, and runs resumed from the
+uninterrupted run's checkpoint in epoch 1 (saved while 2 workers read ahead), with 0 and 2
+workers, equal to the run that never stopped.
 """
 
 import json
@@ -33,6 +34,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing.batch import collate_packs
 from mmdp.packing.guards import PREPARE_REFUSED, STATEFUL_REFUSED
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.training.examples import SampleLog, make_loader, tiny_vlm
 from mmdp.training.recipes import (
@@ -46,6 +48,7 @@ from mmdp.training.recipes import (
 from mmdp.training.trainer import LoaderForTrainer, check_arguments, token_loss
 
 IMAGE_SIZE = 16
+CONFIG = PackingConfig(max_length=256, packs_per_batch=2)
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +57,16 @@ def samples(tokenizer):
 
 
 def planned(samples, num_workers=0, **kwargs):
-    dataset = PackedDataset(samples, max_length=256, packs_per_batch=2, **kwargs)
+    dataset = PackedDataset(samples, CONFIG, **kwargs)
     return PackedDataLoader(dataset, num_workers=num_workers)
 
 
 def streamed(tokenizer, num_workers=0):
     rows = load_vqa_dataset(num_rows=20).to_iterable_dataset(num_shards=2)
     return StreamingDataLoader(
-        StreamingPackedDataset(rows, tokenizer, max_length=256, image_size=IMAGE_SIZE),
+        StreamingPackedDataset(
+            rows, tokenizer, PackingConfig(max_length=256), image_size=IMAGE_SIZE
+        ),
         num_workers=num_workers,
     )
 
@@ -86,7 +91,7 @@ def test_accelerator_prepare_refuses_our_loaders_in_one_sentence(samples, tokeni
 
 
 def plain(samples, **kwargs):
-    dataset = PackedDataset(samples, max_length=256, packs_per_batch=2, **kwargs)
+    dataset = PackedDataset(samples, CONFIG, **kwargs)
     return DataLoader(dataset, batch_size=2, collate_fn=collate_packs)
 
 
@@ -122,7 +127,7 @@ def test_without_mmdps_trainer_the_plain_trainer_strips_the_pack_keys(samples, t
     # collator to drop what model.forward does not name (transformers/trainer.py:1019-1022),
     # and the loader is prepared (trainer.py:1051), so dispatched as above
     model, _ = tiny_vlm(tokenizer, seed=0)
-    dataset = PackedDataset(samples, max_length=256, packs_per_batch=2)
+    dataset = PackedDataset(samples, CONFIG)
     args = TrainingArguments(str(tmp_path), use_cpu=True, report_to="none")
     trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collate_packs)
     with pytest.raises(KeyError):
@@ -159,7 +164,7 @@ def test_other_dataloaders_over_an_owned_dataset_are_refused(samples, tokenizer,
 def test_statefuldataloader_cannot_save_a_packed_datasets_position(samples, num_workers):
     # torchdata saves the dataset's state_dict inside each worker (worker.py:46-52), where our
     # position never advances: a resume would restart the epoch. So the dataset has none.
-    dataset = PackedDataset(samples, max_length=256, packs_per_batch=2)
+    dataset = PackedDataset(samples, CONFIG)
     loader = StatefulDataLoader(
         dataset, batch_size=2, collate_fn=collate_packs, num_workers=num_workers
     )
@@ -377,12 +382,15 @@ def test_each_way_trains_every_planned_sample_once_per_epoch_and_resumes_exactly
         assert sorted(rows) == sorted(plan.rows.tolist()), epoch
         assert len(rows) + sum(plan.dropped.values()) == 52  # the rest is counted as dropped
 
-    # stopped at step 4 (epoch 1) and resumed: the same stream of samples and the same weights
+    # resumed from step 4's checkpoint (epoch 1, written while 2 workers read ahead), with 0
+    # and 2 workers: the same stream of samples and the same weights
     runs = results["runs"]
     for workers in (0, 2):
         name = f"resumed_{workers}_workers"
-        assert read_log(out / f"{name}.jsonl") == uninterrupted, (way, workers)
-        assert runs[f"stopped_{workers}_workers"]["step"] == 4
+        resumed = read_log(out / f"{name}.jsonl")
+        # the first 4 steps' lines kept from the copy, steps 5 and 6 written by the resumed run
+        assert resumed == uninterrupted, (way, workers)
+        assert runs[name]["step"] == 6
         assert runs[name]["digest"] == runs["uninterrupted"]["digest"], (way, workers)
         assert runs[name]["loss"] == pytest.approx(runs["uninterrupted"]["loss"], rel=1e-6)
 
@@ -425,10 +433,9 @@ def test_trainer_on_a_stream_resumes_exactly_across_stream_epochs(checked):
     if way != "trainer":
         pytest.skip("Trainer only")
     for stream in results["stream_per_rank"]:
-        uninterrupted, stopped, resumed = (
-            stream[name] for name in ("uninterrupted", "stopped", "resumed")
-        )
+        uninterrupted, resumed = stream["uninterrupted"], stream["resumed"]
         assert uninterrupted["stream_epoch"] >= 2  # 8 steps ran through several stream epochs
         assert len(uninterrupted["seen"]) == 16  # 8 steps of 2 micro-batches, on each rank
-        assert stopped["seen"] + resumed["seen"] == uninterrupted["seen"]
+        # resumed at step 5: the micro-batches of steps 6-8, exactly
+        assert resumed["seen"] == uninterrupted["seen"][2 * stream["resumed_at"] :]
         assert resumed["digest"] == uninterrupted["digest"]

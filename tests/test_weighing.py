@@ -23,6 +23,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import CODE
 from mmdp.packing import weighing
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weighing import weigh_rows
 
 
@@ -106,11 +107,9 @@ def test_pretokenized_rows_give_the_same_samples_and_batches(rows, tokenizer, fr
         assert weighing.tokens[index]["input_ids"] == input_ids.tolist()
         assert weighing.tokens[index]["labels"] == labels.tolist()
     samples = VQADataset(rows, tokenizer, image_size=16)
-    settings = {"max_length": 512, "packs_per_batch": 4}
-    plain = list(PackedDataLoader(PackedDataset(samples, **settings), num_workers=0))
-    fast = list(
-        PackedDataLoader(PackedDataset(samples, **settings, pretokenize=True), num_workers=2)
-    )
+    config = PackingConfig(max_length=512, packs_per_batch=4)
+    plain = list(PackedDataLoader(PackedDataset(samples, config), num_workers=0))
+    fast = list(PackedDataLoader(PackedDataset(samples, config, pretokenize=True), num_workers=2))
     assert len(plain) == len(fast)
     for a, b in zip(plain, fast):
         assert a.keys() == b.keys()
@@ -124,7 +123,9 @@ def test_pretokenized_rows_give_the_same_samples_and_batches(rows, tokenizer, fr
 
 
 def test_workers_receive_this_ranks_plan_not_every_rows_weights(rows, tokenizer, fresh_cache):
-    dataset = PackedDataset(VQADataset(rows, tokenizer, image_size=16), packs_per_batch=2)
+    dataset = PackedDataset(
+        VQADataset(rows, tokenizer, image_size=16), PackingConfig(packs_per_batch=2)
+    )
     expected = [
         batch["sample_index"].tolist() for batch in PackedDataLoader(dataset, num_workers=0)
     ]

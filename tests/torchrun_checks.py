@@ -6,9 +6,14 @@ For each way to train asked for (examples/trainer.py, examples/accelerate_loop.p
 examples/torchrun.py), one after the other in the same launch (one launch, not one per way: each
 process imports torch and transformers once, about 10 s of CPU):
 
-1. the example itself, 2 epochs uninterrupted (num_workers 0), then stopped at a step of epoch 1
-   and resumed from that checkpoint, with 0 and with 2 workers: every run's --log-samples file
-   and its printed loss and weights digest;
+1. the example itself, 2 epochs uninterrupted with 2 workers (their prefetching is what a
+   checkpoint must not count as trained), then resumed from its checkpoint at a step of epoch 1,
+   with 0 and with 2 workers: every run's --log-samples file and its printed loss and weights
+   digest. The resumed runs start from the uninterrupted run's own checkpoint (the file a run
+   stopped there would have left: the same save at the same step) and from a copy of its sample
+   log, which the resume cuts back to that step: no separate runs up to the stop, and one
+   checkpoint a run, not one every 2 steps (each holds TinyVLM's 49k-token embeddings and their
+   Adam state);
 2. one optimizer step of 2 ranks x 2 micro-batches against one process on the same 4 batches
    (relative gradient difference), with the way's loss and with a per-micro-batch mean;
 3. what only this way has: accelerate refuses our loaders in one sentence on both ranks (and
@@ -23,6 +28,7 @@ import datetime
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -30,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from mmdp.data.sources import load_vqa_dataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.training.ddp import flat_gradient, one_process_gradient, relative_difference
 from mmdp.training.examples import make_loader, training_flags
 
@@ -37,8 +44,9 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = {"trainer": "trainer.py", "accelerate": "accelerate_loop.py", "torchrun": "torchrun.py"}
 # 52 rows: 5 batches of 2 packs per rank and epoch; with 2 micro-batches a step, steps of 2, 2
 # and 1 batches, so epoch 1 is steps 4-6, and step 4 is a checkpoint inside it.
-SETTINGS = ["--num-rows", "52", "--grad-accum", "2", "--save-steps", "2"]
 EPOCHS_STEPS, STOP_AT = 6, 4
+SETTINGS = ["--num-rows", "52", "--grad-accum", "2", "--save-steps", str(STOP_AT)]
+STREAM_STEPS, STREAM_STOP_AT = 8, 5  # MMDPTrainer on a stream: several stream epochs
 
 
 def example(way: str):
@@ -52,20 +60,23 @@ def example(way: str):
 
 
 def stop_and_resume(main, out: str) -> dict:
-    """Part 1: the uninterrupted run, and runs stopped at STOP_AT and resumed, per worker count."""
+    """Part 1: the uninterrupted run, and runs resumed from its checkpoint at STOP_AT, per
+    worker count (each with the uninterrupted run's sample log, as a run stopped there left it)."""
 
-    def run(name, workers, max_steps, resume=None):
-        args = SETTINGS + ["--num-workers", str(workers), "--max-steps", str(max_steps)]
+    def run(name, workers, resume=None):
+        args = SETTINGS + ["--num-workers", str(workers), "--max-steps", str(EPOCHS_STEPS)]
         args += ["--output-dir", f"{out}/{name}", "--log-samples", f"{out}/{name}.jsonl"]
         if resume:
-            args += ["--resume-from-checkpoint", f"{out}/{name}/checkpoint-{resume}"]
+            args += ["--resume-from-checkpoint", f"{out}/uninterrupted/checkpoint-{resume}"]
         return main(args)
 
-    results = {"uninterrupted": run("uninterrupted", 0, EPOCHS_STEPS)}
+    results = {"uninterrupted": run("uninterrupted", 2)}
     for workers in (0, 2):
         name = f"resumed_{workers}_workers"
-        results[f"stopped_{workers}_workers"] = run(name, workers, STOP_AT)
-        results[name] = run(name, workers, EPOCHS_STEPS, resume=STOP_AT)
+        if dist.get_rank() == 0:
+            shutil.copy(f"{out}/uninterrupted.jsonl", f"{out}/{name}.jsonl")
+        dist.barrier()
+        results[name] = run(name, workers, resume=STOP_AT)
     return results
 
 
@@ -167,8 +178,9 @@ def trainer_gradients(module, out: str) -> dict:
 
 def trainer_on_a_stream(module, out: str) -> dict:
     """MMDPTrainer on a StreamingDataLoader (one endless pass to Trainer, over several epochs of
-    the stream): 8 steps uninterrupted, and stopped at step 5 and resumed. Returns, per run, the
-    micro-batches' rows in order, the stream's epoch at the end and the weights' digest."""
+    the stream): 8 steps uninterrupted, and resumed from its checkpoint at step 5 (the only one
+    it saves). Returns, per run, the micro-batches' rows in order, the stream's epoch at the end
+    and the weights' digest."""
     from transformers import TrainingArguments
 
     from mmdp.data.tokenizer import get_tokenizer
@@ -176,13 +188,11 @@ def trainer_on_a_stream(module, out: str) -> dict:
     from mmdp.training.examples import IMAGE_SIZE, tiny_vlm, weights_digest
     from mmdp.training.trainer import MMDPTrainer
 
-    def run(name: str, max_steps: int, resume: int | None = None) -> dict:
+    def run(name: str, resume: int | None = None) -> dict:
         tokenizer = get_tokenizer()
         rows = load_vqa_dataset(None, num_rows=52).to_iterable_dataset(num_shards=4)
-        dataset = StreamingPackedDataset(
-            rows, tokenizer, max_length=256, packs_per_batch=2, buffer_size=16,
-            image_size=IMAGE_SIZE,
-        )  # fmt: skip
+        config = PackingConfig(max_length=256, packs_per_batch=2, buffer_size=16)
+        dataset = StreamingPackedDataset(rows, tokenizer, config, image_size=IMAGE_SIZE)
         loader = StreamingDataLoader(dataset, num_workers=0)
         model, inputs = tiny_vlm(tokenizer, seed=0)
         module.untie_output_layer(model)
@@ -194,12 +204,12 @@ def trainer_on_a_stream(module, out: str) -> dict:
                 return super().training_step(model, batch, num_items_in_batch)
 
         args = TrainingArguments(
-            output_dir=f"{out}/{name}", max_steps=max_steps, gradient_accumulation_steps=2,
-            save_steps=1, lr_scheduler_type="constant", use_cpu=True, report_to="none",
+            output_dir=f"{out}/{name}", max_steps=STREAM_STEPS, gradient_accumulation_steps=2,
+            save_steps=STREAM_STOP_AT, lr_scheduler_type="constant", use_cpu=True, report_to="none",
             disable_tqdm=True,
         )  # fmt: skip
         trainer = Seen(model=model, args=args, train_loader=loader, model_inputs=inputs)
-        checkpoint = f"{out}/{name}/checkpoint-{resume}" if resume else None
+        checkpoint = f"{out}/stream_uninterrupted/checkpoint-{resume}" if resume else None
         trainer.train(resume_from_checkpoint=checkpoint)
         return {
             "seen": seen,
@@ -208,9 +218,9 @@ def trainer_on_a_stream(module, out: str) -> dict:
         }
 
     return {
-        "uninterrupted": run("stream_uninterrupted", 8),
-        "stopped": run("stream_resumed", 5),
-        "resumed": run("stream_resumed", 8, resume=5),
+        "uninterrupted": run("stream_uninterrupted"),
+        "resumed": run("stream_resumed", resume=STREAM_STOP_AT),
+        "resumed_at": STREAM_STOP_AT,
     }
 
 
@@ -269,7 +279,9 @@ def torchrun_extras(module, model, batches, inputs, expected) -> dict:
     from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 
     own = PackedDataset(
-        loader.dataset.dataset, max_length=256, packs_per_batch=2, group=groups[dist.get_rank()]
+        loader.dataset.dataset,
+        PackingConfig(max_length=256, packs_per_batch=2),
+        group=groups[dist.get_rank()],
     )
     rows = [b["sample_index"].tolist() for b in PackedDataLoader(own, num_workers=0)]
     every = [None] * dist.get_world_size()

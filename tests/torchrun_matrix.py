@@ -1,10 +1,13 @@
 """The trainer matrix: every model family through every way of training, against the unpacked
 reference. Run by tests/test_trainer_matrix.py, in one process or under torchrun (gloo, CPU):
 
-    torchrun --nproc-per-node 2 tests/torchrun_matrix.py {trainer,accelerate,ddp,fsdp2,own_loop} OUT
+    torchrun --nproc-per-node 2 tests/torchrun_matrix.py trainer,accelerate,ddp,fsdp2,own_loop OUT
 
-One launch per path runs every family (FAMILIES: mmdp's TinyVLM, a tiny random model of each
-real transformers class, and the Qwen3-VL mixture-of-experts class). For each family:
+One launch runs every path asked for (comma-separated; one path alone works too) on every family
+(FAMILIES: mmdp's TinyVLM, a tiny random model of each real transformers class, and the Qwen3-VL
+mixture-of-experts class): the process group, the imports and each family's tiny model and
+samples are made once for all paths (each launch starts 3 processes that import torch and
+transformers). For each path and family:
 
 1. the path takes one optimizer step of 2 ranks x 2 micro-batches (1 process x 4 in a test's
    own process) on the packed batches the family's PackedDataLoader gives each rank;
@@ -13,9 +16,11 @@ real transformers class, and the Qwen3-VL mixture-of-experts class). For each fa
 3. rank 0 runs the unpacked reference: every sample of every rank's micro-batches alone,
    summed token loss / all the step's label tokens, and compares each parameter's gradient.
 
-Rank 0 writes OUT/results.json: {family: {"exact", "exact_vision", "control", "vision_params",
-"samples"}}, where "exact" is the largest relative difference ||g - g_ref|| / ||g_ref|| over
-every parameter, and "exact_vision" over the vision tower's.
+Rank 0 writes OUT/results.json: {path: {family: {"exact", "exact_vision", "control",
+"vision_params", "samples"}}}, where "exact" is the largest relative difference
+||g - g_ref|| / ||g_ref|| over every parameter, and "exact_vision" over the vision tower's. A
+path x family that raises on both ranks is written as {"error": "..."} and the launch goes on, so
+each path's test fails on its own.
 """
 
 import copy
@@ -25,7 +30,7 @@ import importlib.util
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
@@ -34,6 +39,7 @@ import torch.distributed as dist
 
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.training.loss import label_tokens, summed_loss
 from mmdp.training.recipes import (
     gradient_sync,
@@ -66,13 +72,15 @@ NOISE_FLOOR = 1e-4
 @dataclass
 class Case:
     """One family's samples, its tiny model (the same initial weights for every path) and the
-    batch keys it takes: `inputs(batch, model)`."""
+    batch keys it takes: `inputs(batch, model)`; `references` keeps the unpacked reference's
+    gradients by the rows they cover (a new, empty one for a dataclasses.replace'd case)."""
 
     name: str
     samples: VQADataset
     model: torch.nn.Module
     inputs: object
     max_length: int
+    references: dict = field(default_factory=dict, init=False, repr=False)
 
 
 @functools.cache
@@ -126,9 +134,7 @@ def matrix_rows(num_rows: int = 36):
 def make_loader(case: Case, rank: int, world_size: int) -> PackedDataLoader:
     dataset = PackedDataset(
         case.samples,
-        max_length=case.max_length,
-        packs_per_batch=PACKS_PER_BATCH,
-        seed=0,
+        PackingConfig(max_length=case.max_length, packs_per_batch=PACKS_PER_BATCH, seed=0),
         rank=rank,
         world_size=world_size,
     )
@@ -152,7 +158,16 @@ def alone_inputs(case: Case, sample: dict) -> dict:
 
 
 def reference_gradients(case: Case, rows: list[int]) -> dict:
-    """The unpacked reference: each sample alone, summed token loss / all their label tokens."""
+    """The unpacked reference: each sample alone, summed token loss / all their label tokens.
+    Computed once per case and rows: every path trains the same rows from the same initial
+    weights (each step deep-copies case.model), so the five paths share one reference."""
+    key = tuple(sorted(rows))  # the same samples in another order: the same sum
+    if key not in case.references:
+        case.references[key] = alone_gradients(case, rows)
+    return case.references[key]
+
+
+def alone_gradients(case: Case, rows: list[int]) -> dict:
     model = copy.deepcopy(case.model)
     samples = [case.samples[row] for row in rows]
     tokens = sum(label_tokens(sample["labels"][None]) for sample in samples)
@@ -391,17 +406,28 @@ def measure_case(path: str, case: Case, grad_accum: int, out: str) -> dict | Non
     }
 
 
+def measure_or_error(path: str, family: str, out: str) -> dict | None:
+    """measure(), or the error it raised: a bug in one path (raised alike on both ranks, which
+    then meet again at the next barrier) fails that path's test, not the whole launch."""
+    try:
+        return measure(path, family, grad_accum=2, out=out)
+    except Exception as error:  # noqa: BLE001 - reported per path x family, the test fails it
+        return {"error": f"{type(error).__name__}: {error}"[:500]}
+
+
 def main() -> None:
-    path, out = sys.argv[1], sys.argv[2]
+    paths, out = sys.argv[1].split(","), sys.argv[2]
     families = sys.argv[3:] or FAMILIES
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
     torch.set_num_threads(1)
     results = {}
-    for family in families:
-        results[family] = measure(path, family, grad_accum=2, out=out)
-        if dist.get_rank() == 0:
-            print(f"{path} x {family}: {results[family]}", flush=True)
-        dist.barrier()
+    for path in paths:
+        results[path] = {}
+        for family in families:
+            results[path][family] = measure_or_error(path, family, f"{out}/{path}")
+            if dist.get_rank() == 0:
+                print(f"{path} x {family}: {results[path][family]}", flush=True)
+            dist.barrier()
     if dist.get_rank() == 0:
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump(results, f, indent=1)

@@ -12,6 +12,7 @@ from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.packing_config import PackingConfig
 
 NUM_ROWS = 120
 TENSORS = ("input_ids", "labels", "position_ids", "sample_index", "pixel_values")
@@ -32,7 +33,7 @@ def main():
     dist.init_process_group("gloo")
     rows = load_vqa_dataset(None, num_rows=NUM_ROWS)
     packed = PackedDataset.from_prepared(
-        sys.argv[1], VQADataset(rows, get_tokenizer()), packs_per_batch=2
+        sys.argv[1], VQADataset(rows, get_tokenizer()), PackingConfig(packs_per_batch=2)
     )
     result = {
         "weighed": packed.weighing.rows_weighed_here,
