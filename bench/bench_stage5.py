@@ -17,8 +17,6 @@
      padding, collating), tokenizing each pack, and with pre-tokenized rows (`pretokenize=True`);
    It prints the median seconds an epoch, the loader's time over the floor, and the tensors a
    batch holds (each is its own shared-memory segment between processes).
-   `--decoders pillow torchvision` runs each repeat twice, every image decoded by Pillow (as
-   before issue 29) and then as shipped, and adds each epoch's ratio between the two.
 3. JPEG draft decoding: `load_image` of JPEGs 2x and 4x the target side against the full decode
    resized (what it did before), alternating in this process, medians.
 
@@ -38,7 +36,6 @@ re-encoded as a JPEG (quality 90), as most VLM datasets store them.
 """
 
 import argparse
-import contextlib
 import io
 import json
 import pickle
@@ -210,64 +207,34 @@ def processor_of(path: str):
     return offline_processor(path)
 
 
-@contextlib.contextmanager
-def decoding_with(decoder: str):
-    """decode_image as shipped ("torchvision": its PNGs and full-scale JPEGs by torchvision), or
-    with that step off ("pillow": every image by Pillow, as before issue 29). DataLoader workers
-    fork from this process, so they decode the same way."""
-    real = image_module.decode_fast
-    if decoder == "pillow":
-        image_module.decode_fast = lambda image, pil: None
-    try:
-        yield
-    finally:
-        image_module.decode_fast = real
-
-
-def speed(path: str, rows, workers: int, repeats: int, decoders: list[str], loaders: list[str]):
-    """The floor and the loader, for each decoder, all alternating, whole epochs; one table."""
+def speed(path: str, rows, workers: int, repeats: int) -> None:
+    """The floor and the loader, alternating, whole epochs; one table."""
     processor = processor_of(path)
     family = family_for(processor)
     loader_epoch(rows, processor, workers, pretokenize=True)  # weigh and cache, untimed
     _, seen = loader_epoch(rows, processor, workers)
     yielded = rows.select(sorted(i for indices, _ in seen for i in indices))
     per_batch = max(1, round(len(yielded) / len(seen)))
-    seconds = {(decoder, name): [] for decoder in decoders for name in ["floor", *loaders]}
+    seconds = {"floor": [], "tokenizing": [], "pretokenized": []}
     tensors = {}
     for _ in range(repeats):
-        for decoder in decoders:
-            with decoding_with(decoder):
-                took = floor_epoch(yielded, family, workers, per_batch)
-                seconds[decoder, "floor"].append(took)
-                for name in loaders:
-                    took, seen = loader_epoch(rows, processor, workers, name == "pretokenized")
-                    seconds[decoder, name].append(took)
-                    tensors[name] = statistics.median(count for _, count in seen)
+        seconds["floor"].append(floor_epoch(yielded, family, workers, per_batch))
+        for name, pretokenize in (("tokenizing", False), ("pretokenized", True)):
+            took, seen = loader_epoch(rows, processor, workers, pretokenize)
+            seconds[name].append(took)
+            tensors[name] = statistics.median(count for _, count in seen)
+    floor = statistics.median(seconds["floor"])
     print(
         f"\n{path}: {len(yielded):,} of {len(rows):,} samples yielded in {len(seen)} batches, "
         f"{workers} workers, median of {repeats} alternating epochs:\n"
     )
-    print("| decoder | loader | s an epoch | over the floor | tensors a batch |")
-    print("| --- | --- | ---: | ---: | ---: |")
+    print("| loader | s an epoch | over the floor | tensors a batch |")
+    print("| --- | ---: | ---: | ---: |")
     floor_tensors = len(family.vision_keys) if path != "tiny" else 1
-    labels = {"tokenizing": "tokenizing each pack", "pretokenized": "pre-tokenized"}
-    for decoder in decoders:
-        floor = statistics.median(seconds[decoder, "floor"])
-        print(
-            f"| {decoder} | floor: decode + the model's pixels only | {floor:.2f} | | {floor_tensors} |"
-        )
-        for name in loaders:
-            took = statistics.median(seconds[decoder, name])
-            print(
-                f"| {decoder} | stage 5, {labels[name]} | {took:.2f} | {took / floor - 1:+.1%} "
-                f"| {tensors[name]:.0f} |"
-            )
-    if len(decoders) == 2:
-        print(f"\nEach epoch's ratio, {decoders[1]} / {decoders[0]}, median over the repeats:\n")
-        for name in ["floor", *loaders]:
-            pairs = zip(seconds[decoders[1], name], seconds[decoders[0], name])
-            ratio = statistics.median(after / before for after, before in pairs)
-            print(f"- {name}: {ratio:.2f}x the time")
+    print(f"| floor: decode + the model's pixels only | {floor:.2f} | | {floor_tensors} |")
+    for name, label in (("tokenizing", "tokenizing each pack"), ("pretokenized", "pre-tokenized")):
+        took = statistics.median(seconds[name])
+        print(f"| stage 5, {label} | {took:.2f} | {took / floor - 1:+.1%} | {tensors[name]:.0f} |")
 
 
 # 4. Where a worker's time goes: each step of building a batch, timed -------------------------
@@ -524,21 +491,6 @@ def main():
         action="store_true",
         help="only the per-step profile of a worker's batches, for each of --paths",
     )
-    parser.add_argument(
-        "--decoders",
-        nargs="+",
-        choices=["pillow", "torchvision"],
-        default=["torchvision"],
-        help="decode_image as shipped (torchvision), or every image by Pillow (as before issue "
-        "29); two: each repeat runs both in turn, and the table gives their ratio",
-    )
-    parser.add_argument(
-        "--loaders",
-        nargs="+",
-        choices=["tokenizing", "pretokenized"],
-        default=["tokenizing", "pretokenized"],
-        help="which stage-5 loaders the speed part times against the floor",
-    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -553,7 +505,7 @@ def main():
         memory(args.sizes, args.workers)
     rows = with_image_format(load_vqa_dataset(num_rows=args.sizes[0]), args.image_format)
     for path in args.paths:
-        speed(path, rows, args.workers, args.repeats, args.decoders, args.loaders)
+        speed(path, rows, args.workers, args.repeats)
     jpeg_draft(config.IMAGE_SIZE, args.repeats)
 
 
