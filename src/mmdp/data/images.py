@@ -8,10 +8,7 @@ Three steps, each usable alone:
                          white; what a model's own image processor takes. Given the size the
                          caller resizes to, a JPEG at least twice that size on both sides is
                          decoded at 1/2, 1/4 or 1/8 scale (Image.draft: libjpeg scales in the DCT
-                         domain, skipping most of the work), never below that size. Other PNGs
-                         and JPEGs in RGB, L or P without transparency are decoded by
-                         torchvision (libpng / libjpeg-turbo: 1.6x / 2.1x Pillow on the embedded
-                         images, the same pixels); everything else by Pillow
+                         domain, skipping most of the work), never below that size
     load_image(image)    decode_image, resized to a square float tensor in [0, 1]: TinyVLM's input
 
 A file that does not decode, or one larger than config.MAX_IMAGE_PIXELS (checked from the header,
@@ -23,7 +20,6 @@ import warnings
 
 import numpy as np
 import torch
-import torchvision.io
 from PIL import Image
 
 from mmdp import config
@@ -44,14 +40,6 @@ UPRIGHT = {
 SWAPS_SIDES = {5, 6, 7, 8}
 # 16-bit grayscale (a 16-bit PNG): values 0..65535, kept as the top 8 bits
 SIXTEEN_BIT_MODES = {"I;16", "I;16L", "I;16B", "I;16N"}
-# What torchvision decodes to the very pixels Pillow's path gives (tests/test_decode.py): its RGB
-# read mode replicates gray and expands a palette as convert("RGB") does, but drops alpha and
-# tRNS instead of laying them over white, reads 16 bits otherwise, and turns no EXIF (ours does).
-FAST_FORMATS = {"PNG", "JPEG"}
-FAST_MODES = {"RGB", "L", "P"}
-# torchvision 0.29 deprecates its image decoders (for TorchCodec's) and warns on each call: where
-# a later release drops them, Pillow decodes everything, as before (tests/test_decode.py fails)
-TORCHVISION_DECODE = getattr(torchvision.io, "decode_image", None)
 
 
 class BadImage(Exception):
@@ -121,12 +109,6 @@ def decode_image(image, target: tuple[int, int] | None = None) -> tuple[Image.Im
     try:
         if target is not None and pil.format == "JPEG":
             decode_reduced(pil, target)
-        # a JPEG that draft decoding made smaller stays with Pillow: its scaled decode is faster
-        fast = decode_fast(image, pil) if pil.size == (width, height) else None
-        if fast is not None:
-            converted_from = None if pil.mode == "RGB" else pil.mode
-            turn = UPRIGHT.get(orientation(pil))
-            return (fast if turn is None else fast.transpose(turn)), converted_from
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             pil.load()
@@ -145,32 +127,6 @@ def decode_image(image, target: tuple[int, int] | None = None) -> tuple[Image.Im
     except (OSError, ValueError, SyntaxError) as error:
         raise BadImage(UNDECODABLE_IMAGE, f"{error.__class__.__name__}: {error}") from error
     return pil, converted_from
-
-
-def decode_fast(image, pil: Image.Image) -> Image.Image | None:
-    """The RGB pixels as stored (not yet turned upright) decoded by torchvision, or None where
-    Pillow must decode: another format or mode, transparency, an animated PNG, a path or PIL
-    image rather than bytes, or bytes torchvision refuses (Pillow then decodes them or names
-    why not, as it always did: torchvision refuses every cut file Pillow refuses,
-    tests/test_decode.py)."""
-    if TORCHVISION_DECODE is None or not (
-        isinstance(image, dict) and image.get("bytes") is not None
-    ):
-        return None
-    if pil.format not in FAST_FORMATS or pil.mode not in FAST_MODES or "transparency" in pil.info:
-        return None
-    if getattr(pil, "n_frames", 1) != 1:  # an animated PNG: which frame is "the" image is Pillow's
-        return None
-    data = torch.frombuffer(bytearray(image["bytes"]), dtype=torch.uint8)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pixels = TORCHVISION_DECODE(data, mode=torchvision.io.ImageReadMode.RGB)
-    except (RuntimeError, ValueError):
-        return None
-    if tuple(pixels.shape[1:]) != pil.size[::-1]:
-        return None
-    return Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy(), "RGB")
 
 
 def decode_reduced(pil: Image.Image, target: tuple[int, int]) -> None:
