@@ -29,8 +29,9 @@
    processor, tokenize or slice the pre-computed tokens, Qwen's positions, the rest of making a
    sample, lay out the pack, collate the batch, and hand it to the main process (pickled with
    torch's reductions, its tensors moved to shared memory, and unpickled: what a worker's queue
-   does); tensors and bytes a batch. Then decoding alone: Pillow against torchvision's
-   libjpeg-turbo / libpng decoder on the same images, ms an image.
+   does); tensors and bytes a batch. Then decoding alone (`--decoding-only`: that table only):
+   Pillow as mmdp decodes against torchvision's libjpeg-turbo / libpng decoder on the same
+   images, its tensor alone and turned into the PIL image the processors take, ms an image.
 --image-format jpeg runs the speed and profile parts on the embedded rows with every image
 re-encoded as a JPEG (quality 90), as most VLM datasets store them.
 """
@@ -391,18 +392,30 @@ def profile(path: str, rows, pretokenize: bool) -> None:
 
 
 def decoders(rows, repeats: int) -> None:
-    """Decoding alone, ms an image to RGB pixels: Pillow (what mmdp.data.images does) against
-    torchvision.io.decode_image, on the rows' images that both decode, alternating, medians."""
+    """Decoding alone, ms an image: Pillow as mmdp.data.images decodes (Image.open, load: the
+    PIL image the processors take) against torchvision.io.decode_image, its CHW tensor alone and
+    turned into that PIL image (channels last, one copy), on the rows' images that all decode,
+    alternating; medians of each repeat's time and of its ratio to Pillow's."""
+    import warnings
+
     from torchvision.io import ImageReadMode
     from torchvision.io import decode_image as torchvision_decode
 
     def pillow(data: bytes):
-        return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        image = Image.open(io.BytesIO(data))
+        image.load()
+        return image
 
     def torchvision(data: bytes):
         encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         return torchvision_decode(encoded, mode=ImageReadMode.RGB)
 
+    def torchvision_to_pil(data: bytes):
+        Image.open(io.BytesIO(data))  # decode_image reads the header (size, mode, EXIF) first
+        pixels = torchvision(data).numpy().transpose(1, 2, 0)
+        return Image.fromarray(np.ascontiguousarray(pixels), "RGB")
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # torchvision 0.29 deprecates its decoders
     torch.set_num_threads(1)
     images, formats = [], Counter()
     for row in rows:
@@ -413,19 +426,26 @@ def decoders(rows, repeats: int) -> None:
                 continue
             images.append(cell["bytes"])
             formats[Image.open(io.BytesIO(cell["bytes"])).format] += 1
-    times = {pillow: [], torchvision: []}
+    times = {pillow: [], torchvision: [], torchvision_to_pil: []}
     for _ in range(repeats):
         for decode, spent in times.items():
             start = time.perf_counter()
             for data in images:
                 decode(data)
             spent.append((time.perf_counter() - start) / len(images) * 1e3)
-    p, t = statistics.median(times[pillow]), statistics.median(times[torchvision])
+
+    def ratio(decode) -> float:
+        return statistics.median(t / p for t, p in zip(times[decode], times[pillow]))
+
     kinds = ", ".join(f"{n} {name}" for name, n in formats.most_common())
     print(f"\nDecoding alone, one thread, {len(images)} images ({kinds}), ms an image, median:\n")
-    print("| Pillow | torchvision | Pillow / torchvision |")
+    print("| Pillow (open, load) | torchvision, CHW tensor | torchvision, as a PIL image |")
     print("| ---: | ---: | ---: |")
-    print(f"| {p:.2f} | {t:.2f} | {p / t:.2f}x |")
+    ms = {decode: statistics.median(spent) for decode, spent in times.items()}
+    print(
+        f"| {ms[pillow]:.2f} | {ms[torchvision]:.2f} ({ratio(torchvision):.2f}x the time) | "
+        f"{ms[torchvision_to_pil]:.2f} ({ratio(torchvision_to_pil):.2f}x) |"
+    )
 
 
 def jpeg_cells(side: int, count: int) -> list[dict]:
@@ -491,10 +511,18 @@ def main():
         action="store_true",
         help="only the per-step profile of a worker's batches, for each of --paths",
     )
+    parser.add_argument(
+        "--decoding-only",
+        action="store_true",
+        help="only the table of decoding alone: Pillow against torchvision (a few seconds)",
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         return child(args.child, args.workers)
+    if args.decoding_only:
+        rows = with_image_format(load_vqa_dataset(num_rows=args.sizes[0]), args.image_format)
+        return decoders(rows, args.repeats)
     if args.profile:
         rows = with_image_format(load_vqa_dataset(num_rows=args.sizes[0]), args.image_format)
         for path in args.paths:
