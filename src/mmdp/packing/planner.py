@@ -423,26 +423,26 @@ def plan_epoch(
     rows, pack_starts = gather_packs(packed_rows, pack_starts, packs)
     plan = EpochPlan(rows, pack_starts, batch_starts, world_size, dict(dropped))
     if mixture is not None and world_size > 1:
-        plan = balance_groups(plan, mixture.source_of_row, weights.lengths)
+        plan = balance_sources(plan, mixture.source_of_row, weights.lengths)
     return plan
 
 
-def balance_groups(plan: EpochPlan, group_of_row: np.ndarray, lengths: np.ndarray) -> EpochPlan:
+def balance_sources(plan: EpochPlan, source_of_row: np.ndarray, lengths: np.ndarray) -> EpochPlan:
     """Step 3b (mixtures): the same batches, given to the ranks of each step so that every
-    rank's tokens of every group (a mixture's source) stay even over the epoch.
+    rank's tokens of every source of the mixture stay even over the epoch.
 
     Steps in order; within a step, the batch with the most tokens first, each to the rank whose
-    tokens per group then come closest (squared distance) to an even share of the epoch so far.
+    tokens per source then come closest (squared distance) to an even share of the epoch so far.
     The batches of a step do not change, so neither does the balance the dealer gave them.
     """
-    world_size, num_groups = plan.world_size, int(group_of_row.max(initial=0)) + 1
+    world_size, num_sources = plan.world_size, int(source_of_row.max(initial=0)) + 1
     num_batches = len(plan.batch_starts) - 1
     pack_of_row = np.repeat(np.arange(len(plan.pack_starts) - 1), np.diff(plan.pack_starts))
     batch_of_pack = np.repeat(np.arange(num_batches), np.diff(plan.batch_starts))
-    loads = np.zeros((num_batches, num_groups))
-    np.add.at(loads, (batch_of_pack[pack_of_row], group_of_row[plan.rows]), lengths[plan.rows])
-    loads = loads.reshape(-1, world_size, num_groups)  # [step, batch of the step, group]
-    held = np.zeros((world_size, num_groups))
+    loads = np.zeros((num_batches, num_sources))
+    np.add.at(loads, (batch_of_pack[pack_of_row], source_of_row[plan.rows]), lengths[plan.rows])
+    loads = loads.reshape(-1, world_size, num_sources)  # [step, batch of the step, source]
+    held = np.zeros((world_size, num_sources))
     order = np.empty(num_batches, dtype=np.int64)
     for step, step_loads in enumerate(loads):
         even = (held.sum(axis=0) + step_loads.sum(axis=0)) / world_size
