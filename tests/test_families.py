@@ -161,11 +161,12 @@ def packed_batch(family) -> tuple[dict, list[dict]]:
 
 
 def alone_inputs(family, sample: dict) -> dict:
-    """One sample as the model takes it unpacked: no positions (the model computes its own), its
-    images as the family collates them."""
+    """One sample as the model takes it unpacked: no positions (the model computes its own from
+    the grids, and Qwen's from mm_token_type_ids and second_per_grid_ts), its images and videos
+    as the family collates them."""
     inputs = {"input_ids": sample["input_ids"][None]}
     inputs.update({key: sample[key][None] for key in family.token_keys})
-    if sample["image_count"]:
+    if sample["image_count"] or sample.get("video_count"):
         inputs.update(family.collate_vision([sample]))
     return inputs
 

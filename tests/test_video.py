@@ -18,7 +18,13 @@ import pytest
 import torch
 from datasets import Dataset
 from PIL import Image
-from test_families import cell, language_model, summed_losses_packed, turn
+from test_families import (
+    cell,
+    language_model,
+    summed_losses_alone,
+    summed_losses_packed,
+    turn,
+)
 
 from mmdp.data.conversation import chat_messages, chat_turns
 from mmdp.data.families import family_for, offline_processor
@@ -264,34 +270,10 @@ def packed_batch(tiny_family) -> tuple[dict, list[dict]]:
     return collate_packs(packs, tiny_family), samples
 
 
-def alone_inputs(family, sample: dict) -> dict:
-    """One sample as the model takes it unpacked: no positions (the model computes its own from
-    mm_token_type_ids, the grids and second_per_grid_ts), its images and videos."""
-    inputs = {"input_ids": sample["input_ids"][None]}
-    inputs.update({key: sample[key][None] for key in family.token_keys})
-    if sample["image_count"] or sample["video_count"]:
-        inputs.update(family.collate_vision([sample]))
-    return inputs
-
-
 @pytest.fixture(scope="module")
 def alone_eager(tiny_family, model, packed) -> list[float]:
     """Each sample's summed loss run alone, under eager attention."""
     return summed_losses_alone(tiny_family, model, packed[1])
-
-
-def summed_losses_alone(family, model, samples) -> list[float]:
-    from mmdp.training.loss import summed_loss
-
-    with torch.no_grad():
-        return [
-            float(
-                summed_loss(
-                    model(**alone_inputs(family, s), use_cache=False).logits, s["labels"][None]
-                )
-            )
-            for s in samples
-        ]
 
 
 def test_a_packed_batch_carries_the_videos_in_token_order(tiny_family, packed):
