@@ -56,7 +56,7 @@ from mmdp import config
 from mmdp.data import images as image_module
 from mmdp.data.families import base as family_module
 from mmdp.data.families import family_for
-from mmdp.data.families.base import TinyFamily
+from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.images import decode_image, load_image
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer

@@ -17,7 +17,8 @@ from mmdp.data.families import (
     family_named,
     tiny_processor,
 )
-from mmdp.data.families.base import VISION_INPUTS, TinyFamily
+from mmdp.data.families.base import VISION_INPUTS
+from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.synthetic import encode_png
 from mmdp.errors import UserError
 from mmdp.models.inputs import PACKED_MASKS, model_inputs

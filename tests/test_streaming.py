@@ -15,7 +15,7 @@ import torch
 from conftest import config_and_rest, tiny_vlm_losses
 from datasets import Dataset, load_dataset
 
-from mmdp.data.families.base import TinyFamily
+from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.sources import FEATURES, load_vqa_dataset
 from mmdp.drop_reasons import (
     HELD_WHEN_RANKS_STOPPED,

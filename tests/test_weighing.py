@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from mmdp.data.conversation import count_tokens_batch, tokenize_conversation
-from mmdp.data.families.base import TinyFamily
+from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import CODE

@@ -12,6 +12,6 @@ padding       NaivePadCollator (stage 2), ConstrainedPadCollator (stage 3)
 mixture       a mixture of sources: shares, loss weights, label policies (which rows make
               an epoch: mmdp.packing.mixture_plan)
 bad_rows      with_bad_rows(): the fault suite's bad rows, mixed into good ones
-families      the model families: what each processor makes of a row (base, one module per
-              family), family_for(processor)
+families      the model families: what each processor makes of a row (base; tiny: TinyVLM's;
+              one module per real family), family_for(processor)
 """

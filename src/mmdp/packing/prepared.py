@@ -40,7 +40,8 @@ import torch.distributed as dist
 import transformers
 from datasets import Dataset
 
-from mmdp.data.families.base import TinyFamily, tokenizer_fingerprint
+from mmdp.data.families.base import tokenizer_fingerprint
+from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.sources import cache_dir
 from mmdp.errors import UserError
 from mmdp.packing.packing_config import PackingConfig

@@ -13,7 +13,8 @@ MODELS                  the names of stage 5's --model
 import importlib
 from pathlib import Path
 
-from mmdp.data.families.base import ModelFamily, TinyFamily
+from mmdp.data.families.base import ModelFamily
+from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.hub import looks_like_a_path, require_hub
 from mmdp.errors import UserError
 
