@@ -14,6 +14,7 @@ from mmdp.packing.packers import (
 )
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planner import plan_epoch
+from mmdp.packing.planning_processes import PARALLEL_MIN_BUFFERS
 from mmdp.packing.weights import Weights
 
 # Items in up to three budgets; a budget of None is left out (never binds).
@@ -111,4 +112,4 @@ def test_packing_in_processes_gives_the_same_plan(monkeypatch):
 
 
 def test_few_buffers_are_packed_in_this_process():
-    assert planner.planning_workers(planner.PARALLEL_MIN_BUFFERS - 1) == 1
+    assert planner.planning_workers(PARALLEL_MIN_BUFFERS - 1) == 1

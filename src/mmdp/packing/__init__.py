@@ -12,6 +12,7 @@
     local_wait      other local ranks wait for local rank 0's weights
     rank_shares     every rank weighs a share; the shares are gathered
     planner         plan_epoch(): an epoch's packs, batches and ranks from the weights (pure)
+    planning_processes  an epoch's buffers packed in several processes (same plan)
     mixture_plan    MixturePlan: which rows of a mixture's sources make an epoch
     batch           the batch contract: build_pack(), collate_packs(), real_token_mask(),
                     sample_ids() (what a model takes of it: mmdp.models.inputs)

@@ -29,10 +29,7 @@ Example (tests/test_planner.py traces it): lengths [3, 6, 2, 5], max_length 8, b
 step of 2 packs, the heavier first: rank 0 gets [1, 2] (8 tokens), rank 1 gets [3, 0].
 """
 
-import multiprocessing
-import os
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,8 +42,8 @@ from mmdp.drop_reasons import (
     TOO_MANY_IMAGES,
     TOO_MANY_PATCHES,
 )
-from mmdp.packing.packers import pack_flat
 from mmdp.packing.packing_config import PackingConfig, with_old_keywords
+from mmdp.packing.planning_processes import PackingJob, pack_in_processes, planning_workers
 from mmdp.packing.weights import Weights
 
 # Whole-epoch arrays are int32 (`index_dtype`) and written in place; element-wise work on them
@@ -189,101 +186,6 @@ def pack_buffers(
         sizes = [job.pack(rows)]  # in place
     sizes = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int32)
     return rows, starts_of(sizes, index_dtype(len(rows)))
-
-
-@dataclass
-class PackingJob:
-    """What packing a range of buffers needs: the weights, the budgets, the strategy."""
-
-    weights: Weights
-    budgets: dict  # max_length, max_images, max_patches (None: no patch budget)
-    strategy: str
-    buffer_size: int
-
-    def pack(self, rows: np.ndarray) -> np.ndarray:
-        """Pack `rows` buffer_size at a time, reordering them in place; the rows per pack."""
-        weights, budgets, sizes = self.weights, self.budgets, []
-        for start in range(0, len(rows), self.buffer_size):
-            buffer = rows[start : start + self.buffer_size]
-            patch_budget = {}  # the third budget, only when there is one
-            if budgets["max_patches"] is not None:
-                patch_budget = {
-                    "patch_counts": weights.patch_counts[buffer],
-                    "max_patches": budgets["max_patches"],
-                }
-            items, starts = pack_flat(
-                weights.lengths[buffer],
-                budgets["max_length"],
-                self.strategy,
-                weights.image_counts[buffer],
-                budgets["max_images"],
-                **patch_budget,
-            )
-            buffer[:] = buffer[items]  # buffer[items] is a copy: safe to write back
-            sizes.append(np.diff(starts).astype(np.int32))
-        return np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int32)
-
-
-# Processes pack buffers only from this many on: below, starting them costs more than it saves
-# (a buffer of 4,096 rows packs in a few ms; a forked process starts in tens of ms).
-PARALLEL_MIN_BUFFERS = 256
-
-
-def planning_workers(num_buffers: int) -> int:
-    """How many processes pack `num_buffers` buffers: the cores this process may use, shared
-    between the ranks of this machine (torchrun's LOCAL_WORLD_SIZE); 1 below
-    PARALLEL_MIN_BUFFERS buffers, in a daemon process (a DataLoader worker may not start
-    processes), and where processes cannot be forked (Windows)."""
-    if (
-        num_buffers < PARALLEL_MIN_BUFFERS
-        or multiprocessing.current_process().daemon
-        or "fork" not in multiprocessing.get_all_start_methods()
-    ):
-        return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-
-
-_job: PackingJob | None = None  # a packing process's job, set once as it starts
-
-
-def start_packing_process(job: PackingJob) -> None:
-    global _job
-    _job = job
-
-
-def pack_range(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """In a packing process: a range of buffers' rows -> (rows in pack order, rows per pack)."""
-    sizes = _job.pack(rows)
-    return rows, sizes
-
-
-def pack_in_processes(rows: np.ndarray, job: PackingJob, workers: int) -> list[np.ndarray]:
-    """`job.pack` over ranges of whole buffers in `workers` processes, reordering `rows` in
-    place; the rows per pack of each range, in order.
-
-    The processes are forked, so they share the weights (copy on write, read only) instead of
-    receiving them; each range's rows go and come back through a pipe (4 bytes a row each way).
-    About four ranges per process, at most CHUNK_ROWS rows each, so that a slow process holds
-    the others up little.
-    """
-    num_buffers = -(-len(rows) // job.buffer_size)
-    per_range = max(1, min(CHUNK_ROWS // job.buffer_size, num_buffers // (4 * workers)))
-    step = per_range * job.buffer_size
-    bounds = [(a, min(a + step, len(rows))) for a in range(0, len(rows), step)]
-    sizes = []
-    with ProcessPoolExecutor(
-        workers,
-        mp_context=multiprocessing.get_context("fork"),
-        initializer=start_packing_process,
-        initargs=(job,),
-    ) as pool:
-        for (a, z), (packed, part_sizes) in zip(
-            bounds, pool.map(pack_range, (rows[a:z] for a, z in bounds))
-        ):
-            rows[a:z] = packed
-            sizes.append(part_sizes)
-    return sizes
 
 
 def starts_of(sizes: np.ndarray, dtype) -> np.ndarray:
