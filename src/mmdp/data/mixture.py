@@ -137,7 +137,7 @@ class MixedRows:
 def load_mixture(mixture: Mixture, num_rows: int, seed: int = 0) -> MixedRows:
     """Load every source (`num_rows`: the synthetic data's size, and the default cap of each
     other source) and put them one after the other."""
-    from mmdp.data.sources import FEATURES, load_vqa_dataset
+    from mmdp.data.sources import FEATURES, load_vqa_dataset, no_progress_bars
 
     parts = []
     for source in mixture.sources:
@@ -148,7 +148,8 @@ def load_mixture(mixture: Mixture, num_rows: int, seed: int = 0) -> MixedRows:
             part = load_vqa_dataset(
                 source.dataset, source.subset, source.split, source.num_rows or num_rows
             )
-        parts.append(part.select_columns(["images", "texts"]).cast(FEATURES))
+        with no_progress_bars():  # a cast of a few thousand rows: its bar would only clutter
+            parts.append(part.select_columns(["images", "texts"]).cast(FEATURES))
     sizes = [len(part) for part in parts]
     source_of_row = np.repeat(np.arange(len(parts), dtype=np.int16), sizes)
     return MixedRows(datasets.concatenate_datasets(parts), source_of_row, mixture, sizes)

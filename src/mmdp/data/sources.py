@@ -42,6 +42,18 @@ VIDEO_FEATURES = Features({**FEATURES, "videos": VIDEOS})
 SYNTHETIC_VIDEOS_VERSION = 1  # bump when generate_video_row changes
 
 
+@contextlib.contextmanager
+def no_progress_bars():
+    """datasets' progress bars off for a while, then as they were."""
+    were_on = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if were_on:
+            datasets.enable_progress_bars()
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("MMDP_CACHE", config.DEFAULT_CACHE_DIR))
 

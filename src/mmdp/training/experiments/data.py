@@ -2,7 +2,6 @@
 are held out, and the batches each strategy (naive padding, constrained padding, packing) makes
 of the same rows."""
 
-import contextlib
 import dataclasses
 
 import datasets
@@ -10,7 +9,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.sources import load_vqa_dataset, no_progress_bars
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
@@ -127,18 +126,6 @@ def packing(args, *, packs_per_batch: int, seed: int) -> PackingConfig:
         strategy=args.strategy,
         seed=seed,
     )
-
-
-@contextlib.contextmanager
-def no_progress_bars():
-    """datasets' progress bars off for a while, then as they were."""
-    were_on = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if were_on:
-            datasets.enable_progress_bars()
 
 
 def padded_batches(samples, rows: list[int], collate, batch_size: int) -> list[dict]:
