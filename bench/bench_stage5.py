@@ -17,8 +17,8 @@
      5's collate does, so that the worker hands it over without another copy;
    - the PackedDataLoader epoch (loading the cached weights, planning, packing, decoding,
      padding, collating), tokenizing each pack, and with pre-tokenized rows (`pretokenize=True`);
-   It prints the median seconds an epoch, the loader's time over each floor, and the tensors a
-   batch holds (each is its own shared-memory segment between processes).
+   It prints the median seconds an epoch, the loader's time over each floor (the median of each
+   repeat's ratio), and the tensors a batch holds (each its own shared-memory segment).
 3. JPEG draft decoding: `load_image` of JPEGs 2x and 4x the target side against the full decode
    resized (what it did before), alternating in this process, medians.
 
@@ -238,9 +238,17 @@ def speed(path: str, rows, workers: int, repeats: int) -> None:
             seconds[name].append(took)
             tensors[name] = statistics.median(count for _, count in seen)
     floor, shared = statistics.median(seconds["floor"]), statistics.median(seconds["shared floor"])
+
+    def over(name: str, base: str) -> str:
+        """`name`'s time over `base`'s: the median of each repeat's ratio (a shared machine's
+        load moves both epochs of a repeat alike, and whole repeats apart)."""
+        ratio = statistics.median(t / b for t, b in zip(seconds[name], seconds[base]))
+        return f"{ratio - 1:+.1%}"
+
     print(
         f"\n{path}: {len(yielded):,} of {len(rows):,} samples yielded in {len(seen)} batches, "
-        f"{workers} workers, median of {repeats} alternating epochs:\n"
+        f"{workers} workers, median of {repeats} alternating epochs (over a floor: the median "
+        "of each repeat's ratio):\n"
     )
     print("| loader | s an epoch | over the floor | over the shared floor | tensors a batch |")
     print("| --- | ---: | ---: | ---: | ---: |")
@@ -248,13 +256,13 @@ def speed(path: str, rows, workers: int, repeats: int) -> None:
     print(f"| floor: decode + the model's pixels only | {floor:.2f} | | | {floor_tensors} |")
     print(
         f"| floor, its batches concatenated into shared memory | {shared:.2f} | "
-        f"{shared / floor - 1:+.1%} | | {floor_tensors} |"
+        f"{over('shared floor', 'floor')} | | {floor_tensors} |"
     )
     for name, label in (("tokenizing", "tokenizing each pack"), ("pretokenized", "pre-tokenized")):
         took = statistics.median(seconds[name])
         print(
-            f"| stage 5, {label} | {took:.2f} | {took / floor - 1:+.1%} | "
-            f"{took / shared - 1:+.1%} | {tensors[name]:.0f} |"
+            f"| stage 5, {label} | {took:.2f} | {over(name, 'floor')} | "
+            f"{over(name, 'shared floor')} | {tensors[name]:.0f} |"
         )
 
 
