@@ -12,11 +12,13 @@
    - floor: a DataLoader that only decodes the images of the rows the loader yields and makes
      the model's pixels of them (TinyVLM: resize to a square float tensor, `load_image`; a real
      family: its own image processor on each sample's images), in batches of as many samples as
-     the loader's: the work no pipeline can skip;
+     the loader's, concatenated with torch.cat: the work no pipeline can skip;
+   - the shared floor: the same, each batch concatenated straight into shared memory as stage
+     5's collate does, so that the worker hands it over without another copy;
    - the PackedDataLoader epoch (loading the cached weights, planning, packing, decoding,
      padding, collating), tokenizing each pack, and with pre-tokenized rows (`pretokenize=True`);
-   It prints the median seconds an epoch, the loader's time over the floor, and the tensors a
-   batch holds (each is its own shared-memory segment between processes).
+   It prints the median seconds an epoch, the loader's time over each floor (the median of each
+   repeat's ratio), and the tensors a batch holds (each its own shared-memory segment).
 3. JPEG draft decoding: `load_image` of JPEGs 2x and 4x the target side against the full decode
    resized (what it did before), alternating in this process, medians.
 
@@ -115,18 +117,26 @@ def with_image_format(rows, image_format: str):
 
 
 def concatenate(samples: list[dict]) -> dict:
-    """The floor's collate: each key's tensors of the batch in one."""
+    """The floor's collate: each key's tensors of the batch in one (torch.cat; the worker then
+    copies them into shared memory to hand them over)."""
     keys = {key for sample in samples for key in sample}
     return {key: torch.cat([s[key] for s in samples if key in s]) for key in keys}
 
 
-def floor_epoch(rows, family, workers: int, batch_size: int) -> float:
+def concatenate_shared(samples: list[dict]) -> dict:
+    """The same, each written straight into shared memory in a worker, as stage 5's collate does
+    (mmdp.data.families.base.concatenate): handing the batch over copies nothing more."""
+    keys = {key for sample in samples for key in sample}
+    return {key: family_module.concatenate([s[key] for s in samples if key in s]) for key in keys}
+
+
+def floor_epoch(rows, family, workers: int, batch_size: int, collate=concatenate) -> float:
     start = time.perf_counter()
     loader = DataLoader(
         ImagesOnly(rows, family),
         batch_size=batch_size,
         num_workers=workers,
-        collate_fn=concatenate,
+        collate_fn=collate,
     )
     for _ in loader:
         pass
@@ -216,26 +226,44 @@ def speed(path: str, rows, workers: int, repeats: int) -> None:
     _, seen = loader_epoch(rows, processor, workers)
     yielded = rows.select(sorted(i for indices, _ in seen for i in indices))
     per_batch = max(1, round(len(yielded) / len(seen)))
-    seconds = {"floor": [], "tokenizing": [], "pretokenized": []}
+    seconds = {"floor": [], "shared floor": [], "tokenizing": [], "pretokenized": []}
     tensors = {}
     for _ in range(repeats):
         seconds["floor"].append(floor_epoch(yielded, family, workers, per_batch))
+        seconds["shared floor"].append(
+            floor_epoch(yielded, family, workers, per_batch, concatenate_shared)
+        )
         for name, pretokenize in (("tokenizing", False), ("pretokenized", True)):
             took, seen = loader_epoch(rows, processor, workers, pretokenize)
             seconds[name].append(took)
             tensors[name] = statistics.median(count for _, count in seen)
-    floor = statistics.median(seconds["floor"])
+    floor, shared = statistics.median(seconds["floor"]), statistics.median(seconds["shared floor"])
+
+    def over(name: str, base: str) -> str:
+        """`name`'s time over `base`'s: the median of each repeat's ratio (a shared machine's
+        load moves both epochs of a repeat alike, and whole repeats apart)."""
+        ratio = statistics.median(t / b for t, b in zip(seconds[name], seconds[base]))
+        return f"{ratio - 1:+.1%}"
+
     print(
         f"\n{path}: {len(yielded):,} of {len(rows):,} samples yielded in {len(seen)} batches, "
-        f"{workers} workers, median of {repeats} alternating epochs:\n"
+        f"{workers} workers, median of {repeats} alternating epochs (over a floor: the median "
+        "of each repeat's ratio):\n"
     )
-    print("| loader | s an epoch | over the floor | tensors a batch |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| loader | s an epoch | over the floor | over the shared floor | tensors a batch |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     floor_tensors = len(family.vision_keys) if path != "tiny" else 1
-    print(f"| floor: decode + the model's pixels only | {floor:.2f} | | {floor_tensors} |")
+    print(f"| floor: decode + the model's pixels only | {floor:.2f} | | | {floor_tensors} |")
+    print(
+        f"| floor, its batches concatenated into shared memory | {shared:.2f} | "
+        f"{over('shared floor', 'floor')} | | {floor_tensors} |"
+    )
     for name, label in (("tokenizing", "tokenizing each pack"), ("pretokenized", "pre-tokenized")):
         took = statistics.median(seconds[name])
-        print(f"| stage 5, {label} | {took:.2f} | {took / floor - 1:+.1%} | {tensors[name]:.0f} |")
+        print(
+            f"| stage 5, {label} | {took:.2f} | {over(name, 'floor')} | "
+            f"{over(name, 'shared floor')} | {tensors[name]:.0f} |"
+        )
 
 
 # 4. Where a worker's time goes: each step of building a batch, timed -------------------------

@@ -95,3 +95,26 @@ def test_a_sample_with_another_length_than_planned_is_an_error_not_a_drop():
 def test_samples_over_the_budget_do_not_fit_a_pack():
     with pytest.raises(ValueError, match="13 tokens do not fit in a pack of max_length 8"):
         build_pack([B, C, A], [4, 6, 3], max_length=8, pad_token_id=PAD, batch_index=0)
+
+
+def collated_in_shared_memory(packs: list) -> tuple[dict, bool]:
+    """A DataLoader's collate_fn: the batch, and whether its pixels are in shared memory already
+    (asked in the worker, before the worker hands the batch over and shares every tensor)."""
+    batch = collate_packs(packs)
+    return batch, batch["pixel_values"].is_shared()
+
+
+def test_a_worker_collates_the_pixels_straight_into_shared_memory():
+    """In a DataLoader worker the batch's pixels are written into shared memory as they are
+    concatenated, so that handing them to the main process copies nothing; the batch is the
+    one collated in the main process (where nothing is shared), to the element."""
+    budget = {"max_length": 8, "pad_token_id": PAD, "batch_index": 0}
+    packs = [build_pack([A, B], [3, 4], **budget), build_pack([C], [6], **budget)]
+    here, shared_here = collated_in_shared_memory(packs)
+    loader = torch.utils.data.DataLoader(
+        [packs], batch_size=None, num_workers=1, collate_fn=collated_in_shared_memory
+    )
+    ((there, shared_there),) = list(loader)
+    assert not shared_here and shared_there
+    assert torch.equal(there["pixel_values"], here["pixel_values"])
+    assert there["pixel_values"].shape == (3, 3, 2, 2)

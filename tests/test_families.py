@@ -313,3 +313,43 @@ def test_the_familys_traps_break_the_equality(tiny_family, model):
         # docs/real-vlms.md quotes these: uv run pytest tests/test_families.py -k traps -s
         print(f"{tiny_family.name}, {trap.__name__}: worst relative error {worst:.1e}")
         assert worst > 1e-4, trap.__name__
+
+
+# Qwen-VL's positions without the model's token-by-token grouping --------------------------------
+
+
+def random_image_sample(generator: torch.Generator, merge_size: int) -> tuple[torch.Tensor, list]:
+    """mm_token_type_ids of a sample of text runs and 0-4 images of random grids (t, h, w), each
+    image between two text runs as Qwen's template puts it; and the grids."""
+    types, grids = [torch.zeros(int(torch.randint(1, 30, (1,), generator=generator)))], []
+    for _ in range(int(torch.randint(0, 5, (1,), generator=generator))):
+        h, w = (merge_size * torch.randint(1, 20, (2,), generator=generator)).tolist()
+        grids.append([1, h, w])
+        types.append(torch.ones(h * w // merge_size**2))
+        types.append(torch.zeros(int(torch.randint(1, 30, (1,), generator=generator))))
+    return torch.cat(types).long(), grids
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+def test_qwen_image_positions_are_the_models_own_rope_index(name):
+    """RopeIndex finds the runs of a sample without videos at once; on 200 random samples its
+    positions equal the model class's own get_rope_index to the element (and a shuffled grid
+    order, the negative control, does not)."""
+    from mmdp.data.families.qwen_vl import Qwen2_5_VL, Qwen3VL, RopeIndex
+
+    family = {"qwen2_5_vl": Qwen2_5_VL, "qwen3_vl": Qwen3VL}[name]
+    rope = RopeIndex(family.model_class, family.config_class, 2, family.tokens_per_second)
+    generator = torch.Generator().manual_seed(0)
+    controls_differ = 0
+    for _ in range(200):
+        types, grids = random_image_sample(generator, merge_size=2)
+        grid_thw = torch.tensor(grids, dtype=torch.long) if grids else None
+        models, _ = family.model_class.get_rope_index(
+            rope, types[None], mm_token_type_ids=types[None], image_grid_thw=grid_thw
+        )
+        ours = rope.image_positions(types, grid_thw)
+        assert ours.dtype == models.dtype
+        assert torch.equal(ours, models[:, 0])
+        if len(grids) > 1 and grids[0] != grids[-1]:
+            controls_differ += not torch.equal(rope.image_positions(types, grid_thw.flip(0)), ours)
+    assert controls_differ > 20
