@@ -201,18 +201,24 @@ def test_a_truncated_or_edited_cache_is_weighed_again(rows, tokenizer, fresh_cac
 
 
 @pytest.mark.slow  # two processes, each importing mmdp
-def test_two_jobs_weighing_at_once_end_with_the_same_complete_weights(rows, tokenizer, fresh_cache):
+@pytest.mark.parametrize("pretokenize", [False, True])
+def test_two_jobs_weighing_at_once_end_with_the_same_complete_weights(fresh_cache, pretokenize):
+    """Pre-tokenized, each job writes its tokens to a scratch folder of its own: when both used
+    `KEY.map`, one job's start deleted the other's half-written tokens (FileNotFoundError in 1
+    of 4 pairs, before weights_cache.scratch_path)."""
     with concurrent.futures.ProcessPoolExecutor(2) as jobs:
-        done = list(jobs.map(weigh_in_a_new_process, [str(fresh_cache)] * 2))
+        done = list(jobs.map(weigh_in_a_new_process, [str(fresh_cache)] * 2, [pretokenize] * 2))
     assert done[0] == done[1]
     assert len(list((fresh_cache / "weights").iterdir())) == 1  # one cache, no partial left
 
 
-def weigh_in_a_new_process(cache: str) -> list[int]:
+def weigh_in_a_new_process(cache: str, pretokenize: bool) -> tuple[list[int], list | None]:
     os.environ["MMDP_CACHE"] = cache
     from mmdp.data.sources import load_vqa_dataset
     from mmdp.data.tokenizer import get_tokenizer
 
-    return weigh_rows(
-        load_vqa_dataset(None, num_rows=300), get_tokenizer()
-    ).weights.lengths.tolist()
+    weighed = weigh_rows(
+        load_vqa_dataset(None, num_rows=300), get_tokenizer(), pretokenize=pretokenize
+    )
+    tokens = weighed.tokens["input_ids"] if pretokenize else None
+    return weighed.weights.lengths.tolist(), tokens

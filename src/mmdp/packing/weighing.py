@@ -56,7 +56,14 @@ from mmdp.packing.local_wait import wait_for
 from mmdp.packing.rank_shares import gather_shares, gloo_group
 from mmdp.packing.sharding import ranks_answering
 from mmdp.packing.weights import Weights
-from mmdp.packing.weights_cache import ARRAYS, load, load_if_sound, save, weights_of
+from mmdp.packing.weights_cache import (
+    ARRAYS,
+    load,
+    load_if_sound,
+    save,
+    scratch_path,
+    weights_of,
+)
 
 # Bump when what a weight means changes (the chat template rendering, how images are counted...),
 # so that older caches are not reused.
@@ -151,7 +158,7 @@ def weigh_on_this_machine(rows, family, pretokenize: bool, num_proc, path: Path)
     weigher.parent.mkdir(parents=True, exist_ok=True)
     weigher.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
     try:
-        scratch = path.with_name(f"{path.name}.map")
+        scratch = scratch_path(path)
         arrays, tokens = weigh(rows, family, pretokenize, num_proc, scratch)
         save(path, arrays, tokens)
     finally:

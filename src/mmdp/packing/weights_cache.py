@@ -48,16 +48,24 @@ def save(path: Path, arrays: dict, tokens: Dataset | None = None) -> None:
             ) from error
         raise
     finally:
-        shutil.rmtree(path.with_name(f"{path.name}.map"), ignore_errors=True)
+        shutil.rmtree(scratch_path(path), ignore_errors=True)
         remove_abandoned_partials(path)
 
 
+def scratch_path(path: Path) -> Path:
+    """Where this process's pre-computed tokens are written before they are saved: its own, as
+    two jobs weighing the same rows at once would otherwise delete each other's."""
+    return path.with_name(f"{path.name}.map-{os.getpid()}")
+
+
 def remove_abandoned_partials(path: Path) -> None:
-    """Remove the half-written copies that killed processes of this machine left beside `path`."""
-    for partial in path.parent.glob(f"{path.name}.partial-*"):
-        pid = partial.name.rsplit("-", 1)[1]
-        if pid.isdigit() and int(pid) != os.getpid() and not process_exists(int(pid)):
-            shutil.rmtree(partial, ignore_errors=True)
+    """Remove the half-written copies and scratch folders that killed processes of this machine
+    left beside `path`."""
+    for kind in ("partial", "map"):
+        for partial in path.parent.glob(f"{path.name}.{kind}-*"):
+            pid = partial.name.rsplit("-", 1)[1]
+            if pid.isdigit() and int(pid) != os.getpid() and not process_exists(int(pid)):
+                shutil.rmtree(partial, ignore_errors=True)
 
 
 def process_exists(pid: int) -> bool:
