@@ -14,8 +14,12 @@ REPO = Path(__file__).resolve().parents[1]
 # create goes into one folder, removed when the run ends. Generated datasets (MMDP_CACHE, shared by
 # the scripts the tests start), pytest's tmp_path, torch's compile cache, and whatever this process
 # and its children (scripts, torchrun) write to the temp folder.
+# Under pytest-xdist, the workers share the run's cache (the controller's, in the environment they
+# inherit): each generated dataset and each weighing is made once, and written whole or not at all
+# (mmdp.data.sources.save_once, mmdp.packing.weighing), so two workers never see half of one.
 RUN_DIR = Path(tempfile.mkdtemp(prefix="mmdp-tests-"))
-os.environ["MMDP_CACHE"] = str(RUN_DIR / "cache")
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ["MMDP_CACHE"] = str(RUN_DIR / "cache")
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(RUN_DIR / "torchinductor")
 os.environ["TMPDIR"] = str(RUN_DIR / "tmp")
 (RUN_DIR / "tmp").mkdir()
@@ -29,6 +33,17 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     shutil.rmtree(RUN_DIR, ignore_errors=True)
+
+
+# The default suite runs in 2 pytest-xdist workers (pyproject's addopts), a file's tests on the
+# same worker (its module fixtures built once): 184 s against 250 s in one process
+# (docs/benchmarks.md). The slow group does not: its tests start torchrun jobs of 2 ranks each,
+# and two at once took 1,093 s against 800 s, with two of the fault suite's timeouts missed. So
+# every slow test goes to one worker, one after the other.
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = "slow" if item.get_closest_marker("slow") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def image_cell(image) -> dict:
