@@ -35,15 +35,18 @@ def pytest_unconfigure(config):
     shutil.rmtree(RUN_DIR, ignore_errors=True)
 
 
-# The default suite runs in 2 pytest-xdist workers (pyproject's addopts), a file's tests on the
-# same worker (its module fixtures built once): 184 s against 250 s in one process
-# (docs/benchmarks.md). The slow group does not: its tests start torchrun jobs of 2 ranks each,
-# and two at once took 1,093 s against 800 s, with two of the fault suite's timeouts missed. So
-# every slow test goes to one worker, one after the other.
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        group = "slow" if item.get_closest_marker("slow") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+# The default suite runs in 2 pytest-xdist workers (pyproject's addopts: 1 on a 1-core machine),
+# a file's tests on the same worker (its module fixtures built once): 187 s against 250 s in one
+# process (docs/benchmarks.md). Any other selection (`-m slow`, `-m faults`) runs in this one
+# process, unless the command asks for workers (-n): the slow tests start torchrun jobs of 2 ranks
+# each, and two at once took 1,093 s against 800 s, with two of the fault suite's timeouts missed.
+# (xdist's per-group scheduling cannot keep them together: with pytest 9.2 its xdist_group
+# suffix never reaches the node ids, so `--dist loadgroup` spreads a group over the workers.)
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    asked = any(arg.startswith(("-n", "--numprocesses")) for arg in config.invocation_params.args)
+    if config.option.markexpr != "not slow" and not asked:
+        config.option.numprocesses = 0
 
 
 def image_cell(image) -> dict:
@@ -77,6 +80,20 @@ def tokenizer():
     from mmdp.data.tokenizer import get_tokenizer
 
     return get_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def trainers_under_torchrun(tmp_path_factory) -> Path:
+    """tests/torchrun_trainers.py under torchrun, 2 processes: test_trainers.py's checks and
+    test_trainer_matrix.py's matrix in one launch (the slow group). Its folder."""
+    out = tmp_path_factory.mktemp("trainers")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        str(REPO / "tests" / "torchrun_trainers.py"), str(out),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -15,19 +15,16 @@ Fast:
   unpacked reference's, every parameter within 1e-5, and each micro-batch's own mean is not.
 
 Slow (`uv run pytest -m slow tests/test_trainer_matrix.py -s`): every family on every path under
-torchrun, 2 ranks x 2 micro-batches, one launch for all five paths (tests/torchrun_matrix.py; a
-module-scoped fixture), one test per path reading its numbers from that launch; it prints the
-table of docs/use-in-your-trainer.md ("Proven: every family on every path").
+torchrun, 2 ranks x 2 micro-batches, one launch for all five paths (tests/torchrun_matrix.py,
+launched with test_trainers.py's checks by tests/torchrun_trainers.py), one test per path reading
+its numbers from that launch; it prints the table of docs/use-in-your-trainer.md ("Proven: every family on every path").
 """
 
 import copy
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import REPO
 from torchrun_matrix import (
     FAMILIES,
     PATHS,
@@ -145,18 +142,10 @@ def test_one_process_step_under_ddp_and_fsdp2_is_the_unpacked_gradient(
 
 
 @pytest.fixture(scope="module")
-def every_path_measured(tmp_path_factory) -> dict:
-    """tests/torchrun_matrix.py under torchrun, 2 processes: every family on every path, in one
-    launch (not one per path: each launch starts 3 processes that import torch and transformers
-    and build every family's tiny model). {path: {family: result}}."""
-    out = tmp_path_factory.mktemp("matrix")
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(REPO / "tests" / "torchrun_matrix.py"), ",".join(PATHS), str(out),
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
-    with open(out / "results.json") as f:
+def every_path_measured(trainers_under_torchrun) -> dict:
+    """{path: {family: result}} from tests/torchrun_trainers.py's launch (conftest.py), which
+    runs tests/torchrun_matrix.py's every path on every family."""
+    with open(trainers_under_torchrun / "matrix" / "results.json") as f:
         return json.load(f)
 
 

@@ -5,7 +5,8 @@ skip_first_batches, torchdata's StatefulDataLoader, a plain DataLoader over an o
 how optimizer steps group the micro-batches, epoch after epoch; the sample log of a resumed
 run; what MMDPTrainer checks and hands to Trainer.
 
-Slow (`uv run pytest -m slow`; one torchrun launch for the three ways: docs/benchmarks.md):
+Slow (`uv run pytest -m slow`; one torchrun launch for the three ways and the trainer matrix,
+tests/torchrun_trainers.py):
 each way's example under torchrun with 2 processes (tests/torchrun_checks.py): equal
 micro-batch and step counts on both ranks, no sample twice and none missing over 2 epochs, the
 gradient of 2 ranks x 2 micro-batches equal to one process's, and runs resumed from the
@@ -15,8 +16,6 @@ workers, equal to the run that never stopped.
 
 import json
 import os
-import subprocess
-import sys
 from argparse import Namespace
 from types import SimpleNamespace
 
@@ -24,7 +23,6 @@ import pytest
 import torch
 from accelerate import Accelerator, skip_first_batches
 from accelerate.data_loader import prepare_data_loader
-from conftest import REPO
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import Trainer, TrainingArguments
@@ -325,29 +323,10 @@ WAYS = ("trainer", "accelerate", "torchrun")
 STEPS_PER_EPOCH = 3  # 5 batches per rank and epoch, 2 per step: 2, 2, 1 (torchrun_checks.py)
 
 
-def run_checks(ways, out) -> None:
-    """tests/torchrun_checks.py for `ways`, in one torchrun launch; each way's files in out/WAY."""
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(REPO / "tests" / "torchrun_checks.py"), ",".join(ways), str(out),
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
-@pytest.fixture(scope="module")
-def every_way_checked(tmp_path_factory):
-    """One torchrun launch of tests/torchrun_checks.py for every way (not one per way: each
-    launch starts 3 processes that import torch and transformers): its folder."""
-    out = tmp_path_factory.mktemp("ways")
-    run_checks(WAYS, out)
-    return out
-
-
 @pytest.fixture(scope="module", params=WAYS)
-def checked(request, every_way_checked):
-    """(way, its folder, its results) from the launch above."""
-    out = every_way_checked / request.param
+def checked(request, trainers_under_torchrun):
+    """(way, its folder, its results) from tests/torchrun_trainers.py's launch (conftest.py)."""
+    out = trainers_under_torchrun / "checks" / request.param
     with open(out / "results.json") as f:
         return request.param, out, json.load(f)
 

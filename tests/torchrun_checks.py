@@ -326,12 +326,17 @@ def accelerate_refusals(args_ns) -> dict:
 def main() -> None:
     ways, out = sys.argv[1].split(","), sys.argv[2]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=180))
+    check_ways(ways, out)
+    dist.destroy_process_group()
+
+
+def check_ways(ways: list[str], out: str) -> None:
+    """Every way in turn, in the process group already started (tests/torchrun_trainers.py)."""
     torch.set_num_threads(1)
     for way in ways:
         way_out = os.path.join(out, way)
         os.makedirs(way_out, exist_ok=True)
         check_one_way(way, way_out)
-    dist.destroy_process_group()
 
 
 def check_one_way(way: str, out: str) -> None:

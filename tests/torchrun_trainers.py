@@ -1,0 +1,41 @@
+"""The slow group's two trainer suites in one torchrun launch (gloo, CPU, 2 processes):
+
+    torchrun --nproc-per-node 2 tests/torchrun_trainers.py OUT
+
+1. tests/torchrun_checks.py: each way to train (examples/trainer.py, accelerate_loop.py,
+   torchrun.py), its files in OUT/checks/WAY (tests/test_trainers.py reads them);
+2. tests/torchrun_matrix.py: every family on every path, OUT/matrix/results.json
+   (tests/test_trainer_matrix.py reads it).
+
+One launch, not one each: every launch starts 3 processes that import torch, transformers and
+datasets, about 10 s a process on a quiet 2-core machine and 26-34 s on a busy one
+(docs/benchmarks.md). Each script still runs alone, as its docstring says.
+"""
+
+import datetime
+import os
+import sys
+
+import torch.distributed as dist
+from torchrun_checks import check_ways
+from torchrun_matrix import FAMILIES, PATHS, measure_matrix
+
+WAYS = ("trainer", "accelerate", "torchrun")
+# Alone, the checks' launch failed a hang after 180 s and the matrix's after 900 s. The longest
+# wait of this launch is rank 1 at a barrier while rank 0 computes a family's unpacked reference
+# (seconds), so a hang still fails long before the test's own timeout.
+TIMEOUT = datetime.timedelta(seconds=600)
+
+
+def main() -> None:
+    out = sys.argv[1]
+    dist.init_process_group("gloo", timeout=TIMEOUT)
+    for part in ("checks", "matrix"):
+        os.makedirs(os.path.join(out, part), exist_ok=True)
+    check_ways(WAYS, os.path.join(out, "checks"))
+    measure_matrix(PATHS, FAMILIES, os.path.join(out, "matrix"))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
