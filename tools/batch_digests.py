@@ -8,12 +8,16 @@ For the embedded dataset (2,000 rows, seed 0): one sha256 prefix per batch of th
 on 1 rank and on each of 2 ranks, and of the streaming loader, over every tensor a model or a
 report reads; and every strategy's epoch figures from compare_strategies. Two runs agree when
 every batch holds the same tokens, labels, positions, segments and pixels, in the same order.
+For Qwen2.5-VL (its offline processor, the first 300 rows), tokenizing each pack and from
+pre-computed tokens: every tensor of every batch, its 3-D rope positions and image grids included.
 """
 
 import argparse
 import hashlib
 import json
 import sys
+
+import torch
 
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.stream import load_vqa_stream
@@ -49,6 +53,30 @@ def digest(batch: dict) -> str:
     return h.hexdigest()[:16]
 
 
+def every_tensor_digest(batch: dict) -> str:
+    """Every tensor of a batch, with its key, dtype and shape: a family's batch keys are its own."""
+    h = hashlib.sha256()
+    for key in sorted(batch):
+        value = batch[key]
+        if isinstance(value, torch.Tensor):
+            h.update(f"{key} {value.dtype} {tuple(value.shape)}".encode())
+            h.update(value.contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def record_qwen(rows) -> dict:
+    from mmdp.data.families import tiny_processor
+
+    samples = VQADataset(rows.select(range(300)), tiny_processor("qwen2_5_vl"))
+    out = {}
+    for pretokenize in (False, True):
+        dataset = PackedDataset(samples, pretokenize=pretokenize)
+        loader = PackedDataLoader(dataset, num_workers=0)
+        name = "pre-computed tokens" if pretokenize else "tokenizing each pack"
+        out[f"qwen2_5_vl, {name}"] = [every_tensor_digest(b) for b in loader]
+    return out
+
+
 def record() -> dict:
     tokenizer = get_tokenizer()
     rows = load_vqa_dataset(None, num_rows=2000)
@@ -70,7 +98,7 @@ def record() -> dict:
     for name, result in strategies.items():
         per_row = json.dumps(result.pop("per_row"), sort_keys=True).encode()
         out[f"strategy {name}"] = {**result, "per_row": hashlib.sha256(per_row).hexdigest()[:16]}
-    return out
+    return {**out, **record_qwen(rows)}
 
 
 def compare(before: dict, after: dict) -> bool:
