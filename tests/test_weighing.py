@@ -3,6 +3,7 @@ on, in parallel, and (with pretokenize) the same samples and batches as tokenizi
 
 import concurrent.futures
 import json
+import multiprocessing
 import os
 import pickle
 import shutil
@@ -205,8 +206,11 @@ def test_a_truncated_or_edited_cache_is_weighed_again(rows, tokenizer, fresh_cac
 def test_two_jobs_weighing_at_once_end_with_the_same_complete_weights(fresh_cache, pretokenize):
     """Pre-tokenized, each job writes its tokens to a scratch folder of its own: when both used
     `KEY.map`, one job's start deleted the other's half-written tokens (FileNotFoundError in 1
-    of 4 pairs, before weights_cache.scratch_path)."""
-    with concurrent.futures.ProcessPoolExecutor(2) as jobs:
+    of 4 pairs, before weights_cache.scratch_path). Each job is a new interpreter (spawn), as two
+    jobs are: a fork of this pytest process, which has compiled kernels and started threads by
+    now, once died abruptly in the slow group (BrokenProcessPool, fresh clone, 2026-11-26)."""
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=spawn) as jobs:
         done = list(jobs.map(weigh_in_a_new_process, [str(fresh_cache)] * 2, [pretokenize] * 2))
     assert done[0] == done[1]
     assert len(list((fresh_cache / "weights").iterdir())) == 1  # one cache, no partial left
