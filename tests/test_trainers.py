@@ -25,6 +25,7 @@ from accelerate import Accelerator, skip_first_batches
 from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
+from torchrun_checks import WAYS
 from transformers import Trainer, TrainingArguments
 
 from mmdp.data.sources import load_vqa_dataset
@@ -319,7 +320,6 @@ def test_the_examples_loader_shards_by_the_rank_it_is_given():
 
 # Each way under torchrun, 2 processes ----------------------------------------------------------
 
-WAYS = ("trainer", "accelerate", "torchrun")
 STEPS_PER_EPOCH = 3  # 5 batches per rank and epoch, 2 per step: 2, 2, 1 (torchrun_checks.py)
 
 

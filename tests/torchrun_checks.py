@@ -42,6 +42,7 @@ from mmdp.training.examples import make_loader, training_flags
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = {"trainer": "trainer.py", "accelerate": "accelerate_loop.py", "torchrun": "torchrun.py"}
+WAYS = tuple(EXAMPLES)
 # 52 rows: 5 batches of 2 packs per rank and epoch; with 2 micro-batches a step, steps of 2, 2
 # and 1 batches, so epoch 1 is steps 4-6, and step 4 is a checkpoint inside it.
 EPOCHS_STEPS, STOP_AT = 6, 4

@@ -17,10 +17,9 @@ import os
 import sys
 
 import torch.distributed as dist
-from torchrun_checks import check_ways
+from torchrun_checks import WAYS, check_ways
 from torchrun_matrix import FAMILIES, PATHS, measure_matrix
 
-WAYS = ("trainer", "accelerate", "torchrun")
 # Alone, the checks' launch failed a hang after 180 s and the matrix's after 900 s. The longest
 # wait of this launch is rank 1 at a barrier while rank 0 computes a family's unpacked reference
 # (seconds), so a hang still fails long before the test's own timeout.

@@ -62,10 +62,10 @@ def remove_abandoned_partials(path: Path) -> None:
     """Remove the half-written copies and scratch folders that killed processes of this machine
     left beside `path`."""
     for kind in ("partial", "map"):
-        for partial in path.parent.glob(f"{path.name}.{kind}-*"):
-            pid = partial.name.rsplit("-", 1)[1]
+        for left in path.parent.glob(f"{path.name}.{kind}-*"):
+            pid = left.name.rsplit("-", 1)[1]
             if pid.isdigit() and int(pid) != os.getpid() and not process_exists(int(pid)):
-                shutil.rmtree(partial, ignore_errors=True)
+                shutil.rmtree(left, ignore_errors=True)
 
 
 def process_exists(pid: int) -> bool:
