@@ -84,8 +84,9 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def trainers_under_torchrun(tmp_path_factory) -> Path:
-    """tests/torchrun_trainers.py under torchrun, 2 processes: test_trainers.py's checks and
-    test_trainer_matrix.py's matrix in one launch (the slow group). Its folder."""
+    """tests/torchrun_trainers.py under torchrun, 2 processes: test_trainers.py's checks,
+    test_ddp.py's DDP step and test_trainer_matrix.py's matrix in one launch (the slow group).
+    Its folder."""
     out = tmp_path_factory.mktemp("trainers")
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

@@ -5,11 +5,13 @@ summed token loss x world size / the step's label tokens on every rank, micro_ba
 the ranks' gradients averaged as DDP averages them, is one process's gradient on all the
 batches; each rank's own mean loss is not (the ranks hold unequal label tokens).
 
-Slow: the same under torchrun with DDP itself, 2 ranks (gloo, CPU): `python -m
-mmdp.training.ddp` (3 processes that import torch and transformers: 26 s on 2 quiet cores).
+Slow: the same under torchrun with DDP itself, 2 ranks (gloo, CPU): mmdp.training.ddp's step
+(`torchrun ... -m mmdp.training.ddp` alone), run in tests/torchrun_trainers.py's launch with the
+trainers' checks (each launch starts 3 processes that import torch and transformers: 20-30 s).
 """
 
 import copy
+import json
 
 import pytest
 import torch
@@ -17,12 +19,10 @@ import torch
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
-from mmdp.training.ddp import parse_args, rank_batches, relative_difference, run_torchrun
+from mmdp.training.ddp import parse_args, rank_batches, relative_difference
 from mmdp.training.loss import label_tokens, summed_loss
 from mmdp.training.recipes import micro_batch_loss
 
-# two ranks x two gradient-accumulation micro-steps x two packs of 512 tokens
-FLAGS = ["--num-rows", "64", "--micro-steps", "2", "--packs-per-batch", "2"]
 # in this process, one pack of 256 tokens a micro-batch: a quarter of the logits to compute
 SMALL = ["--num-rows", "64", "--micro-steps", "2", "--packs-per-batch", "1", "--max-length", "256"]
 WORLD_SIZE = 2
@@ -79,9 +79,11 @@ def test_two_ranks_step_is_one_process_gradient_only_with_tokens_counted_over_al
     assert relative_difference(averaged_over_ranks(model, batches, per_rank_mean), expected) > 1e-2
 
 
-@pytest.mark.slow  # 3 processes that import torch and transformers
-def test_packed_ddp_matches_one_process_only_with_tokens_counted_over_all_ranks():
-    result = run_torchrun(*FLAGS)
+@pytest.mark.slow  # in the trainers' torchrun launch (tests/conftest.py)
+def test_packed_ddp_matches_one_process_only_with_tokens_counted_over_all_ranks(
+    trainers_under_torchrun,
+):
+    result = json.loads((trainers_under_torchrun / "ddp" / "ddp.json").read_text())
     assert result["world_size"] == 2 and result["micro_steps"] == 2
     tokens = result["label_tokens_per_rank"]
     assert tokens[0] != tokens[1]  # packs hold as many tokens, not as many label tokens

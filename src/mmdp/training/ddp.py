@@ -128,6 +128,14 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 def main(argv=None) -> None:
     args = parse_args(argv)
     dist.init_process_group("gloo")
+    compare_gradients(args)
+    dist.destroy_process_group()
+
+
+def compare_gradients(args) -> dict | None:
+    """One step both ways on this rank's batches, in the process group already started, each
+    gradient against one process's on every rank's batches: rank 0's result (also printed, and
+    written to --metrics-json), None on the other ranks."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     tokenizer = get_tokenizer()
     rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
@@ -182,7 +190,8 @@ def main(argv=None) -> None:
         )
         if args.metrics_json:
             write_json(result, args.metrics_json)
-    dist.destroy_process_group()
+        return result
+    return None
 
 
 def run_torchrun(*args: str, nproc_per_node: int = 2, timeout: int = 600) -> dict:
