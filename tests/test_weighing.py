@@ -201,22 +201,32 @@ def test_a_truncated_or_edited_cache_is_weighed_again(rows, tokenizer, fresh_cac
     assert weigh_rows(rows, tokenizer).weighed_here
 
 
-@pytest.mark.slow  # two processes, each importing mmdp
-@pytest.mark.parametrize("pretokenize", [False, True])
-def test_two_jobs_weighing_at_once_end_with_the_same_complete_weights(fresh_cache, pretokenize):
-    """Pre-tokenized, each job writes its tokens to a scratch folder of its own: when both used
-    `KEY.map`, one job's start deleted the other's half-written tokens (FileNotFoundError in 1
-    of 4 pairs, before weights_cache.scratch_path). Each job is a new interpreter (spawn), as two
-    jobs are: a fork of this pytest process, which has compiled kernels and started threads by
-    now, once died abruptly in the slow group (BrokenProcessPool, fresh clone, 2026-11-26)."""
+@pytest.fixture(scope="module")
+def two_jobs():
+    """Two new interpreters (spawn), as two jobs are: a fork of this pytest process, which has
+    compiled kernels and started threads by now, once died abruptly in the slow group
+    (BrokenProcessPool, fresh clone, 2026-11-26). Both tests below use the same two: each
+    interpreter imports torch and transformers once (10-20 s of CPU)."""
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=spawn) as jobs:
-        done = list(jobs.map(weigh_in_a_new_process, [str(fresh_cache)] * 2, [pretokenize] * 2))
-    assert done[0] == done[1]
+        yield jobs
+
+
+@pytest.mark.slow  # two processes, each importing mmdp
+@pytest.mark.parametrize("pretokenize", [False, True])
+def test_two_jobs_weighing_at_once_end_with_the_same_complete_weights(
+    two_jobs, fresh_cache, pretokenize
+):
+    """Pre-tokenized, each job writes its tokens to a scratch folder of its own: when both used
+    `KEY.map`, one job's start deleted the other's half-written tokens (FileNotFoundError in 1
+    of 4 pairs, before weights_cache.scratch_path)."""
+    done = list(two_jobs.map(weigh_in_a_new_process, [str(fresh_cache)] * 2, [pretokenize] * 2))
+    assert done[0][2] != done[1][2]  # each job in a process of its own
+    assert done[0][:2] == done[1][:2]
     assert len(list((fresh_cache / "weights").iterdir())) == 1  # one cache, no partial left
 
 
-def weigh_in_a_new_process(cache: str, pretokenize: bool) -> tuple[list[int], list | None]:
+def weigh_in_a_new_process(cache: str, pretokenize: bool) -> tuple[list[int], list | None, int]:
     os.environ["MMDP_CACHE"] = cache
     from mmdp.data.sources import load_vqa_dataset
     from mmdp.data.tokenizer import get_tokenizer
@@ -225,4 +235,4 @@ def weigh_in_a_new_process(cache: str, pretokenize: bool) -> tuple[list[int], li
         load_vqa_dataset(None, num_rows=300), get_tokenizer(), pretokenize=pretokenize
     )
     tokens = weighed.tokens["input_ids"] if pretokenize else None
-    return weighed.weights.lengths.tolist(), tokens
+    return weighed.weights.lengths.tolist(), tokens, os.getpid()
