@@ -159,8 +159,9 @@ class ModelFamily:
     def check_vision(self, vision: dict, layouts: list[ImageLayout]) -> None:
         """The family's: raise if the image processor made other features than weighed."""
 
-    def positions(self, input_ids: torch.Tensor, vision: dict) -> torch.Tensor:
-        """A sample's position_ids: 0, 1, ... (Qwen-VL's are 4 rows: see mmdp.data.families.qwen_vl)."""
+    def positions(self, input_ids: torch.Tensor, token_types: dict, vision: dict) -> torch.Tensor:
+        """A sample's position_ids: 0, 1, ... (Qwen-VL's are 4 rows, from its token types and
+        images: see mmdp.data.families.qwen_vl)."""
         return torch.arange(len(input_ids))
 
     def collate_vision(self, samples: list[dict]) -> dict:
@@ -350,12 +351,13 @@ class ModelFamily:
         if videos:
             vision.update(self.video_inputs(*zip(*videos)))
         self.check_vision(vision, layouts)
+        token_types = self.token_types(input_ids)
         return {
             "row": index,
             "input_ids": input_ids,
             "labels": labels,
-            "position_ids": self.positions(input_ids, vision),
-            **self.token_types(input_ids),
+            "position_ids": self.positions(input_ids, token_types, vision),
+            **token_types,
             **vision,
             "image_count": len(images),
             "video_count": len(videos),

@@ -199,10 +199,10 @@ class QwenVL(ModelFamily):
         types = IMAGE_TYPE * (input_ids == image).long() + VIDEO_TYPE * (input_ids == video).long()
         return {"mm_token_type_ids": types}
 
-    def positions(self, input_ids: torch.Tensor, vision: dict) -> torch.Tensor:
+    def positions(self, input_ids: torch.Tensor, token_types: dict, vision: dict) -> torch.Tensor:
         """[4, n]: 0..n-1, then the model's own 3-D rope index of this sample alone."""
-        types = self.token_types(input_ids)["mm_token_type_ids"]
-        return torch.cat([torch.arange(len(input_ids))[None], self.rope(input_ids, types, vision)])
+        rope = self.rope(input_ids, token_types["mm_token_type_ids"], vision)
+        return torch.cat([torch.arange(len(input_ids))[None], rope])
 
 
 class RopeIndex:
