@@ -15,8 +15,8 @@ Fast:
   unpacked reference's, every parameter within 1e-5, and each micro-batch's own mean is not.
 
 Slow (`uv run pytest -m slow tests/test_trainer_matrix.py -s`): every family on every path under
-torchrun, 2 ranks x 2 micro-batches (the negative control on 7 of the 35 pairs: every path and
-every family once, torchrun_matrix.CONTROLS), one launch for all five paths (tests/torchrun_matrix.py,
+torchrun, 2 ranks x 2 micro-batches (the negative control on 7 of the 35 pairs: every family once, every
+path at least once, torchrun_matrix.CONTROLS), one launch for all five paths (tests/torchrun_matrix.py,
 launched with test_trainers.py's checks by tests/torchrun_trainers.py), one test per path reading
 its numbers from that launch; it prints the table of docs/use-in-your-trainer.md ("Proven: every family on every path").
 """
