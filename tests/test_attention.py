@@ -19,10 +19,12 @@ from mmdp.packing.packing_config import PackingConfig
 from mmdp.training.loss import summed_loss
 
 VOCAB = 97
-# Samples of these lengths, pack by pack. Without a padding tail every pack is exactly full.
-PACKS = [[7, 5, 4], [6, 10], [16]]
-FULL = 16
-WITH_TAIL = 20
+MAX_LENGTH = 16
+# Samples of these lengths, pack by pack, in packs of MAX_LENGTH tokens: each "no_padding" pack
+# exactly full, each "padding_tail" pack ending in padding. The same MAX_LENGTH for both layouts:
+# flex_attention compiles its kernels for each shape (about 14 s a shape on 2 cores), and the two
+# layouts then share the shapes of 1 and of 3 packs.
+PACKS = {"no_padding": [[7, 5, 4], [6, 10], [16]], "padding_tail": [[6, 4, 3], [5, 7], [11]]}
 
 
 def random_sample(row: int, length: int, generator: torch.Generator) -> dict:
@@ -42,14 +44,14 @@ def random_sample(row: int, length: int, generator: torch.Generator) -> dict:
     }
 
 
-def packed_batch(num_packs: int, max_length: int) -> tuple[dict, list[dict]]:
-    """A batch of the first num_packs of PACKS, laid out and collated by mmdp's own code."""
-    generator = torch.Generator().manual_seed(num_packs * 100 + max_length)
+def packed_batch(num_packs: int, layout: str) -> tuple[dict, list[dict]]:
+    """A batch of the layout's first num_packs packs, laid out and collated by mmdp's own code."""
+    generator = torch.Generator().manual_seed(num_packs * 100 + len(layout))
     packs, samples = [], []
-    for lengths in PACKS[:num_packs]:
+    for lengths in PACKS[layout][:num_packs]:
         mine = [random_sample(len(samples) + i, n, generator) for i, n in enumerate(lengths)]
         samples += mine
-        pack = layout_pack(mine, max_length, pad_token_id=0)
+        pack = layout_pack(mine, MAX_LENGTH, pad_token_id=0)
         packs.append({**pack, "batch_index": 0, "dropped": {}})
     return collate_packs(packs), samples
 
@@ -74,12 +76,12 @@ def relative_difference(a: float, b: float) -> float:
 LAYOUTS = [
     pytest.param(
         num_packs,
-        max_length,
+        layout,
         attention,
         id=f"{layout}-{num_packs}-{attention}",
         marks=pytest.mark.slow if attention == "flex_attention" else (),
     )
-    for max_length, layout in ((FULL, "no_padding"), (WITH_TAIL, "padding_tail"))
+    for layout in PACKS
     for num_packs in (1, 3)
     for attention in ATTENTION_IMPLEMENTATIONS
 ]
@@ -90,10 +92,16 @@ WITH_IMAGES = [
 ]
 
 
-@pytest.mark.parametrize(("num_packs", "max_length", "attention"), LAYOUTS, indirect=["attention"])
-def test_packed_loss_equals_one_sample_at_a_time(attention, num_packs, max_length):
-    batch, samples = packed_batch(num_packs, max_length)
-    assert (batch["real_token_mask"].sum(dim=1) < max_length).any() == (max_length > FULL)
+@pytest.mark.parametrize(("num_packs", "layout", "attention"), LAYOUTS, indirect=["attention"])
+def test_packed_loss_equals_one_sample_at_a_time(attention, num_packs, layout):
+    batch, samples = packed_batch(num_packs, layout)
+    real_tokens = batch["real_token_mask"].sum(dim=1)
+    assert batch["input_ids"].shape == (num_packs, MAX_LENGTH)
+    assert (
+        (real_tokens < MAX_LENGTH).all()
+        if layout == "padding_tail"
+        else (real_tokens == MAX_LENGTH).all()
+    )
     model = tiny_llama(VOCAB, attention)
     with torch.no_grad():
         packed = summed_loss(model(**model_inputs(batch)).logits, batch["labels"])
@@ -106,7 +114,7 @@ def test_flash_attention_mixes_several_packs_without_its_kwargs(attention):
     With several rows and no cu_seq_lens_* / max_length_*, it attends over each whole row."""
     model = tiny_llama(VOCAB, attention)
     for num_packs, mixed in ((1, False), (3, True)):
-        batch, samples = packed_batch(num_packs, WITH_TAIL)
+        batch, samples = packed_batch(num_packs, "padding_tail")
         without_kwargs = {k: batch[k] for k in ("input_ids", "labels", "position_ids")}
         with torch.no_grad():
             loss = summed_loss(model(**without_kwargs, use_cache=False).logits, batch["labels"])
@@ -116,7 +124,7 @@ def test_flash_attention_mixes_several_packs_without_its_kwargs(attention):
 @pytest.mark.parametrize("attention", ["sdpa"], indirect=True)
 def test_the_other_traps_break_the_check(attention):
     """use_cache left on, a 2-D attention mask, or contiguous positions: samples see each other."""
-    batch, samples = packed_batch(3, WITH_TAIL)
+    batch, samples = packed_batch(3, "padding_tail")
     inputs = model_inputs(batch)
     model = tiny_llama(VOCAB, attention)
     real = batch["real_token_mask"].long()

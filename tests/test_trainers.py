@@ -133,8 +133,19 @@ def test_without_mmdps_trainer_the_plain_trainer_strips_the_pack_keys(samples, t
         next(iter(trainer.get_train_dataloader()))
 
 
-# with workers (slow group): torch stops a failed DataLoader's workers only when the iterator is
-# collected, 5 s per worker, charged to whichever test runs next (20-30 s in all)
+def first_batch(loader):
+    """next(iter(loader)), the iterator's workers stopped as soon as it returns or raises. Left to
+    the garbage collector, a failed iterator (held in a reference cycle by its error's traceback)
+    may find its queues closed first: its workers then never hear they should stop, and each is
+    killed only after torch's 5 s wait (dataloader.py:1652-1656), 20 s a test in the slow group."""
+    batches = iter(loader)
+    try:
+        return next(batches)
+    finally:
+        if hasattr(batches, "_shutdown_workers"):  # not with num_workers=0: nothing to stop
+            batches._shutdown_workers()
+
+
 @pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_other_dataloaders_over_an_owned_dataset_are_refused(samples, tokenizer, num_workers):
     loader = planned(samples, num_workers=num_workers)
@@ -150,15 +161,15 @@ def test_other_dataloaders_over_an_owned_dataset_are_refused(samples, tokenizer,
     }
     for other in others.values():
         with pytest.raises(RuntimeError, match="iterate the PackedDataLoader itself"):
-            next(iter(other()))
+            first_batch(other())
     stream = streamed(tokenizer, num_workers)
     with pytest.raises(RuntimeError, match="iterate the StreamingDataLoader itself"):
-        next(iter(DataLoader(stream.dataset, batch_size=None, num_workers=num_workers)))
+        first_batch(DataLoader(stream.dataset, batch_size=None, num_workers=num_workers))
     # and the loaders themselves still work after it
     assert len(list(loader)) == len(loader) and len(list(stream)) > 0
 
 
-# with workers: slow group, for the reason above
+# with workers: slow group (a torchdata worker per test)
 @pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_statefuldataloader_cannot_save_a_packed_datasets_position(samples, num_workers):
     # torchdata saves the dataset's state_dict inside each worker (worker.py:46-52), where our
