@@ -20,6 +20,7 @@ yielded twice or lost. Images are decoded only for packs about to be yielded.
 The packs and batches it yields are described in mmdp.packing.batch (the batch contract).
 """
 
+import functools
 import warnings
 
 import numpy as np
@@ -97,8 +98,6 @@ class PackedDataset(PackingSettings, IterableDataset):
         )
         pretokenize = self.weighing.tokens is not None
         self.weights = self.weighing.weights
-        # names the dataset and the tokenizer (with or without pretokenize: the same plan)
-        self.weights_key = cache_key(dataset.dataset, dataset.family, pretokenize=False)
         self.tokens = (
             None if self.weighing.tokens is None else self.weighing.tokens.with_format("numpy")
         )
@@ -183,6 +182,14 @@ class PackedDataset(PackingSettings, IterableDataset):
         if epoch != self.epoch:
             self.epoch = epoch
             self.batches_done = 0
+
+    @functools.cached_property
+    def weights_key(self) -> str:
+        """Names the dataset and the tokenizer (with or without pretokenize: the same plan).
+        Computed when a state is first asked for, not when the dataset is built: hashing the
+        tokenizer's vocabulary (about 50 ms for SmolLM2's) was most of building a PackedDataset
+        whose weights are cached."""
+        return cache_key(self.dataset.dataset, self.dataset.family, pretokenize=False)
 
     def settings(self) -> dict:
         """What decides the epoch's plan and this rank's part of it: a resume needs the same.
