@@ -10,7 +10,7 @@ import torch
 
 from mmdp import config
 from mmdp.data.conversation import BadConversation, count_tokens_batch, tokenize_conversation
-from mmdp.data.families.base import ImageLayout, ModelFamily, tokenizer_fingerprint
+from mmdp.data.families.base import ImageLayout, ModelFamily, concatenate, tokenizer_fingerprint
 from mmdp.data.images import BadImage, load_image
 from mmdp.data.videos import BadVideo
 from mmdp.drop_reasons import VIDEO_REFUSED
@@ -100,7 +100,8 @@ class TinyFamily(ModelFamily):
         }
 
     def collate_vision(self, samples: list[dict]) -> dict:
-        """Every image of the batch as one [N, 3, S, S] tensor (N may be 0)."""
+        """Every image of the batch as one [N, 3, S, S] tensor (N may be 0), written straight
+        into shared memory in a DataLoader worker (`concatenate`)."""
         size = self.image_size
         pixels = [s["pixel_values"] for s in samples]
-        return {"pixel_values": torch.cat(pixels or [torch.zeros(0, 3, size, size)])}
+        return {"pixel_values": concatenate(pixels or [torch.zeros(0, 3, size, size)])}
