@@ -58,6 +58,7 @@ from mmdp import config
 from mmdp.data import images as image_module
 from mmdp.data.families import base as family_module
 from mmdp.data.families import family_for
+from mmdp.data.families import tiny as tiny_module
 from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.images import decode_image, load_image
 from mmdp.data.sources import load_vqa_dataset
@@ -325,8 +326,8 @@ def timed_steps(dataset: PackedDataset, clock: StepClock) -> list[tuple]:
 
     patch(image_module, "decode_image", "decode")  # inside load_image (TinyVLM)
     patch(family_module, "decode_image", "decode")  # ModelFamily.make_sample (real families)
-    patch(family_module, "load_image", "resize to the model's pixels")
-    patch(family_module, "tokenize_conversation", "tokenize")
+    patch(tiny_module, "load_image", "resize to the model's pixels")  # TinyFamily's
+    patch(tiny_module, "tokenize_conversation", "tokenize")
     for name, step in (
         ("vision_inputs", "image processor"),
         ("encode", "tokenize"),
