@@ -97,11 +97,7 @@ def test_packed_loss_equals_one_sample_at_a_time(attention, num_packs, layout):
     batch, samples = packed_batch(num_packs, layout)
     real_tokens = batch["real_token_mask"].sum(dim=1)
     assert batch["input_ids"].shape == (num_packs, MAX_LENGTH)
-    assert (
-        (real_tokens < MAX_LENGTH).all()
-        if layout == "padding_tail"
-        else (real_tokens == MAX_LENGTH).all()
-    )
+    assert ((real_tokens < MAX_LENGTH) == (layout == "padding_tail")).all()  # the layout's own
     model = tiny_llama(VOCAB, attention)
     with torch.no_grad():
         packed = summed_loss(model(**model_inputs(batch)).logits, batch["labels"])

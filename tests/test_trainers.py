@@ -137,7 +137,8 @@ def first_batch(loader):
     """next(iter(loader)), the iterator's workers stopped as soon as it returns or raises. Left to
     the garbage collector, a failed iterator (held in a reference cycle by its error's traceback)
     may find its queues closed first: its workers then never hear they should stop, and each is
-    killed only after torch's 5 s wait (dataloader.py:1652-1656), 20 s a test in the slow group."""
+    killed only after torch's 5 s wait (dataloader.py:1652-1656). An iterator inside a generator
+    (accelerate's skip_first_batches) is out of reach here and still waits (10 s in all)."""
     batches = iter(loader)
     try:
         return next(batches)
@@ -169,7 +170,7 @@ def test_other_dataloaders_over_an_owned_dataset_are_refused(samples, tokenizer,
     assert len(list(loader)) == len(loader) and len(list(stream)) > 0
 
 
-# with workers: slow group (a torchdata worker per test)
+# with workers: slow group, as above (two workers started for one batch)
 @pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_statefuldataloader_cannot_save_a_packed_datasets_position(samples, num_workers):
     # torchdata saves the dataset's state_dict inside each worker (worker.py:46-52), where our
