@@ -1,3 +1,4 @@
+import gc
 import os
 import shutil
 import subprocess
@@ -6,7 +7,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import torch
+
+# PyTorch's CPU allocator backs each tensor of 2 MB or more with transparent huge pages when
+# THP_MEM_ALLOC_ENABLE=1 (c10/core/alloc_cpu.cpp reads it once, at the first allocation: so here,
+# before torch is imported; this process's children inherit it). The tiny models' logits over a
+# 49k-token vocabulary are fresh 100 MB tensors at every step, and with 4 KB pages the kernel spent
+# a third of the trainers' torchrun launch faulting them in: 245 -> 188 s (docs/benchmarks.md).
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,6 +38,15 @@ tempfile.tempdir = None  # this process, too, reads TMPDIR again
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     config.option.basetemp = str(RUN_DIR / "pytest")
+
+
+# A full garbage collection walks every object of the process: Python's own, every so often,
+# and Trainer.train()'s at its start (transformers trainer.py:1593, accelerator.free_memory ->
+# gc.collect()), 0.3-0.5 s each in a process holding torch, transformers and the collected tests.
+# Those objects live to the end anyway: frozen, no collection walks them. The default suite:
+# 192 -> 169 s, 310 -> 270 s of CPU (docs/benchmarks.md, "The seventh round").
+def pytest_collection_finish(session):
+    gc.freeze()
 
 
 def pytest_unconfigure(config):
