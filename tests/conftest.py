@@ -12,7 +12,7 @@ import pytest
 # THP_MEM_ALLOC_ENABLE=1 (c10/core/alloc_cpu.cpp reads it once, at the first allocation: so here,
 # before torch is imported; this process's children inherit it). The tiny models' logits over a
 # 49k-token vocabulary are fresh 100 MB tensors at every step, and with 4 KB pages the kernel spent
-# a third of the trainers' torchrun launch faulting them in: 245 -> 188 s (docs/benchmarks.md).
+# two fifths of the trainers' launch's CPU time faulting them in: 245 -> 188 s (docs/benchmarks.md).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import torch  # noqa: E402
