@@ -11,12 +11,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import config_and_rest
 from datasets import Dataset, load_dataset, load_from_disk
 
@@ -198,6 +200,47 @@ def test_a_streaming_worker_that_raises_is_named_too(rows, tokenizer, monkeypatc
     )
     with pytest.raises(WorkerFailed, match="DataLoader worker [01] of rank 0 failed building "):
         sample_ids(StreamingDataLoader(dataset, num_workers=2))
+
+
+@pytest.fixture
+def long_temp_folder(tmp_path, monkeypatch):
+    """A temp folder 80 bytes long, for this process and the DataLoader workers it forks (and no
+    multiprocessing folder made in a shorter one before)."""
+    import multiprocessing.process
+
+    folder = tmp_path / ("t" * (80 - len(str(tmp_path)) - 1))
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setitem(multiprocessing.process.current_process()._config, "tempdir", None)
+    return folder
+
+
+def test_a_temp_folder_too_long_for_the_workers_socket_is_one_sentence(
+    long_temp_folder, rows, tokenizer
+):
+    """mmdp.packing.workers.check_temp_folder: both loaders refuse to start their workers there
+    (the trap, below: they would wait forever); without workers they run."""
+    stream = rows.to_iterable_dataset(num_shards=2)
+    streaming = StreamingPackedDataset(stream, tokenizer, PackingConfig(max_length=512))
+    for loader in (  # a timeout: without the check, a failure rather than a hang
+        PackedDataLoader(packed(rows, tokenizer), num_workers=2, timeout=5),
+        StreamingDataLoader(streaming, num_workers=2, timeout=5),
+    ):
+        with pytest.raises(UserError, match=f"the temp folder {long_temp_folder} is too long a "):
+            next(iter(loader))
+    assert next(iter(PackedDataLoader(packed(rows, tokenizer), num_workers=0)))["input_ids"].numel()
+
+
+@pytest.mark.slow  # torch's own DataLoader timeout, 3 s
+def test_the_trap_torchs_workers_never_deliver_a_batch_from_a_too_long_temp_folder(
+    long_temp_folder,
+):
+    """What check_temp_folder prevents: the worker's socket cannot bind (OSError: AF_UNIX path too
+    long, printed by its queue-feeding thread), so a plain DataLoader's batch never arrives; only
+    a timeout (torch's default: none) ends the wait."""
+    loader = torch.utils.data.DataLoader(torch.zeros(4, 8), batch_size=2, num_workers=1, timeout=3)
+    with pytest.raises(RuntimeError, match="DataLoader timed out after 3 seconds"):
+        next(iter(loader))
 
 
 # 3. A rank dies (or hangs) while the others wait for it ----------------------------------------

@@ -41,7 +41,7 @@ from mmdp.packing.planner import EpochPlan, plan_epoch
 from mmdp.packing.prepared import load_prepared
 from mmdp.packing.sharding import rank_and_world_size
 from mmdp.packing.weighing import cache_key, weigh_rows
-from mmdp.packing.workers import name_failed_worker
+from mmdp.packing.workers import check_temp_folder, name_failed_worker
 
 
 class PackedDataset(PackingSettings, IterableDataset):
@@ -330,6 +330,7 @@ class PackedDataLoader(RefusesAcceleratePrepare, DataLoader):
         dataset._loader_starting = False
 
     def __iter__(self):
+        check_temp_folder(self.num_workers)
         self.dataset.rank_plan()  # plan once here; workers receive this rank's part
         # Workers are started (and copy the dataset), or iter(dataset) runs, inside
         # DataLoader.__iter__: only then may the dataset be iterated.

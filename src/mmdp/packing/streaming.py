@@ -64,7 +64,7 @@ from mmdp.packing.packing_config import check_resume
 from mmdp.packing.sharding import ANSWER_TIMEOUT, all_ranks_have_a_batch
 from mmdp.packing.stream_reader import ReaderState
 from mmdp.packing.streaming_dataset import StreamingPackedDataset
-from mmdp.packing.workers import name_failed_worker
+from mmdp.packing.workers import check_temp_folder, name_failed_worker
 
 # The loader: order, reader states, ranks that stop together ---------------------------------
 
@@ -133,6 +133,7 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
             self.start_epoch()
 
     def __iter__(self):
+        check_temp_folder(self.num_workers)
         note = self.dataset.sharding_note(self.num_workers)
         if note and self.dataset.rank == 0:
             warnings.warn(note, stacklevel=2)

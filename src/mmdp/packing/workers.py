@@ -16,11 +16,21 @@ with status 1 (mmdp.errors.exit_on_user_error); under torchrun the rank exits wi
 torchrun stops the other ranks.
 """
 
+import os
 import re
+import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
+
+import torch.multiprocessing
 
 from mmdp.errors import UserError, WorkerFailed
 
+# The longest path of a Unix socket: sun_path holds 108 bytes on Linux, 104 on macOS and the BSDs
+SOCKET_PATH_LIMIT = 108 if sys.platform.startswith("linux") else 104
+# what Python's multiprocessing adds to the temp folder for a worker's socket (util.get_temp_dir,
+# connection.arbitrary_address): /pymp-XXXXXXXX/listener-XXXXXXXX
+SOCKET_PATH_ADDED = len("/pymp-12345678/listener-12345678")
 RAISED = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
 DIED = re.compile(r"DataLoader worker \(pid(?:\(s\))? (\d+)")
 
@@ -45,6 +55,28 @@ def name_failed_worker(
             stop_workers(iterator)
             raise failed from None
         yield batch
+
+
+def check_temp_folder(num_workers: int) -> None:
+    """Refuse to start DataLoader workers that could never hand a batch over.
+
+    A worker sends a batch's tensors to the main process as file descriptors (torch's default
+    sharing strategy, file_descriptor: torch/multiprocessing/reductions.py, reduce_storage), through
+    a Unix socket that Python's multiprocessing opens in the temp folder (resource_sharer). When the
+    folder's path is too long for a socket, the bind fails in the worker's queue-feeding thread,
+    which only prints the error: the batch never arrives and the main process waits forever.
+    """
+    if num_workers == 0 or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        return
+    folder = tempfile.gettempdir()
+    most = SOCKET_PATH_LIMIT - SOCKET_PATH_ADDED
+    if len(os.fsencode(folder)) > most:
+        raise UserError(
+            f"the temp folder {folder} is too long a path for DataLoader workers "
+            f"({len(os.fsencode(folder))} bytes, at most {most}): they hand each batch over "
+            "through a Unix socket in it, which cannot open there, and the loader would wait "
+            "forever. Set TMPDIR to a shorter folder (TMPDIR=/tmp), or use num_workers=0"
+        )
 
 
 def stop_workers(iterator) -> None:
