@@ -23,21 +23,24 @@ REPO = Path(__file__).resolve().parents[1]
 # create goes into one folder, removed when the run ends. Generated datasets (MMDP_CACHE, shared by
 # the scripts the tests start), pytest's tmp_path, torch's compile cache, and whatever this process
 # and its children (scripts, torchrun) write to the temp folder.
-# Under pytest-xdist, the workers share the run's cache (the controller's, in the environment they
-# inherit): each generated dataset and each weighing is made once, and written whole or not at all
-# (mmdp.data.sources.save_once, mmdp.packing.weighing), so two workers never see half of one.
-RUN_DIR = Path(tempfile.mkdtemp(prefix="mmdp-tests-"))
-if "PYTEST_XDIST_WORKER" not in os.environ:
+# Under pytest-xdist, each worker's folder is inside the controller's, and the workers share the
+# run's cache (generated datasets and weighings: each made once, written whole or not at all,
+# mmdp.data.sources.save_once and mmdp.packing.weighing, so two workers never see half of one)
+# and torch's compile cache (flex_attention's kernels compiled once for both). Paths stay short:
+# DataLoader workers hand tensors over through a Unix socket in the temp folder, and one nested
+# folder deeper its path was over the 108 bytes Linux allows (mmdp.packing.workers.
+# check_temp_folder).
+if "PYTEST_XDIST_WORKER" in os.environ:
+    RUN_DIR = Path(os.environ["MMDP_TESTS_DIR"]) / os.environ["PYTEST_XDIST_WORKER"]
+    RUN_DIR.mkdir(exist_ok=True)
+else:
+    RUN_DIR = Path(tempfile.mkdtemp(prefix="mmdp-tests-"))
+    os.environ["MMDP_TESTS_DIR"] = str(RUN_DIR)
     os.environ["MMDP_CACHE"] = str(RUN_DIR / "cache")
-os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(RUN_DIR / "torchinductor")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(RUN_DIR / "torchinductor")
 os.environ["TMPDIR"] = str(RUN_DIR / "tmp")
-(RUN_DIR / "tmp").mkdir()
+(RUN_DIR / "tmp").mkdir(exist_ok=True)
 tempfile.tempdir = None  # this process, too, reads TMPDIR again
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_configure(config):
-    config.option.basetemp = str(RUN_DIR / "pytest")
 
 
 # A full garbage collection walks every object of the process: Python's own, every so often,
@@ -55,16 +58,65 @@ def pytest_unconfigure(config):
 
 # The default suite runs in 2 pytest-xdist workers (pyproject's addopts: 1 on a 1-core machine),
 # a file's tests on the same worker (its module fixtures built once): 187 s against 250 s in one
-# process (docs/benchmarks.md). Any other selection (`-m slow`, `-m faults`) runs in this one
-# process, unless the command asks for workers (-n): the slow tests start torchrun jobs of 2 ranks
-# each, and two at once took 1,093 s against 800 s, with two of the fault suite's timeouts missed.
-# (xdist's per-group scheduling cannot keep them together: with pytest 9.2 its xdist_group
-# suffix never reaches the node ids, so `--dist loadgroup` spreads a group over the workers.)
+# process (docs/benchmarks.md). The slow group (`-m slow`) runs in 2 workers too, scheduled below.
+# Any other selection (`-m faults`...) runs in this one process, unless the command asks for
+# workers (-n).
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     asked = any(arg.startswith(("-n", "--numprocesses")) for arg in config.invocation_params.args)
-    if config.option.markexpr != "not slow" and not asked:
+    if config.option.markexpr not in ("not slow", "slow") and not asked:
         config.option.numprocesses = 0
+    if config.option.markexpr == "slow":
+        config.option.loadscopereorder = False  # the order of SLOW_GROUP_ORDER below
+
+
+# The slow group alone keeps one of 2 cores idle a third of the time: flex_attention's g++
+# compiles and most tests in this process run on one core, the ranks' jobs wait on each other.
+# In 2 workers, in this order: the trainers' launch first (its three files share the session
+# fixture trainers_under_torchrun: one worker, one launch), then the files whose tests run here,
+# then those that start ranks, a file at a time per worker, whichever worker is free. Every
+# process on one thread (torch's intra-op threads; 2 threads fighting another job on 2 cores made
+# steps up to 9x slower). (xdist's own per-group scheduling, --dist loadgroup, cannot keep the
+# launch's files together: with pytest 9.2 its xdist_group suffix never reaches the node ids.)
+SLOW_GROUP_ORDER = (
+    ("test_ddp.py", "test_trainers.py", "test_trainer_matrix.py"),  # the trainers' launch
+    ("test_faults.py", "test_prepared.py", "test_stage_scripts.py", "test_streaming.py",
+     "test_weighing.py"),  # ranks under torchrun, DataLoader workers: last
+)  # fmt: skip
+LAUNCH, STARTS_RANKS = SLOW_GROUP_ORDER
+
+
+def slow_group_place(nodeid: str) -> int:
+    """0 for the trainers' launch, 1 for the tests that run in this process, 2 for the rest."""
+    file = nodeid.split("::")[0].rsplit("/", 1)[-1]
+    return 0 if file in LAUNCH else 2 if file in STARTS_RANKS else 1
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.option.markexpr == "slow":
+        items.sort(key=lambda item: slow_group_place(item.nodeid))  # stable: files keep order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.option.markexpr != "slow":
+        return None  # pyproject's --dist loadfile
+    from xdist.scheduler import LoadFileScheduling
+
+    class SlowGroupScheduling(LoadFileScheduling):
+        """A file's tests on one worker, and the trainers' launch's three files together."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return "the trainers' launch" if slow_group_place(nodeid) == 0 else nodeid.split("::")[0]
+
+    return SlowGroupScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    config.option.basetemp = str(RUN_DIR / "pytest")
+    if config.option.markexpr == "slow" and "PYTEST_XDIST_WORKER" in os.environ:
+        torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = "1"  # the scripts and ranks this worker starts
 
 
 def image_cell(image) -> dict:

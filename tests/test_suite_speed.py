@@ -3,15 +3,18 @@
 tests/conftest.py asks PyTorch's CPU allocator for transparent huge pages before torch is
 imported (THP_MEM_ALLOC_ENABLE=1). Asked too late (torch already imported by something loaded
 before conftest.py), it is silently ignored, and the trainers' launch takes 245 s instead of 188.
-It also freezes the objects of the collected session, which no garbage collection then walks.
+It also freezes the objects of the collected session, which no garbage collection then walks,
+and runs the slow group in 2 workers in an order of its files.
 """
 
 import gc
+import re
 import resource
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import LAUNCH, STARTS_RANKS
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -32,3 +35,19 @@ def test_large_tensors_are_backed_by_huge_pages():
 def test_the_collected_session_is_frozen_out_of_garbage_collection():
     # torch, transformers, datasets and the collected tests: hundreds of thousands of objects
     assert gc.get_freeze_count() > 100_000
+
+
+def test_the_slow_groups_order_names_every_file_that_starts_ranks():
+    """The slow group's schedule (tests/conftest.py) goes by file names. A file that uses the
+    trainers' launch left out of LAUNCH would start the launch again in the other worker; one that
+    starts ranks left out of STARTS_RANKS would run them beside the compiles, early."""
+    here = Path(__file__)
+    texts = {p.name: p.read_text() for p in here.parent.glob("test_*.py") if p != here}
+    uses_launch = {name for name, text in texts.items() if "trainers_under_torchrun" in text}
+    starts_ranks = {
+        name
+        for name, text in texts.items()
+        if re.search(r"torch\.distributed\.run|two_ranks\(|--nproc-per-node", text)
+    }
+    assert uses_launch == set(LAUNCH)
+    assert starts_ranks - uses_launch == set(STARTS_RANKS)
