@@ -106,7 +106,8 @@ def pytest_xdist_make_scheduler(config, log):
         """A file's tests on one worker, and the trainers' launch's three files together."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return "the trainers' launch" if slow_group_place(nodeid) == 0 else nodeid.split("::")[0]
+            file = nodeid.split("::")[0]
+            return "the trainers' launch" if slow_group_place(nodeid) == 0 else file
 
     return SlowGroupScheduling(config, log)
 
