@@ -67,7 +67,7 @@ def pytest_cmdline_main(config):
     if config.option.markexpr not in ("not slow", "slow") and not asked:
         config.option.numprocesses = 0
     if config.option.markexpr == "slow":
-        config.option.loadscopereorder = False  # the order of SLOW_GROUP_ORDER below
+        config.option.loadscopereorder = False  # the collection's order (below)
 
 
 # The slow group alone keeps one of 2 cores idle a third of the time: flex_attention's g++
@@ -78,12 +78,11 @@ def pytest_cmdline_main(config):
 # process on one thread (torch's intra-op threads; 2 threads fighting another job on 2 cores made
 # steps up to 9x slower). (xdist's own per-group scheduling, --dist loadgroup, cannot keep the
 # launch's files together: with pytest 9.2 its xdist_group suffix never reaches the node ids.)
-SLOW_GROUP_ORDER = (
-    ("test_ddp.py", "test_trainers.py", "test_trainer_matrix.py"),  # the trainers' launch
-    ("test_faults.py", "test_prepared.py", "test_stage_scripts.py", "test_streaming.py",
-     "test_weighing.py"),  # ranks under torchrun, DataLoader workers: last
+LAUNCH = ("test_ddp.py", "test_trainers.py", "test_trainer_matrix.py")  # trainers_under_torchrun
+STARTS_RANKS = (  # under torchrun, or as plain processes
+    "test_faults.py", "test_prepared.py", "test_stage_scripts.py", "test_streaming.py",
+    "test_weighing.py",
 )  # fmt: skip
-LAUNCH, STARTS_RANKS = SLOW_GROUP_ORDER
 
 
 def slow_group_place(nodeid: str) -> int:
