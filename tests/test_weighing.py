@@ -25,7 +25,7 @@ from mmdp.drop_reasons import CODE
 from mmdp.packing import weighing
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.weighing import weigh_rows
+from mmdp.packing.weighing import environment_kept, weigh_rows
 
 
 @pytest.fixture(scope="module")
@@ -90,13 +90,34 @@ def test_other_local_ranks_wait_for_local_rank_0s_weights_without_a_collective(
     assert np.array_equal(weighed.weights.lengths, loaded.weights.lengths)
 
 
-def test_parallel_weighing_gives_the_same_weights(rows, tokenizer, fresh_cache):
+def test_parallel_weighing_gives_the_same_weights_and_leaves_the_environment_as_it_was(
+    rows, tokenizer, fresh_cache, monkeypatch
+):
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    environ = os.environ
     one = weigh_rows(rows, tokenizer, num_proc=1).weights
     (fresh_cache / "weights").rename(fresh_cache / "first")
     two = weigh_rows(rows, tokenizer, num_proc=2)
     assert two.weighed_here
     for name in ("lengths", "image_counts", "reasons"):
         assert np.array_equal(getattr(one, name), getattr(two.weights, name))
+    # the same os.environ (monkeypatch puts MMDP_CACHE back through it), and the process's own
+    # environment, which a new process inherits, without datasets' TOKENIZERS_PARALLELISM=false
+    assert os.environ is environ
+    assert inherited("TOKENIZERS_PARALLELISM") == "None"
+    # the trap: datasets' map with num_proc swaps os.environ for an older copy of it and leaves
+    # the variable it set for its processes (datasets 5.2, arrow_dataset.py:3540-3553 and 3624)
+    with environment_kept():
+        rows.select(range(4)).map(lambda batch: batch, batched=True, num_proc=2)
+        assert os.environ is not environ
+        assert inherited("TOKENIZERS_PARALLELISM") == "false"
+    assert os.environ is environ
+
+
+def inherited(name: str) -> str:
+    """The variable as a new process started without an explicit environment sees it."""
+    command = [sys.executable, "-c", f"import os; print(os.environ.get({name!r}))"]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def test_pretokenized_rows_give_the_same_samples_and_batches(rows, tokenizer, fresh_cache):

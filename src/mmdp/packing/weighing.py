@@ -30,6 +30,7 @@ The cache on disk is mmdp.packing.weights_cache; the waiting local ranks, local_
 of the ranks' shares, rank_shares.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -212,19 +213,20 @@ def weigh(rows, family, pretokenize: bool, num_proc, scratch: Path | None):
     if pretokenize:
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir(parents=True)
-    weighed = rows.select_columns(columns).map(
-        weigh_batch,
-        batched=True,
-        batch_size=256,
-        with_indices=True,
-        num_proc=num_proc if num_proc > 1 else None,
-        fn_kwargs={"family": family, "pretokenize": pretokenize, "image_counts": image_counts},
-        remove_columns=columns,
-        features=Features(features),
-        keep_in_memory=not pretokenize,
-        cache_file_name=str(scratch / "map.arrow") if pretokenize else None,
-        desc=f"Weighing rows ({num_proc} process{'es' * (num_proc > 1)})",
-    )
+    with environment_kept():
+        weighed = rows.select_columns(columns).map(
+            weigh_batch,
+            batched=True,
+            batch_size=256,
+            with_indices=True,
+            num_proc=num_proc if num_proc > 1 else None,
+            fn_kwargs={"family": family, "pretokenize": pretokenize, "image_counts": image_counts},
+            remove_columns=columns,
+            features=Features(features),
+            keep_in_memory=not pretokenize,
+            cache_file_name=str(scratch / "map.arrow") if pretokenize else None,
+            desc=f"Weighing rows ({num_proc} process{'es' * (num_proc > 1)})",
+        )
     # one read of whole columns: indexing a formatted column row by row would take longer than
     # tokenizing (bench/bench_scale.py measured it)
     columns = weighed.select_columns(list(WEIGHT_FEATURES)).with_format("numpy")[:]
@@ -236,6 +238,27 @@ def weigh(rows, family, pretokenize: bool, num_proc, scratch: Path | None):
     }
     tokens = weighed.select_columns(list(TOKEN_FEATURES)) if pretokenize else None
     return arrays, tokens
+
+
+@contextlib.contextmanager
+def environment_kept():
+    """Leave os.environ as it was: the same object, the same variables.
+
+    datasets' map with num_proc sets TOKENIZERS_PARALLELISM=false for its forked processes, then
+    puts in os.environ's place a copy of it taken before (datasets 5.2, arrow_dataset.py:3540-3553
+    and 3624). Afterwards the process's own environment still says "false" where os.environ does
+    not, and os.environ is another object: a variable set or restored through the old one (as
+    pytest's monkeypatch restores what it changed) no longer shows in os.environ.
+    """
+    environ, parallelism = os.environ, os.environ.get("TOKENIZERS_PARALLELISM")
+    try:
+        yield
+    finally:
+        os.environ = environ  # noqa: B003 (the object datasets took away, not a new one)
+        if parallelism is None:
+            environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            environ["TOKENIZERS_PARALLELISM"] = parallelism
 
 
 def count_images(rows: Dataset, chunk_rows: int = 4096) -> np.ndarray:
