@@ -616,8 +616,10 @@ def pack_balanced_greedy(
             load, pack = 0, opened
             opened += 1
             slots.append(max_images)
-        slots[pack] -= count
-        heappush(heaps.setdefault(min(slots[pack], most), []), (load + length, pack))
+        left = slots[pack] = slots[pack] - count
+        if left > most:  # counted up to `most` (an if, not min(): a call per item costs)
+            left = most
+        heappush(heaps.setdefault(left, []), (load + length, pack))
         pack_of.append(pack)
     return group_by_pack(order, np.array(pack_of, dtype=np.int64))
 
