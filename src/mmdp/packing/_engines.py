@@ -445,7 +445,7 @@ class SlotLevels:
                 if room >= 0:
                     state = self.states[room, slots]
                     return room, slots, state, len(state)
-                most_room[slots] = line.rfind(1, 0, length)  # none from length on: the largest
+                most_room[slots] = line.rfind(1, 0, length)  # none >= length: the largest room
         return None
 
 
