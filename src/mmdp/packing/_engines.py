@@ -93,6 +93,14 @@ class Placements:
         self.packs.append(pack)
         self.takes.append(take)
 
+    def open_one(self, take: int) -> int:
+        """A new pack that takes `take` items; returns its number."""
+        pack = self.opened
+        self.opened += 1
+        self.packs.append(pack)
+        self.takes.append(take)
+        return pack
+
     def open_new(self, todo: int, sizes, budgets) -> list[tuple[range, int]]:
         """New packs for the rest of a run: each takes as many items as fit, the last the rest.
 
@@ -112,9 +120,7 @@ class Placements:
                 per_pack = budget // size
         first = self.opened
         if todo <= per_pack:  # one new pack takes them all: most runs are one or two items
-            self.opened += 1
-            self.packs.append(first)
-            self.takes.append(todo)
+            self.open_one(todo)
             return [(range(first, first + 1), todo)]
         full, rest = divmod(todo, per_pack)
         self.opened += full + (rest > 0)
@@ -280,10 +286,7 @@ class FirstFitIndex:
             # new packs for the rest of the run
             if todo * length <= max_length and todo * count <= max_images:
                 # one new pack takes the rest (most runs): Placements.open_new's first case
-                pack = placed.opened
-                placed.opened += 1
-                packs.append(pack)
-                takes.append(todo)
+                pack = placed.open_one(todo)
                 left = max_length - todo * length
                 room.append(left)  # room and slots are by pack number: this one is the next
                 slots.append(max_images - todo * count)
@@ -403,39 +406,46 @@ class SlotLevels:
     """images_first's search for text-only samples: the fewest image slots left, then the
     tightest room.
 
-    `levels[slots]` is a bytearray over the rooms of the states with that many image slots left;
-    `slot_counts` lists those numbers in increasing order; `most_room[slots]` is at least the
-    largest room there (an upper bound: lowered when a search finds nothing, raised when a pack
-    arrives), to skip levels. Memory: max_length + 1 bytes per number of image slots.
+    `levels[slots]` is a bytearray over the rooms of the states with that many image slots left
+    (None until a pack has had that many); `slot_counts` lists the numbers of slots with a
+    bytearray, in increasing order; `most_room[slots]` is at least the largest room there (an
+    upper bound: the largest room once a search there finds nothing, raised when a pack
+    arrives), to skip levels without scanning them. Memory: max_length + 1 bytes per number of
+    image slots some pack has had.
     """
 
-    def __init__(self, states: dict, max_length: int):
+    def __init__(self, states: dict, max_length: int, max_images: int):
         self.states = states
         self.max_length = max_length
-        self.levels, self.most_room, self.slot_counts = {}, {}, []
+        self.levels = [None] * (max_images + 1)
+        self.most_room = [-1] * (max_images + 1)
+        self.slot_counts = []
         for room, slots in states:
             self.add(room, slots)
 
     def add(self, room: int, slots: int) -> None:
-        if slots not in self.levels:
-            self.levels[slots] = bytearray(self.max_length + 1)
-            self.most_room[slots] = room
+        line = self.levels[slots]
+        if line is None:
+            line = self.levels[slots] = bytearray(self.max_length + 1)
             insort(self.slot_counts, slots)
-        self.levels[slots][room] = 1
-        self.most_room[slots] = max(self.most_room[slots], room)
+        line[room] = 1
+        if room > self.most_room[slots]:
+            self.most_room[slots] = room
 
     def remove(self, room: int, slots: int) -> None:
         self.levels[slots][room] = 0
 
     def find(self, length: int, count: int, start: int) -> tuple | None:
         """As RoomIndex.find, for a text-only run (`count` and `start` play no part)."""
+        levels, most_room = self.levels, self.most_room
         for slots in self.slot_counts:
-            if self.most_room[slots] >= length:
-                room = self.levels[slots].find(1, length)
+            if most_room[slots] >= length:
+                line = levels[slots]
+                room = line.find(1, length)
                 if room >= 0:
                     state = self.states[room, slots]
                     return room, slots, state, len(state)
-                self.most_room[slots] = length - 1
+                most_room[slots] = line.rfind(1, 0, length)  # none >= length: the largest room
         return None
 
 
@@ -465,14 +475,17 @@ class BestFit:
         The hot loop of bfd (a thousand runs or so a buffer), in one method: a call costs about
         as much as a step, so the steps are written out here rather than called.
         """
-        states, packs, takes, file = self.states, self.placed.packs, self.placed.takes, self.file
-        find = self.search.find
+        states, placed, file = self.states, self.placed, self.file
+        packs, takes = placed.packs, placed.takes
+        max_length, max_images = self.budgets
+        find, remove = self.search.find, self.search.remove
+        text_only_to_come = self.text_only_to_come
         for length, count, todo, shortest in runs:
-            if self.text_only_to_come and count == 0:
+            if text_only_to_come and count == 0:
                 # the text-only samples: from now on, fewest image slots first
-                self.search = SlotLevels(states, self.budgets[0])
-                self.text_only_to_come = False
-                find = self.search.find
+                self.search = SlotLevels(states, max_length, max_images)
+                self.text_only_to_come = text_only_to_come = False
+                find, remove = self.search.find, self.search.remove
             start = length
             while todo:
                 # 1. the state to take packs from, and how many of its packs come first
@@ -489,50 +502,56 @@ class BestFit:
                     numbers = [state.pop(0)]
                     full, rest = 0, todo
                 else:
-                    use = min(first, -(-todo // per_pack))
+                    use = -(-todo // per_pack)  # the packs the run needs (no min(): a call)
+                    if use > first:
+                        use = first
                     numbers = state[:use]
                     del state[:use]
-                    full = min(use, todo // per_pack)
+                    full = todo // per_pack
+                    if full > use:
+                        full = use
                     rest = todo - full * per_pack  # what the last pack takes, if not full
                 if not state:
                     del states[room, slots]
-                    self.search.remove(room, slots)
-                # 3. they move to their new state (less room, or fewer image slots)
+                    remove(room, slots)
+                # 3. they move to their new state (less room, or fewer image slots), unless
+                #    they have less room than the shortest item to come: then they are full
                 packs += numbers
                 if full:
                     takes += [per_pack] * full
-                    file(
-                        room - per_pack * length, slots - per_pack * count, numbers[:full], shortest
-                    )
+                    left = room - per_pack * length
+                    if left >= shortest:
+                        file(left, slots - per_pack * count, numbers[:full])
                     todo -= full * per_pack
                 if full < len(numbers):  # the last pack takes the rest of the run
                     takes.append(rest)
-                    file(room - rest * length, slots - rest * count, numbers[full:], shortest)
+                    left = room - rest * length
+                    if left >= shortest:
+                        file(left, slots - rest * count, numbers[full:])
                     todo = 0
-            if todo:
-                # 4. new packs for the rest of the run
-                self.open_new(length, count, todo, shortest)
+            if not todo:
+                continue
+            # 4. new packs for the rest of the run
+            if todo * length <= max_length and todo * count <= max_images:
+                # one new pack takes the rest (most runs): Placements.open_new's first case
+                pack = placed.open_one(todo)
+                left = max_length - todo * length
+                if left >= shortest:
+                    file(left, max_images - todo * count, [pack])
+                continue
+            self.open_new(length, count, todo, shortest)
 
     def open_new(self, length: int, count: int, todo: int, shortest: int) -> None:
         """New packs for the rest of a run (`Placements.open_new`), filed by their state."""
         max_length, max_images = self.budgets
-        if todo * length <= max_length and todo * count <= max_images:
-            # one new pack takes them all (most runs): Placements.open_new's first case, inline
-            placed = self.placed
-            placed.packs.append(placed.opened)
-            placed.takes.append(todo)
-            placed.opened += 1
-            left, slots = max_length - todo * length, max_images - todo * count
-            return self.file(left, slots, [placed.opened - 1], shortest)
         for numbers, take in self.placed.open_new(todo, (length, count), self.budgets):
-            self.file(
-                max_length - take * length, max_images - take * count, list(numbers), shortest
-            )
+            left = max_length - take * length
+            if left >= shortest:
+                self.file(left, max_images - take * count, list(numbers))
 
-    def file(self, room: int, slots: int, numbers: list[int], shortest: int) -> None:
-        """Packs now in state (room, slots) wait there, unless they can take no item to come."""
-        if room < shortest:
-            return
+    def file(self, room: int, slots: int, numbers: list[int]) -> None:
+        """Packs now in state (room, slots) wait there (the callers leave out the packs with
+        less room than the shortest item to come: they are full for good)."""
         state = self.states.get((room, slots))
         if state is None:
             self.states[room, slots] = numbers
@@ -560,7 +579,8 @@ def best_fit_runs(
     for pack, state in enumerate(zip(*opened)):
         states.setdefault(state, []).append(pack)
     for (room, slots), numbers in states.items():
-        fit.file(room, slots, numbers, shortest)
+        if room >= shortest:
+            fit.file(room, slots, numbers)
     fit.place(runs)
 
 
@@ -596,8 +616,10 @@ def pack_balanced_greedy(
             load, pack = 0, opened
             opened += 1
             slots.append(max_images)
-        slots[pack] -= count
-        heappush(heaps.setdefault(min(slots[pack], most), []), (load + length, pack))
+        left = slots[pack] = slots[pack] - count
+        if left > most:  # counted up to `most` (an if, not min(): a call per item costs)
+            left = most
+        heappush(heaps.setdefault(left, []), (load + length, pack))
         pack_of.append(pack)
     return group_by_pack(order, np.array(pack_of, dtype=np.int64))
 
