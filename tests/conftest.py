@@ -14,8 +14,9 @@ import pytest
 # 49k-token vocabulary are fresh 100 MB tensors at every step, and with 4 KB pages the kernel spent
 # two fifths of the trainers' launch's CPU time faulting them in: 245 -> 188 s (docs/benchmarks.md).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-
-import torch  # noqa: E402
+# torch is imported where it is used, not here: pytest-xdist's controller process, which loads this
+# file too, runs no test, and importing torch there cost every run about 3 s before its workers
+# started and 1.5 s more at its exit (docs/benchmarks.md, "The ninth round").
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,6 +116,8 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_configure(config):
     config.option.basetemp = str(RUN_DIR / "pytest")
     if config.option.markexpr == "slow" and "PYTEST_XDIST_WORKER" in os.environ:
+        import torch
+
         torch.set_num_threads(1)
         os.environ["OMP_NUM_THREADS"] = "1"  # the scripts and ranks this worker starts
 
@@ -139,6 +142,8 @@ def config_and_rest(settings: dict) -> tuple:
 def one_thread():
     """One intra-op thread for tests of tiny real models (tests/test_lora.py,
     tests/test_trainer_matrix.py): on a busy 2-core machine, 2 threads make their steps 9x slower."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -202,6 +207,7 @@ def tiny_llama(vocab_size: int, attn_implementation: str = "sdpa"):
     another one shows in the loss. flash_attention_2 only runs inside
     mmdp.models.attention.flash_attention_on_cpu() (transformers' routing, reference kernels).
     """
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from mmdp.models.attention import use_attention
@@ -224,6 +230,8 @@ def tiny_llama(vocab_size: int, attn_implementation: str = "sdpa"):
 def tiny_vlm_losses(batch, sample_of_row, tokenizer, attention: str) -> tuple[float, float]:
     """(packed, one at a time): the summed loss of a packed batch on a TinyVLM with 32-pixel
     images and large weights, under `attention`, and of its samples run alone (eager)."""
+    import torch
+
     from mmdp.models.attention import use_attention
     from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
     from mmdp.training.loss import summed_loss

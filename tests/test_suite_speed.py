@@ -4,12 +4,16 @@ tests/conftest.py asks PyTorch's CPU allocator for transparent huge pages before
 imported (THP_MEM_ALLOC_ENABLE=1). Asked too late (torch already imported by something loaded
 before conftest.py), it is silently ignored, and the trainers' launch takes 245 s instead of 188.
 It also freezes the objects of the collected session, which no garbage collection then walks,
-and runs the slow group in 2 workers in an order of its files.
+and runs the slow group in 2 workers in an order of its files; xdist's controller, which runs
+no test, does not import torch.
 """
 
 import gc
+import os
 import re
 import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,3 +55,13 @@ def test_the_slow_groups_order_names_every_file_that_starts_ranks():
     }
     assert uses_launch == set(LAUNCH)
     assert starts_ranks - uses_launch == set(STARTS_RANKS)
+
+
+def test_loading_conftest_imports_no_torch(tmp_path):
+    # pytest-xdist's controller loads conftest.py and runs no test: torch there cost every run
+    # about 3 s before the workers started and 1.5 s at its exit
+    code = "import sys, conftest; print('torch' in sys.modules)"
+    env = {**os.environ, "PYTEST_XDIST_WORKER": "gw9", "MMDP_TESTS_DIR": str(tmp_path)}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.stdout.strip() == "False", done.stderr[-2000:]
