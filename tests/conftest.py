@@ -75,21 +75,27 @@ def pytest_cmdline_main(config):
 # compiles and most tests in this process run on one core, the ranks' jobs wait on each other.
 # In 2 workers, in this order: the trainers' launch first (its three files share the session
 # fixture trainers_under_torchrun: one worker, one launch), then the files whose tests run here,
-# then those that start ranks, a file at a time per worker, whichever worker is free. Every
+# then those that start ranks, longest first, a file at a time per worker, whichever is free. Every
 # process on one thread (torch's intra-op threads; 2 threads fighting another job on 2 cores made
 # steps up to 9x slower). (xdist's own per-group scheduling, --dist loadgroup, cannot keep the
 # launch's files together: with pytest 9.2 its xdist_group suffix never reaches the node ids.)
 LAUNCH = ("test_ddp.py", "test_trainers.py", "test_trainer_matrix.py")  # trainers_under_torchrun
+# Longest first (2026-11-27, in 2 workers: 222, 79, 76, 28, 21 s), so that the last file one worker
+# takes is a short one: in alphabetical order test_weighing.py came last, and one worker ran it
+# alone for 27 s at the end.
 STARTS_RANKS = (  # under torchrun, or as plain processes
-    "test_faults.py", "test_prepared.py", "test_stage_scripts.py", "test_streaming.py",
-    "test_weighing.py",
+    "test_faults.py", "test_stage_scripts.py", "test_weighing.py", "test_prepared.py",
+    "test_streaming.py",
 )  # fmt: skip
 
 
-def slow_group_place(nodeid: str) -> int:
-    """0 for the trainers' launch, 1 for the tests that run in this process, 2 for the rest."""
+def slow_group_place(nodeid: str) -> tuple[int, int]:
+    """(0, 0) for the trainers' launch, (1, 0) for the tests that run in this process, (2, i)
+    for the i-th file of STARTS_RANKS."""
     file = nodeid.split("::")[0].rsplit("/", 1)[-1]
-    return 0 if file in LAUNCH else 2 if file in STARTS_RANKS else 1
+    if file in LAUNCH:
+        return 0, 0
+    return (2, STARTS_RANKS.index(file)) if file in STARTS_RANKS else (1, 0)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -107,7 +113,7 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::")[0]
-            return "the trainers' launch" if slow_group_place(nodeid) == 0 else file
+            return "the trainers' launch" if slow_group_place(nodeid)[0] == 0 else file
 
     return SlowGroupScheduling(config, log)
 
