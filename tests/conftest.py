@@ -205,6 +205,38 @@ def _run_script(
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 
+# flex_attention compiles its kernels for each shape of the batch (inductor and g++: 15-40 s of
+# CPU each on 2 cores) and reuses them, in this process and from the run's compile cache, for any
+# batch of the same shape and attention geometry. The tiny language models of the families and of
+# TinyVLM share one geometry (4 heads of 16, 2 key-value heads), so every packed batch their flex
+# tests run is [2, PACKED_LENGTH]: one kernel for Qwen2.5-VL, Qwen3-VL, SmolVLM, LLaVA-OneVision,
+# TinyVLM and the video batches (Gemma 3's masks are its own). Before, each had its own length:
+# the slow tests of test_attention, test_families and test_video took 314 s of CPU, now 221 s
+# (docs/benchmarks.md, "The tenth round"). The kernel takes each batch's masks as inputs: a
+# family's flex test on another family's kernel still fails if its own samples see each other.
+PACKED_LENGTH = 320
+
+
+def two_packs_of_three(family, samples: list[dict]) -> dict:
+    """Six samples in two packs of three, each padded to PACKED_LENGTH tokens (a padding tail in
+    both), collated by the family."""
+    from mmdp.packing.batch import build_pack, collate_packs
+
+    packs = []
+    for three in (samples[:3], samples[3:]):
+        lengths = [len(s["input_ids"]) for s in three]
+        assert sum(lengths) < PACKED_LENGTH, f"{sum(lengths)} tokens in a pack: raise PACKED_LENGTH"
+        packs.append(
+            build_pack(
+                three,
+                lengths,
+                max_length=PACKED_LENGTH,
+                pad_token_id=family.pad_token_id,
+                batch_index=0,
+            )
+        )
+    return collate_packs(packs, family)
+
 
 def tiny_llama(vocab_size: int, attn_implementation: str = "sdpa"):
     """A small randomly initialised LlamaForCausalLM, float32, in eval mode.

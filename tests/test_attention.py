@@ -5,7 +5,7 @@ its samples alone (relative difference < 1e-5, float32)."""
 
 import pytest
 import torch
-from conftest import ATTENTION_IMPLEMENTATIONS, tiny_llama, tiny_vlm_losses
+from conftest import ATTENTION_IMPLEMENTATIONS, PACKED_LENGTH, tiny_llama, tiny_vlm_losses
 from transformers import DataCollatorWithFlattening
 
 from mmdp import config
@@ -142,11 +142,9 @@ def image_samples(tokenizer):
 
 @pytest.mark.parametrize("attention", WITH_IMAGES, indirect=True)
 def test_tiny_vlm_with_images_keeps_packed_samples_apart(attention, image_samples, tokenizer):
-    loader = PackedDataLoader(
-        PackedDataset(image_samples, PackingConfig(packs_per_batch=3)), num_workers=0
-    )
-    batch = next(iter(loader))
-    assert len(batch["pixel_values"]) >= 2 and len(batch["samples_per_row"]) == 3
+    config = PackingConfig(max_length=PACKED_LENGTH, packs_per_batch=2)  # flex: a shared kernel
+    batch = next(iter(PackedDataLoader(PackedDataset(image_samples, config), num_workers=0)))
+    assert len(batch["pixel_values"]) >= 2 and len(batch["samples_per_row"]) == 2
     packed, alone = tiny_vlm_losses(batch, image_samples.__getitem__, tokenizer, attention)
     assert relative_difference(packed, alone) < 1e-5
 

@@ -12,6 +12,7 @@ import io
 
 import pytest
 import torch
+from conftest import two_packs_of_three
 from PIL import Image
 from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
 
@@ -27,7 +28,7 @@ from mmdp.drop_reasons import IMAGE_SIZE_REFUSED, UNDECODABLE_IMAGE
 from mmdp.models.attention import use_attention
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
-from mmdp.packing.batch import build_pack, collate_packs, sample_ids
+from mmdp.packing.batch import sample_ids
 from mmdp.training.loss import summed_loss, token_losses
 
 FAMILIES = tuple(OFFLINE)
@@ -145,19 +146,9 @@ def test_replies_and_their_end_of_turn_are_the_only_labels(family):
 
 
 def packed_batch(family) -> tuple[dict, list[dict]]:
+    """ROWS in two packs of 3, a padding tail in each, and their samples."""
     samples = [family.make_sample(row, i) for i, row in enumerate(ROWS)]
-    longest = max(sum(len(s["input_ids"]) for s in samples[k : k + 3]) for k in (0, 3))
-    packs = [
-        build_pack(
-            samples[k : k + 3],
-            [len(s["input_ids"]) for s in samples[k : k + 3]],
-            max_length=longest + 5,  # a padding tail in every pack
-            pad_token_id=family.pad_token_id,
-            batch_index=0,
-        )
-        for k in (0, 3)
-    ]
-    return collate_packs(packs, family), samples
+    return two_packs_of_three(family, samples), samples
 
 
 def alone_inputs(family, sample: dict) -> dict:

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import two_packs_of_three
 from datasets import Dataset
 from PIL import Image
 from test_families import (
@@ -256,18 +257,7 @@ def packed_batch(tiny_family) -> tuple[dict, list[dict]]:
     rows = [{**row, "videos": [clip(*size) for size in row["videos"]]} for row in ROWS]
     samples = [tiny_family.make_sample(row, i) for i, row in enumerate(rows)]
     assert all(s["drop_reason"] is None for s in samples)
-    longest = max(sum(len(s["input_ids"]) for s in samples[k : k + 3]) for k in (0, 3))
-    packs = [
-        build_pack(
-            samples[k : k + 3],
-            [len(s["input_ids"]) for s in samples[k : k + 3]],
-            max_length=longest + 5,
-            pad_token_id=tiny_family.pad_token_id,
-            batch_index=0,
-        )
-        for k in (0, 3)
-    ]
-    return collate_packs(packs, tiny_family), samples
+    return two_packs_of_three(tiny_family, samples), samples
 
 
 @pytest.fixture(scope="module")

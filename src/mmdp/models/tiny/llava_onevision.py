@@ -32,6 +32,7 @@ def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa"):
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=16,  # the other tiny language models' heads (tests share flex_attention kernels)
         max_position_embeddings=8192,
         tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id,
