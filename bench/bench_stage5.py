@@ -18,7 +18,9 @@
    - the PackedDataLoader epoch (loading the cached weights, planning, packing, decoding,
      padding, collating), tokenizing each pack, and with pre-tokenized rows (`pretokenize=True`);
    It prints the median seconds an epoch, the loader's time over each floor (the median of each
-   repeat's ratio), and the tensors a batch holds (each its own shared-memory segment).
+   repeat's ratio), the same for CPU seconds (this process and its workers: another job's load
+   stretches wall time, hardly CPU), and the tensors a batch holds (each its own shared-memory
+   segment).
 3. JPEG draft decoding: `load_image` of JPEGs 2x and 4x the target side against the full decode
    resized (what it did before), alternating in this process, medians.
 
@@ -219,8 +221,20 @@ def processor_of(path: str):
     return offline_processor(path)
 
 
+def cpu_seconds() -> float:
+    """User and system CPU seconds of this process and of its children that have ended: a
+    DataLoader's workers end with its epoch (they are not persistent), so an epoch's CPU is the
+    difference of this around it, workers included."""
+    own, ended = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + ended.ru_utime + ended.ru_stime
+
+
 def speed(path: str, rows, workers: int, repeats: int) -> None:
-    """The floor and the loader, alternating, whole epochs; one table."""
+    """The floor and the loader, alternating, whole epochs; one table. Each epoch's CPU too: on
+    a shared machine, another job's load stretches an epoch's wall time but hardly its CPU."""
     processor = processor_of(path)
     family = family_for(processor)
     loader_epoch(rows, processor, workers, pretokenize=True)  # weigh and cache, untimed
@@ -228,22 +242,25 @@ def speed(path: str, rows, workers: int, repeats: int) -> None:
     yielded = rows.select(sorted(i for indices, _ in seen for i in indices))
     per_batch = max(1, round(len(yielded) / len(seen)))
     seconds = {"floor": [], "shared floor": [], "tokenizing": [], "pretokenized": []}
+    cpu = {name: [] for name in seconds}
     tensors = {}
     for _ in range(repeats):
-        seconds["floor"].append(floor_epoch(yielded, family, workers, per_batch))
-        seconds["shared floor"].append(
-            floor_epoch(yielded, family, workers, per_batch, concatenate_shared)
-        )
+        for name, collate in (("floor", concatenate), ("shared floor", concatenate_shared)):
+            start = cpu_seconds()
+            seconds[name].append(floor_epoch(yielded, family, workers, per_batch, collate))
+            cpu[name].append(cpu_seconds() - start)
         for name, pretokenize in (("tokenizing", False), ("pretokenized", True)):
+            start = cpu_seconds()
             took, seen = loader_epoch(rows, processor, workers, pretokenize)
+            cpu[name].append(cpu_seconds() - start)
             seconds[name].append(took)
             tensors[name] = statistics.median(count for _, count in seen)
     floor, shared = statistics.median(seconds["floor"]), statistics.median(seconds["shared floor"])
 
-    def over(name: str, base: str) -> str:
+    def over(name: str, base: str, spent: dict = seconds) -> str:
         """`name`'s time over `base`'s: the median of each repeat's ratio (a shared machine's
         load moves both epochs of a repeat alike, and whole repeats apart)."""
-        ratio = statistics.median(t / b for t, b in zip(seconds[name], seconds[base]))
+        ratio = statistics.median(t / b for t, b in zip(spent[name], spent[base]))
         return f"{ratio - 1:+.1%}"
 
     print(
@@ -251,19 +268,27 @@ def speed(path: str, rows, workers: int, repeats: int) -> None:
         f"{workers} workers, median of {repeats} alternating epochs (over a floor: the median "
         "of each repeat's ratio):\n"
     )
-    print("| loader | s an epoch | over the floor | over the shared floor | tensors a batch |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print(
+        "| loader | s an epoch | over the floor | over the shared floor | CPU s an epoch "
+        "| CPU over the floor | tensors a batch |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     floor_tensors = len(family.vision_keys) if path != "tiny" else 1
-    print(f"| floor: decode + the model's pixels only | {floor:.2f} | | | {floor_tensors} |")
+    print(
+        f"| floor: decode + the model's pixels only | {floor:.2f} | | | "
+        f"{statistics.median(cpu['floor']):.2f} | | {floor_tensors} |"
+    )
     print(
         f"| floor, its batches concatenated into shared memory | {shared:.2f} | "
-        f"{over('shared floor', 'floor')} | | {floor_tensors} |"
+        f"{over('shared floor', 'floor')} | | {statistics.median(cpu['shared floor']):.2f} | "
+        f"{over('shared floor', 'floor', cpu)} | {floor_tensors} |"
     )
     for name, label in (("tokenizing", "tokenizing each pack"), ("pretokenized", "pre-tokenized")):
         took = statistics.median(seconds[name])
         print(
             f"| stage 5, {label} | {took:.2f} | {over(name, 'floor')} | "
-            f"{over(name, 'shared floor')} | {tensors[name]:.0f} |"
+            f"{over(name, 'shared floor')} | {statistics.median(cpu[name]):.2f} | "
+            f"{over(name, 'floor', cpu)} | {tensors[name]:.0f} |"
         )
 
 

@@ -33,3 +33,23 @@ def test_the_stage5_profile_times_each_step_of_a_worker(path, one_thread, capsys
     expected = STEPS[path] + ["make the sample (the rest)", "lay out the pack", "collate the batch"]
     expected += ["read rows", "tokenize"]
     assert set(expected) <= set(timed), table
+
+
+def test_an_epochs_cpu_counts_its_dataloader_workers_once_the_epoch_returns():
+    """bench_stage5's CPU columns: when an epoch returns, its DataLoader workers have ended and
+    been reaped, so their CPU is in this process's children's (getrusage counts a child only
+    then); with no workers, nothing is (the control: the check can fail)."""
+    import resource
+
+    from mmdp.data.families import family_for
+    from mmdp.data.tokenizer import get_tokenizer
+
+    def children_cpu() -> float:
+        ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return ended.ru_utime + ended.ru_stime
+
+    rows, family = load_vqa_dataset(num_rows=12), family_for(get_tokenizer())
+    for workers in (0, 1):
+        before = children_cpu()
+        bench_stage5.floor_epoch(rows, family, workers=workers, batch_size=4)
+        assert (children_cpu() > before) == (workers > 0)
