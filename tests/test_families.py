@@ -34,11 +34,10 @@ from mmdp.training.loss import summed_loss, token_losses
 FAMILIES = tuple(OFFLINE)
 # Widths x heights from a single pixel to very wide and very tall (Qwen refuses ratios over 200).
 SIZES = [(1, 1), (28, 28), (300, 200), (200, 300), (640, 480), (4000, 300), (300, 4000), (97, 13)]
-# SmolVLM's and LLaVA-OneVision's processors take seconds on each large image (tiles, crops): the
-# default suite weighs three sizes with them (the smallest, a photo, the tallest), the slow group
-# (uv run pytest -m slow) the others; the other families, every size in the default suite.
-SLOW_PROCESSORS = ("smolvlm", "llava_onevision")
-FAST_SIZES = [(1, 1), (640, 480), (300, 4000)]
+# The default suite weighs three sizes with every family (the smallest, a photo, the tallest), the
+# slow group (uv run pytest -m slow) the others: SmolVLM's and LLaVA-OneVision's processors take
+# seconds on each large image (tiles, crops), the others half a second an image size.
+DEFAULT_SIZES = [(1, 1), (640, 480), (300, 4000)]
 
 
 def cell(width: int, height: int, colour=(200, 30, 30)) -> dict:
@@ -96,7 +95,7 @@ WEIGHED = [
         name,
         size,
         id=f"{name}-{size[0]}x{size[1]}",
-        marks=pytest.mark.slow if name in SLOW_PROCESSORS and size not in FAST_SIZES else (),
+        marks=pytest.mark.slow if size not in DEFAULT_SIZES else (),
     )
     for name in FAMILIES
     for size in SIZES

@@ -313,7 +313,9 @@ def test_same_seed_same_batches_new_epoch_new_order(table, tokenizer):
 # Resume --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+# the default suite resumes the stream in 2 workers (the harder case: their turns resume too); in
+# the main process with the slow group (uv run pytest -m slow)
+@pytest.mark.parametrize("workers", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_resume_mid_epoch_yields_exactly_the_rest(workers, table, tokenizer, tmp_path):
     def loader():
         stream = parquet_stream(table, [60, 20, 52, 20], tmp_path)
