@@ -208,11 +208,13 @@ ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention
 # flex_attention compiles its kernels for each shape of the batch (inductor and g++: 15-40 s of
 # CPU each on 2 cores) and reuses them, in this process and from the run's compile cache, for any
 # batch of the same shape and attention geometry. The tiny language models of the families and of
-# TinyVLM share one geometry (4 heads of 16, 2 key-value heads), so every packed batch their flex
-# tests run is [2, PACKED_LENGTH]: one kernel for Qwen2.5-VL, Qwen3-VL, SmolVLM, LLaVA-OneVision,
-# TinyVLM and the video batches (Gemma 3's masks are its own). Before, each had its own length:
-# the slow tests of test_attention, test_families and test_video took 314 s of CPU, now 221 s
-# (docs/benchmarks.md, "The tenth round"). The kernel takes each batch's masks as inputs: a
+# TinyVLM, and test_attention's Llama, share one geometry (4 heads of 16, 2 key-value heads), so
+# every packed batch of several rows their flex tests run is [2, PACKED_LENGTH]: one kernel for
+# Qwen2.5-VL, Qwen3-VL, SmolVLM, LLaVA-OneVision, TinyVLM, the video batches and the text packs
+# (Gemma 3's masks are its own). Before, each had its own length: the slow tests of
+# test_attention, test_families and test_video took 314 s of CPU, then 221 s (docs/benchmarks.md,
+# "The tenth round"); with the text packs too, test_attention's alone 91-100 -> 71-73 s ("The
+# eleventh round"). The kernel takes each batch's masks as inputs: a
 # family's flex test on another family's kernel still fails if its own samples see each other.
 PACKED_LENGTH = 320
 
