@@ -121,6 +121,23 @@ def test_flash_attention_mixes_several_packs_without_its_kwargs(attention):
         assert (relative_difference(float(loss), loss_alone(samples)) > 1e-3) == mixed
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ["flex_attention"], indirect=True)
+def test_flex_attention_keeps_the_samples_its_positions_say(attention):
+    """flex_attention's negative control, on the kernel every [2, PACKED_LENGTH] batch shares: the
+    kernel takes each batch's mask as an input, made from its restarting position_ids
+    (transformers/masking_utils.py:750-778 and 873-881). Each pack given the other pack's
+    positions, its samples are cut where the other's are: the loss is no longer theirs."""
+    model = tiny_llama(VOCAB, attention)
+    for layout in PACKS:
+        batch, samples = packed_batch(2, layout)
+        inputs = model_inputs(batch)
+        swapped = {**inputs, "position_ids": inputs["position_ids"].flip(0)}
+        with torch.no_grad():
+            loss = summed_loss(model(**swapped).logits, batch["labels"])
+        assert relative_difference(float(loss), loss_alone(samples)) > 1e-3, layout
+
+
 @pytest.mark.parametrize("attention", ["sdpa"], indirect=True)
 def test_the_other_traps_break_the_check(attention):
     """use_cache left on, a 2-D attention mask, or contiguous positions: samples see each other."""
