@@ -214,8 +214,9 @@ ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention
 # (Gemma 3's masks are its own). Before, each had its own length: the slow tests of
 # test_attention, test_families and test_video took 314 s of CPU, then 221 s (docs/benchmarks.md,
 # "The tenth round"); with the text packs too, test_attention's alone 91-100 -> 71-73 s ("The
-# eleventh round"). The kernel takes each batch's masks as inputs: a
-# family's flex test on another family's kernel still fails if its own samples see each other.
+# eleventh round"). The kernel takes each batch's masks as inputs: a family's flex test on another
+# family's kernel still fails if its own samples see each other (test_attention's
+# test_flex_attention_keeps_the_samples_its_positions_say shows it on the shared kernel).
 PACKED_LENGTH = 320
 
 
