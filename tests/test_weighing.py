@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from datasets import Dataset, Features
 
 from mmdp.data.conversation import count_tokens_batch, tokenize_conversation
 from mmdp.data.families.tiny import TinyFamily
@@ -25,7 +26,8 @@ from mmdp.drop_reasons import CODE
 from mmdp.packing import weighing
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.weighing import environment_kept, weigh_rows
+from mmdp.packing.row_tokens import RowTokens
+from mmdp.packing.weighing import TOKEN_FEATURES, environment_kept, weigh_rows
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +144,39 @@ def test_pretokenized_rows_give_the_same_samples_and_batches(rows, tokenizer, fr
                 else a[key] == b[key]
             )
             assert same, key
+
+
+def test_row_tokens_are_the_rows_tokens_across_chunks_slices_and_a_selection():
+    """RowTokens slices the Arrow buffers itself: every row must read what datasets reads, in a
+    table of several chunks, one of them a slice of a larger array (its offsets do not start at
+    0), and through an indices mapping (a select of the rows out of order)."""
+    from datasets import concatenate_datasets
+
+    generator = np.random.default_rng(0)
+    lengths = generator.integers(0, 40, size=90)
+    whole = Dataset.from_dict(
+        {
+            "input_ids": [generator.integers(0, 50_000, n).tolist() for n in lengths],
+            "labels": [generator.integers(-100, 50_000, n).tolist() for n in lengths],
+        },
+        features=Features(TOKEN_FEATURES),
+    )
+    # select(range) of a contiguous run slices the table: the second chunk starts at row 30
+    chunked = concatenate_datasets([whole.select(range(30)), whole.select(range(30, 90))])
+    assert chunked.data.column("input_ids").num_chunks == 2
+    assert chunked.data.column("input_ids").chunk(1).offset == 30
+    shuffled = chunked.select(generator.permutation(90))
+    for tokens in (chunked, shuffled):
+        row_tokens = RowTokens(tokens)
+        received = pickle.loads(pickle.dumps(row_tokens))  # as a spawned DataLoader worker
+        for reader in (row_tokens, received):
+            assert len(reader) == 90
+            for row in range(90):
+                input_ids, labels = reader[row]
+                assert input_ids.tolist() == tokens[row]["input_ids"]
+                assert labels.tolist() == tokens[row]["labels"]
+    with pytest.raises(IndexError):
+        RowTokens(chunked)[90]
 
 
 def test_workers_receive_this_ranks_plan_not_every_rows_weights(rows, tokenizer, fresh_cache):

@@ -39,6 +39,7 @@ from mmdp.packing.packing_config import (
 )
 from mmdp.packing.planner import EpochPlan, plan_epoch
 from mmdp.packing.prepared import load_prepared
+from mmdp.packing.row_tokens import RowTokens
 from mmdp.packing.sharding import rank_and_world_size
 from mmdp.packing.weighing import cache_key, weigh_rows
 from mmdp.packing.workers import check_temp_folder, name_failed_worker
@@ -98,9 +99,7 @@ class PackedDataset(PackingSettings, IterableDataset):
         )
         pretokenize = self.weighing.tokens is not None
         self.weights = self.weighing.weights
-        self.tokens = (
-            None if self.weighing.tokens is None else self.weighing.tokens.with_format("numpy")
-        )
+        self.tokens = None if self.weighing.tokens is None else RowTokens(self.weighing.tokens)
         # with the tokens at hand, building a pack reads only the images (and videos) of its rows
         media = [name for name in ("images", "videos") if name in dataset.dataset.column_names]
         self.image_rows = dataset.dataset.select_columns(media) if pretokenize else None
@@ -278,25 +277,22 @@ class PackedDataset(PackingSettings, IterableDataset):
         )
 
     def samples(self, rows: list[int]) -> list[dict]:
-        """The rows' samples, from their pre-computed tokens when there are some (then the tokens
-        and the images of a whole pack are read at once: a read per row costs more than slicing)."""
+        """The rows' samples, from their pre-computed tokens when there are some (then the
+        images of a whole pack are read at once: a read per row costs more than slicing)."""
         if self.tokens is None:
             return [self.dataset[row] for row in rows]
-        tokens, media = self.tokens[rows], self.image_rows[rows]
+        media = self.image_rows[rows]
         videos = media.get("videos") or [None] * len(rows)
-        return [
-            self.dataset.sample(
-                {"images": row_images, "videos": row_videos},
-                row,
-                tokenized=(
-                    torch.tensor(input_ids, dtype=torch.long),
-                    torch.tensor(labels, dtype=torch.long),
-                ),
+        samples = []
+        for row, row_images, row_videos in zip(rows, media["images"], videos):
+            input_ids, labels = self.tokens[row]
+            tokenized = (
+                torch.tensor(input_ids, dtype=torch.long),
+                torch.tensor(labels, dtype=torch.long),
             )
-            for row, row_images, row_videos, input_ids, labels in zip(
-                rows, media["images"], videos, tokens["input_ids"], tokens["labels"]
-            )
-        ]
+            media_of_row = {"images": row_images, "videos": row_videos}
+            samples.append(self.dataset.sample(media_of_row, row, tokenized=tokenized))
+        return samples
 
     def collate(self, packs: list[dict]) -> dict:
         """The DataLoader's collate_fn: packs into a batch, with the family's vision inputs."""
