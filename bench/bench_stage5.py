@@ -15,12 +15,13 @@
      the loader's, concatenated with torch.cat: the work no pipeline can skip;
    - the shared floor: the same, each batch concatenated straight into shared memory as stage
      5's collate does, so that the worker hands it over without another copy;
-   - the PackedDataLoader epoch (loading the cached weights, planning, packing, decoding,
-     padding, collating), tokenizing each pack, and with pre-tokenized rows (`pretokenize=True`);
-   It prints the median seconds an epoch, the loader's time over each floor (the median of each
-   repeat's ratio), the same for CPU seconds (this process and its workers: another job's load
-   stretches wall time, hardly CPU), and the tensors a batch holds (each its own shared-memory
-   segment).
+   - the PackedDataLoader epoch (planning, packing, decoding, padding, collating), tokenizing
+     each pack, and with pre-tokenized rows (`pretokenize=True`); building its PackedDataset
+     (loading the cached weights), which a trainer does once per run, is timed apart.
+   Every other repeat runs the four in the reverse order. It prints the median seconds an
+   epoch, the loader's time over each floor (the median of each repeat's ratio), the same for
+   CPU seconds (this process and its workers), the tensors a batch holds (each its own
+   shared-memory segment), and the build's seconds, alone and added to the epoch's.
 3. JPEG draft decoding: `load_image` of JPEGs 2x and 4x the target side against the full decode
    resized (what it did before), alternating in this process, medians.
 
@@ -165,11 +166,11 @@ def packed_dataset(rows, processor, pretokenize=False) -> PackedDataset:
     return PackedDataset(VQADataset(rows, processor), config, pretokenize=pretokenize)
 
 
-def loader_epoch(rows, processor, workers: int, pretokenize=False) -> tuple[float, list]:
-    """(seconds for the epoch, weights loaded from the cache included; each batch's
-    (sample indices, tensors))."""
+def loader_epoch(dataset: PackedDataset, workers: int) -> tuple[float, list]:
+    """(seconds for an epoch as a trainer runs it: plan it, start the workers, every batch;
+    each batch's (sample indices, tensors))."""
     start = time.perf_counter()
-    loader = PackedDataLoader(packed_dataset(rows, processor, pretokenize), num_workers=workers)
+    loader = PackedDataLoader(dataset, num_workers=workers)
     seen = [(batch["sample_index"].tolist(), tensors_in(batch)) for batch in loader]
     return time.perf_counter() - start, seen
 
@@ -177,7 +178,9 @@ def loader_epoch(rows, processor, workers: int, pretokenize=False) -> tuple[floa
 def child(size: int, workers: int):
     """One full stage-5 epoch in this process; prints its peak memory as JSON."""
     rows = load_vqa_dataset(num_rows=size)
-    seconds, seen = loader_epoch(rows, get_tokenizer(), workers)
+    start = time.perf_counter()
+    _, seen = loader_epoch(packed_dataset(rows, get_tokenizer()), workers)
+    seconds = time.perf_counter() - start  # weighing the rows (once) included
     kib = 1024  # ru_maxrss is in KiB on Linux
     print(
         json.dumps(
@@ -233,34 +236,54 @@ def cpu_seconds() -> float:
 
 
 def speed(path: str, rows, workers: int, repeats: int) -> None:
-    """The floor and the loader, alternating, whole epochs; one table. Each epoch's CPU too: on
-    a shared machine, another job's load stretches an epoch's wall time but hardly its CPU."""
+    """The floor and the loader, alternating, whole epochs; one table. Each epoch's CPU too.
+    The loaders' PackedDataset is built afresh in each repeat (the cached weights loaded) and
+    timed apart: a trainer builds it once per run, and plans each epoch inside the epoch."""
     processor = processor_of(path)
     family = family_for(processor)
-    loader_epoch(rows, processor, workers, pretokenize=True)  # weigh and cache, untimed
-    _, seen = loader_epoch(rows, processor, workers)
+    packed_dataset(rows, processor, pretokenize=True)  # weigh and cache, untimed
+    _, seen = loader_epoch(packed_dataset(rows, processor), workers)
     yielded = rows.select(sorted(i for indices, _ in seen for i in indices))
     per_batch = max(1, round(len(yielded) / len(seen)))
     seconds = {"floor": [], "shared floor": [], "tokenizing": [], "pretokenized": []}
     cpu = {name: [] for name in seconds}
+    built = {"tokenizing": [], "pretokenized": []}
     tensors = {}
-    for _ in range(repeats):
-        for name, collate in (("floor", concatenate), ("shared floor", concatenate_shared)):
-            start = cpu_seconds()
-            seconds[name].append(floor_epoch(yielded, family, workers, per_batch, collate))
-            cpu[name].append(cpu_seconds() - start)
-        for name, pretokenize in (("tokenizing", False), ("pretokenized", True)):
-            start = cpu_seconds()
-            took, seen = loader_epoch(rows, processor, workers, pretokenize)
-            cpu[name].append(cpu_seconds() - start)
-            seconds[name].append(took)
-            tensors[name] = statistics.median(count for _, count in seen)
-    floor, shared = statistics.median(seconds["floor"]), statistics.median(seconds["shared floor"])
 
-    def over(name: str, base: str, spent: dict = seconds) -> str:
-        """`name`'s time over `base`'s: the median of each repeat's ratio (a shared machine's
-        load moves both epochs of a repeat alike, and whole repeats apart)."""
-        ratio = statistics.median(t / b for t, b in zip(spent[name], spent[base]))
+    def floor(name, collate):
+        start = cpu_seconds()
+        seconds[name].append(floor_epoch(yielded, family, workers, per_batch, collate))
+        cpu[name].append(cpu_seconds() - start)
+
+    def loader(name, pretokenize):
+        start = time.perf_counter()
+        dataset = packed_dataset(rows, processor, pretokenize)
+        built[name].append(time.perf_counter() - start)
+        start = cpu_seconds()
+        took, seen = loader_epoch(dataset, workers)
+        cpu[name].append(cpu_seconds() - start)
+        seconds[name].append(took)
+        tensors[name] = statistics.median(count for _, count in seen)
+
+    epochs = [
+        lambda: floor("floor", concatenate),
+        lambda: floor("shared floor", concatenate_shared),
+        lambda: loader("tokenizing", False),
+        lambda: loader("pretokenized", True),
+    ]
+    for repeat in range(repeats):
+        # every other repeat in the reverse order: a drift of the machine (its load, its caches)
+        # during a repeat then favours each epoch as often as it hurts it
+        for epoch in epochs if repeat % 2 == 0 else reversed(epochs):
+            epoch()
+    floor_s = statistics.median(seconds["floor"])
+    shared = statistics.median(seconds["shared floor"])
+
+    def over(name: str, base: str, spent: dict = seconds, extra: dict | None = None) -> str:
+        """`name`'s time (plus `extra`'s) over `base`'s: the median of each repeat's ratio (a
+        shared machine's load moves the epochs of a repeat alike, and whole repeats apart)."""
+        added = extra[name] if extra else [0.0] * repeats
+        ratio = statistics.median((t + e) / b for t, e, b in zip(spent[name], added, spent[base]))
         return f"{ratio - 1:+.1%}"
 
     print(
@@ -270,25 +293,27 @@ def speed(path: str, rows, workers: int, repeats: int) -> None:
     )
     print(
         "| loader | s an epoch | over the floor | over the shared floor | CPU s an epoch "
-        "| CPU over the floor | tensors a batch |"
+        "| CPU over the floor | tensors a batch | building the PackedDataset, s | "
+        "over the floor, building included |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     floor_tensors = len(family.vision_keys) if path != "tiny" else 1
     print(
-        f"| floor: decode + the model's pixels only | {floor:.2f} | | | "
-        f"{statistics.median(cpu['floor']):.2f} | | {floor_tensors} |"
+        f"| floor: decode + the model's pixels only | {floor_s:.2f} | | | "
+        f"{statistics.median(cpu['floor']):.2f} | | {floor_tensors} | | |"
     )
     print(
         f"| floor, its batches concatenated into shared memory | {shared:.2f} | "
         f"{over('shared floor', 'floor')} | | {statistics.median(cpu['shared floor']):.2f} | "
-        f"{over('shared floor', 'floor', cpu)} | {floor_tensors} |"
+        f"{over('shared floor', 'floor', cpu)} | {floor_tensors} | | |"
     )
     for name, label in (("tokenizing", "tokenizing each pack"), ("pretokenized", "pre-tokenized")):
         took = statistics.median(seconds[name])
         print(
             f"| stage 5, {label} | {took:.2f} | {over(name, 'floor')} | "
             f"{over(name, 'shared floor')} | {statistics.median(cpu[name]):.2f} | "
-            f"{over(name, 'floor', cpu)} | {tensors[name]:.0f} |"
+            f"{over(name, 'floor', cpu)} | {tensors[name]:.0f} | "
+            f"{statistics.median(built[name]):.2f} | {over(name, 'floor', extra=built)} |"
         )
 
 
