@@ -1,5 +1,5 @@
 """One rank of a training job that is killed, resumed or left alone by another rank (issue 22,
-docs/faults.md rows 1 and 3). tests/test_faults_under_torchrun.py starts it; by hand:
+docs/faults.md rows 1 and 3). tests/test_faults.py starts it; by hand:
 
     uv run torchrun --standalone --nproc-per-node 2 tests/faults_under_torchrun.py \\
         train --loader planned --loader streaming --out /tmp/faults --kill-at 7 --kill-rank 1
