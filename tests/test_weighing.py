@@ -149,7 +149,8 @@ def test_pretokenized_rows_give_the_same_samples_and_batches(rows, tokenizer, fr
 def test_row_tokens_are_the_rows_tokens_across_chunks_slices_and_a_selection():
     """RowTokens slices the Arrow buffers itself: every row must read what datasets reads, in a
     table of several chunks, one of them a slice of a larger array (its offsets do not start at
-    0), and through an indices mapping (a select of the rows out of order)."""
+    0), through an indices mapping (a select of the rows out of order), and with its two columns
+    chunked differently."""
     from datasets import concatenate_datasets
 
     generator = np.random.default_rng(0)
@@ -166,7 +167,18 @@ def test_row_tokens_are_the_rows_tokens_across_chunks_slices_and_a_selection():
     assert chunked.data.column("input_ids").num_chunks == 2
     assert chunked.data.column("input_ids").chunk(1).offset == 30
     shuffled = chunked.select(generator.permutation(90))
-    for tokens in (chunked, shuffled):
+    # and the two columns cut in different places (a table put together column by column)
+    ids, labels = (whole.select_columns([name]) for name in ("input_ids", "labels"))
+    cut_apart = concatenate_datasets(
+        [
+            concatenate_datasets([ids.select(range(30)), ids.select(range(30, 90))]),
+            concatenate_datasets([labels.select(range(50)), labels.select(range(50, 90))]),
+        ],
+        axis=1,
+    )
+    chunks = [cut_apart.data.column(name).chunk(0) for name in ("input_ids", "labels")]
+    assert [len(chunk) for chunk in chunks] == [30, 50]
+    for tokens in (chunked, shuffled, cut_apart):
         row_tokens = RowTokens(tokens)
         received = pickle.loads(pickle.dumps(row_tokens))  # as a spawned DataLoader worker
         for reader in (row_tokens, received):
