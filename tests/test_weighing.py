@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datasets import Dataset, Features
+from datasets import Dataset, Features, concatenate_datasets
 
 from mmdp.data.conversation import count_tokens_batch, tokenize_conversation
 from mmdp.data.families.tiny import TinyFamily
@@ -151,8 +151,6 @@ def test_row_tokens_are_the_rows_tokens_across_chunks_slices_and_a_selection():
     table of several chunks, one of them a slice of a larger array (its offsets do not start at
     0), through an indices mapping (a select of the rows out of order), and with its two columns
     chunked differently."""
-    from datasets import concatenate_datasets
-
     generator = np.random.default_rng(0)
     lengths = generator.integers(0, 40, size=90)
     whole = Dataset.from_dict(

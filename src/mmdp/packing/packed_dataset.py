@@ -277,8 +277,9 @@ class PackedDataset(PackingSettings, IterableDataset):
         )
 
     def samples(self, rows: list[int]) -> list[dict]:
-        """The rows' samples, from their pre-computed tokens when there are some (then the
-        images of a whole pack are read at once: a read per row costs more than slicing)."""
+        """The rows' samples, from their pre-computed tokens when there are some: each row's
+        sliced from the token file (mmdp.packing.row_tokens), the images of the whole pack read
+        at once (one datasets read per row would cost more)."""
         if self.tokens is None:
             return [self.dataset[row] for row in rows]
         media = self.image_rows[rows]
