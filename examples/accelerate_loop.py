@@ -69,8 +69,8 @@ def train_step(accelerator, model, optimizer, micro_batches, inputs) -> torch.Te
         batch = to_device(batch, accelerator.device)
         last = i == len(micro_batches) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(model):
-            logits = model(**inputs(batch, unwrapped)).logits
-            loss = micro_batch_loss(logits, batch, tokens, processes)  # batch: loss weights
+            # the logits of the trained positions only; the batch: labels, loss weights
+            loss = micro_batch_loss(model, inputs(batch, unwrapped), batch, tokens, processes)
             accelerator.backward(loss)
         loss_share += loss.detach() / processes
     optimizer.step()

@@ -18,7 +18,8 @@ What the recipe does (mmdp.training.recipes):
 2. Each optimizer step takes --grad-accum micro-batches; all but the last skip the gradient
    all-reduce (DDP's no_sync, FSDP2's set_requires_gradient_sync).
 3. Each micro-batch's loss is its summed token loss x world size / the step's label tokens on
-   every rank (all-reduced): one process's gradient, whatever the ranks' token counts.
+   every rank (all-reduced): one process's gradient, whatever the ranks' token counts. The
+   logits are computed for the trained positions only (micro_batch_loss runs the model).
 4. A checkpoint holds the model and optimizer (written by rank 0) and one loader state per rank.
 """
 
@@ -111,8 +112,8 @@ def train_step(model, optimizer, micro_batches, inputs, device) -> torch.Tensor:
     for i, batch in enumerate(micro_batches):
         batch = to_device(batch, device)
         with gradient_sync(model, sync=i == len(micro_batches) - 1):
-            logits = model(**inputs(batch, unwrapped)).logits
-            loss = micro_batch_loss(logits, batch, tokens, world_size)  # batch: loss weights
+            # the logits of the trained positions only; the batch: labels, loss weights
+            loss = micro_batch_loss(model, inputs(batch, unwrapped), batch, tokens, world_size)
             loss.backward()
         loss_share += loss.detach() / world_size
     optimizer.step()

@@ -53,3 +53,34 @@ def test_an_epochs_cpu_counts_its_dataloader_workers_once_the_epoch_returns():
         before = children_cpu()
         bench_stage5.floor_epoch(rows, family, workers=workers, batch_size=4)
         assert (children_cpu() > before) == (workers > 0)
+
+
+BLOCK_DATA_SIDE = """import importlib.abc, sys
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("datasets", "PIL"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Absent())
+"""
+
+
+@pytest.mark.slow
+def test_bench_loss_runs_with_torch_and_transformers_alone(tmp_path):
+    """bench/bench_loss.py as on a lent GPU machine with torch and transformers only: datasets
+    and PIL absent (a sitecustomize blocks them in every process), it loads mmdp.training.loss
+    alone, and both paths agree on a short pack."""
+    import os
+    import subprocess
+
+    (tmp_path / "sitecustomize.py").write_text(BLOCK_DATA_SIDE)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    args = ["--lengths", "64", "--bf16-lengths", "--hidden", "8", "--repeats", "1"]
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_loss.py"), *args],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "absent here: mmdp.training.loss loaded alone" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| 64 "))
+    assert float(row.split("|")[-2]) < 1e-5  # the same loss and gradients
+    assert done.stdout.strip().splitlines()[-1].startswith("loss over trained positions: fp32 ")

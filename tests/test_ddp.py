@@ -36,13 +36,13 @@ def whole_gradient(model) -> torch.Tensor:
 
 
 def averaged_over_ranks(model, batches: dict, loss_of) -> torch.Tensor:
-    """Each rank's gradient on its own micro-batches (loss_of(output, batch, rank)), then their
+    """Each rank's gradient on its own micro-batches (loss_of(replica, batch, rank)), then their
     mean: what DDP's all-reduce leaves on every rank."""
     gradients = []
     for rank, mine in batches.items():
         replica = copy.deepcopy(model)
         for batch in mine:
-            loss_of(replica(**vlm_inputs(batch)), batch, rank).backward()
+            loss_of(replica, batch, rank).backward()
         gradients.append(whole_gradient(replica))
     return torch.stack(gradients).mean(dim=0)
 
@@ -68,11 +68,11 @@ def test_two_ranks_step_is_one_process_gradient_only_with_tokens_counted_over_al
 
     step_tokens = torch.tensor(float(sum(tokens)))  # what step_label_tokens all-reduces
 
-    def recipe(output, batch, rank):
-        return micro_batch_loss(output.logits, batch, step_tokens, WORLD_SIZE)
+    def recipe(replica, batch, rank):
+        return micro_batch_loss(replica, vlm_inputs(batch), batch, step_tokens, WORLD_SIZE)
 
-    def per_rank_mean(output, batch, rank):  # each micro-batch's own mean, / micro-steps
-        return output.loss / len(batches[rank])
+    def per_rank_mean(replica, batch, rank):  # each micro-batch's own mean, / micro-steps
+        return replica(**vlm_inputs(batch)).loss / len(batches[rank])
 
     assert relative_difference(averaged_over_ranks(model, batches, recipe), expected) < 1e-5
     # negative control: tokens weigh unequally, and the gradient is another one

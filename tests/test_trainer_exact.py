@@ -45,6 +45,9 @@ class TinyLM(nn.Module):
     def forward(self, input_ids, **kwargs):
         return {"logits": self.out(self.embed(input_ids))}
 
+    def get_output_embeddings(self):  # the loss over trained positions takes its input
+        return self.out
+
 
 def tiny_inputs(batch, model=None):
     return {"input_ids": batch["input_ids"], "labels": batch["labels"]}
@@ -209,8 +212,7 @@ def test_the_fillers_train_nothing_the_weights_are_those_of_the_recipes_short_st
     for _, micro_batches in zip(range(10), optimizer_steps(loader, 2)):
         tokens = step_label_tokens(micro_batches)
         for batch in micro_batches:
-            logits = model(batch["input_ids"])["logits"]
-            micro_batch_loss(logits, batch, tokens, 1).backward()
+            micro_batch_loss(model, tiny_inputs(batch), batch, tokens, 1).backward()
         optimizer.step()
         optimizer.zero_grad()
     for a, b in zip(model.parameters(), trainer.model.parameters()):
@@ -405,7 +407,9 @@ def test_the_recipe_loss_is_the_hand_computed_weighted_mean(weighted):
     expected = hand_weighted_loss(model, batches)
     tokens = step_label_tokens(batches)
     got = sum(
-        micro_batch_loss(model(b["input_ids"])["logits"], b if weighted else b["labels"], tokens, 1)
+        micro_batch_loss(
+            model, tiny_inputs(b), b if weighted else {"labels": b["labels"]}, tokens, 1
+        )
         for b in batches
     )
     if weighted:
@@ -466,9 +470,11 @@ def test_step_label_tokens_are_counted_on_the_collectives_device():
     batches = weighted_batches()
     tokens = step_label_tokens(batches)
     assert tokens.device.type == "cpu" and tokens.item() == 2 * (LENGTH - 1)
-    logits = torch.randn(1, LENGTH, VOCAB)
-    expected = summed_loss(logits, batches[0]["labels"]) / tokens
-    torch.testing.assert_close(micro_batch_loss(logits, batches[0]["labels"], tokens, 1), expected)
+    model, labels = TinyLM(), batches[0]["labels"]
+    logits = model(batches[0]["input_ids"])["logits"]
+    expected = summed_loss(logits, labels) / tokens
+    got = micro_batch_loss(model, tiny_inputs(batches[0]), {"labels": labels}, tokens, 1)
+    torch.testing.assert_close(got, expected)
     assert math.isclose(
         token_losses(logits, batches[0]["labels"]).sum().item(),
         (expected * tokens).item(),
@@ -481,7 +487,7 @@ def test_bf16_autocasts_the_forward_and_keeps_the_loss_in_float32():
     tokens = step_label_tokens([batch])
     with mixed_precision("cpu", bf16=True):
         logits = model(batch["input_ids"])["logits"]
-        loss = micro_batch_loss(logits, batch, tokens, 1)
+        loss = micro_batch_loss(model, tiny_inputs(batch), batch, tokens, 1)
     assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
     loss.backward()
     assert model.out.weight.grad.dtype == torch.float32  # the weights stay float32

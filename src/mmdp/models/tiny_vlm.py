@@ -157,6 +157,11 @@ class TinyVLM(nn.Module):
         """The language model's head: one logit per vocabulary entry at every position."""
         return self.lm.lm_head(hidden_states)
 
+    def get_output_embeddings(self) -> nn.Linear:
+        """The output layer (tied to the token embeddings), as transformers' models name it:
+        mmdp.training.loss.batch_loss computes the loss from its input."""
+        return self.lm.lm_head
+
 
 def refuse_cache(use_cache) -> None:
     """TinyVLM trains without a cache: a cache would mix the samples of a packed row."""

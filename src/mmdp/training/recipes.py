@@ -11,16 +11,17 @@ loader and a loss); a loop of your own, with accelerate or plain torchrun, uses 
         tokens = step_label_tokens(micro_batches, device=device)  # every rank's, all-reduced
         for i, batch in enumerate(micro_batches):
             with gradient_sync(model, i == len(micro_batches) - 1):
-                with mixed_precision(device, bf16):
-                    logits = model(**model_inputs(batch, unwrapped)).logits  # unwrapped: pre-DDP
-                    loss = micro_batch_loss(logits, batch, tokens, world_size)
+                with mixed_precision(device, bf16):  # unwrapped: the model before DDP
+                    loss = micro_batch_loss(model, model_inputs(batch, unwrapped), batch,
+                                            tokens, world_size)
                 loss.backward()
         optimizer.step(); optimizer.zero_grad()
         # a checkpoint here: save_loader_state(loader, folder, rank) on every rank
 
 Why the loss is summed and divided by the step's label tokens of every rank, not averaged per
 micro-batch: mmdp.training.ddp, and docs/stage6-findings.md part 4 (measured by stage 6:
-4.0e-8 against one process, 0.041 for each micro-batch's own mean).
+4.0e-8 against one process, 0.041 for each micro-batch's own mean). micro_batch_loss runs the
+model itself: it computes the logits of the trained positions only (mmdp.training.loss.batch_loss).
 """
 
 import contextlib
@@ -30,7 +31,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from mmdp.training.loss import label_tokens, summed_weighted_loss
+from mmdp.training.loss import batch_loss, label_tokens
 
 LOADER_STATE = "mmdp_loader_state_rank{rank}.pt"  # in a checkpoint folder, one per rank
 EPOCH_END = object()  # what batches_forever yields between epochs, when asked to
@@ -82,7 +83,7 @@ def step_label_tokens(micro_batches: list[dict], *, device=None, group=None) -> 
     """The label tokens of one optimizer step on every rank: its micro-batches' counts, summed,
     then all-reduced over `group` (the data-parallel group; None: the world). A 0-d float tensor
     on `device`; by default the collective backend's device (NCCL: this process's GPU, which
-    cannot all-reduce a CPU tensor), else the CPU; micro_batch_loss moves it to the logits."""
+    cannot all-reduce a CPU tensor), else the CPU; micro_batch_loss moves it to the loss."""
     tokens = torch.tensor(float(sum(label_tokens(b["labels"]) for b in micro_batches)))
     return all_reduced(tokens, device=device, group=group)
 
@@ -105,20 +106,22 @@ def all_reduced(tensor: torch.Tensor, *, device=None, group=None) -> torch.Tenso
 
 
 def micro_batch_loss(
-    logits: torch.Tensor, batch, step_tokens: torch.Tensor, world_size: int
+    model, inputs: dict, batch: dict, step_tokens: torch.Tensor, world_size: int
 ) -> torch.Tensor:
-    """The loss to call backward() on for one micro-batch: its summed token loss over the step's
-    label tokens on every rank, times `world_size` because DDP and FSDP average the ranks'
-    gradients. Summed over the step's micro-batches and ranks: the mean over every label token
-    of the step, exactly what one process computes on all of them.
+    """The loss to call backward() on for one micro-batch: one forward of `model` (wrapped in
+    DDP or FSDP2 as it is) on `inputs` (model_inputs(batch, unwrapped)), and the micro-batch's
+    summed token loss over the step's label tokens on every rank, times `world_size` because DDP
+    and FSDP average the ranks' gradients. Summed over the step's micro-batches and ranks: the
+    mean over every label token of the step, exactly what one process computes on all of them.
 
-    Pass the batch: a mixture's `loss_weights` then weigh each token (sum w_t * loss_t over the
-    step's label tokens, mmdp.training.loss.weighted_mean_over_tokens). A labels tensor alone
-    gives the unweighted loss.
+    The logits are those of the trained positions only, a chunk at a time (batch_loss): the loss
+    and gradient of the full logits, without their memory. A mixture's `loss_weights` in `batch`
+    weigh each token (sum w_t * loss_t over the step's label tokens,
+    mmdp.training.loss.weighted_mean_over_tokens); a model that returns router logits
+    (output_router_logits=True) adds its router term, weighed by the micro-batch's label tokens
+    (BatchLoss.over).
     """
-    batch = batch if isinstance(batch, dict) else {"labels": batch}
-    batch = {**batch, "labels": batch["labels"].to(logits.device)}
-    return summed_weighted_loss(logits, batch) * world_size / step_tokens.to(logits.device)
+    return batch_loss(model, inputs, batch).over(step_tokens) * world_size
 
 
 def mixed_precision(device, bf16: bool):

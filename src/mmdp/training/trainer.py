@@ -43,6 +43,10 @@ file:line in transformers/trainer.py):
    this holds for models with accepts_loss_kwargs=False too (Qwen2.5-VL, Qwen3-VL), whose own
    loss would be a per-rank, per-micro-batch mean: a gradient off by as much as the ranks'
    label tokens differ (0.075 relative in the slow tests, docs/use-in-your-trainer.md).
+   With token_loss (the default), MMDPTrainer computes it over the trained positions only
+   (mmdp.training.loss.batch_loss: the logits of the label positions, a chunk at a time; the
+   model's `logits` cover no position), with a MoE model's router term when it returns router
+   logits (output_router_logits=True); a compute_loss_func of your own gets the full logits.
 6. Trainer's logs count samples and real tokens: "Num examples" and samples/s from the planned
    samples of epoch 0 (Trainer's count packs: 2522-2546), tokens seen from `real_token_mask`
    (include_num_input_tokens_seen="non_padding" counts tokens other than the pad id,
@@ -78,7 +82,7 @@ from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from mmdp.models.inputs import model_inputs as packed_model_inputs
-from mmdp.training.loss import summed_weighted_loss
+from mmdp.training.loss import batch_loss, summed_weighted_loss
 from mmdp.training.recipes import (
     check_launched_processes,
     load_loader_state,
@@ -210,31 +214,40 @@ class MMDPTrainerMixin:
         raise ValueError(NO_EVAL)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss_weights = inputs.get("loss_weights")
         model_inputs = self.model_inputs(inputs, self.model)  # unwrapped: Gemma 3 reads its config
         if inputs.get("filler"):
-            return self.filler_loss(model, model_inputs, return_outputs)
-        if loss_weights is None:
-            return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
-        if self.compute_loss_func is not token_loss:
+            return self.filler_loss(model, model_inputs, inputs, return_outputs)
+        if self.compute_loss_func is token_loss:
+            return self.token_loss(model, model_inputs, inputs, return_outputs, num_items_in_batch)
+        if inputs.get("loss_weights") is not None:
             raise ValueError(
                 "the batch carries a mixture's loss_weights, which only "
                 "mmdp.training.trainer.token_loss applies: leave compute_loss_func unset"
             )
-        self.compute_loss_func = lambda *a, **k: token_loss(*a, **k, loss_weights=loss_weights)
-        try:
-            return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
-        finally:
-            self.compute_loss_func = token_loss
+        return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
 
-    def filler_loss(self, model, model_inputs, return_outputs=False):
+    def token_loss(self, model, model_inputs, batch, return_outputs, num_items_in_batch):
+        """token_loss over the trained positions only: one forward (batch_loss), the micro-batch's
+        summed (weighted) token loss and router term over `num_items_in_batch`, the step's label
+        tokens on every rank (BatchLoss.over), times the processes as Trainer.compute_loss does
+        with average_tokens_across_devices (transformers 5.23), since DDP averages gradients.
+        Trainer takes it as scaled for gradient accumulation: compute_loss_func is set."""
+        if num_items_in_batch is None:
+            raise ValueError("Trainer counted no label tokens: the batches need a 'labels' key")
+        parts = batch_loss(model, model_inputs, batch)
+        loss = parts.over(num_items_in_batch)
+        if self.args.average_tokens_across_devices:
+            loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+        return (loss, parts.outputs) if return_outputs else loss
+
+    def filler_loss(self, model, model_inputs, batch, return_outputs=False):
         """A filler's loss: exactly 0, with a gradient of exactly 0 for every parameter the
-        forward used (so DDP and FSDP still reduce at the step's last micro-batch). Never handed
-        to a loss function: a per-batch mean over no label token would be NaN."""
-        outputs = model(**{k: v for k, v in model_inputs.items() if k != "labels"})
-        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
-        loss = logits.sum() * 0.0
-        return (loss, outputs) if return_outputs else loss
+        forward used (so DDP and FSDP still reduce at the step's last micro-batch). Every label
+        of a filler is ignored, so batch_loss computes no logits; never divided by its label
+        tokens (0: a per-batch mean would be NaN)."""
+        parts = batch_loss(model, model_inputs, batch)
+        loss = parts.over(1) * 0.0
+        return (loss, parts.outputs) if return_outputs else loss
 
     def set_initial_training_values(self, args, dataloader):
         """Trainer's figures for its logs, in samples rather than packs: "Num examples" is the
