@@ -6,9 +6,12 @@ One optimizer step, in the order it runs, and the name each part is timed under:
     vision + embeddings       TinyVLM.embed: the vision encoder on every image, the projector,
                               the token embeddings
     language model            TinyVLM.hidden_states: the transformer layers
-    logits + loss             TinyVLM.logits and the mean over label tokens: B x L x 49,153
-                              floats, padding positions included
-    backward: logits + loss   the gradient down to the hidden states
+    logits + loss             the output layer on the label positions only (the positions
+                              whose next label is trained) and the mean over label tokens, a
+                              chunk of positions at a time, with its gradient computed in the
+                              same pass (mmdp.training.loss.head_loss); the 49,153-wide logits
+                              of padding and prompt positions are never computed
+    backward: logits + loss   that gradient, scaled, down to the hidden states
     backward: the rest        on through the language model, projector and vision encoder
     optimizer                 AdamW's step
 
@@ -24,7 +27,7 @@ import torch
 from mmdp import config
 from mmdp.models.tiny_vlm import TinyVLM, vlm_inputs
 from mmdp.packing.batch import real_token_mask
-from mmdp.training.loss import label_tokens, mean_over_tokens, summed_loss
+from mmdp.training.loss import batch_loss, head_loss, label_tokens
 
 PARTS = (
     "vision + embeddings",
@@ -74,7 +77,8 @@ def train_step(model: TinyVLM, batch: dict, optimizer) -> tuple[float, dict]:
         hidden = model.hidden_states(embeds, **inputs)
         timer.lap("language model")
         cut = hidden.detach().requires_grad_()
-        loss = mean_over_tokens(model.logits(cut), labels)
+        summed, _ = head_loss(model.get_output_embeddings(), cut, labels)
+        loss = summed / label_tokens(labels)
         timer.lap("logits + loss")
     loss.backward()
     timer.lap("backward: logits + loss")
@@ -96,9 +100,9 @@ def evaluate(model: TinyVLM, batches: list[dict]) -> float:
     for batch in batches:
         batch = to_device(batch, device)
         with autocast(device):
-            logits = model(**{**vlm_inputs(batch), "labels": None}).logits
-        total += float(summed_loss(logits, batch["labels"]))
-        tokens += label_tokens(batch["labels"])
+            parts = batch_loss(model, vlm_inputs(batch), batch)  # label positions only
+        total += float(parts.summed)
+        tokens += parts.label_tokens
     model.train(was_training)
     return total / tokens
 
@@ -177,10 +181,11 @@ def time_logits_per_position(
     model: TinyVLM, shapes: list[tuple[int, int]], repeats: int = 3
 ) -> dict:
     """Seconds per position of "logits + loss" and its backward, for batches of each shape
-    (rows, length): does a large padded batch's logits tensor cost more than its share?
+    (rows, length): does a large batch's loss cost more than its share?
 
-    Hidden states are random and a third of the labels ignored, as in a reply; the median of
-    `repeats` runs. Returns {"rows x length": microseconds per position}.
+    Hidden states are random and a third of the labels ignored, as in a reply (their positions
+    cost nothing: the loss reads the label positions only); the median of `repeats` runs.
+    Returns {"rows x length": microseconds per position}.
     """
     device = next(model.parameters()).device
     vocab_size, hidden_size = model.lm.lm_head.weight.shape
@@ -195,8 +200,8 @@ def time_logits_per_position(
             hidden = hidden.to(device).requires_grad_()
             timer = PartTimer(device)
             with autocast(device):
-                loss = mean_over_tokens(model.logits(hidden), labels.to(device))
-            loss.backward()
+                summed, _ = head_loss(model.get_output_embeddings(), hidden, labels.to(device))
+            (summed / label_tokens(labels)).backward()
             timer.lap("logits + loss")
             runs.append(timer.seconds["logits + loss"])
         model.zero_grad(set_to_none=True)
