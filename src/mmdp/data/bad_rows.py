@@ -15,6 +15,7 @@ import struct
 import zlib
 from collections import Counter
 
+import numpy as np
 from datasets import Dataset
 from PIL import Image
 
@@ -55,6 +56,27 @@ def animated_gif() -> dict:
 def truncated_jpeg() -> dict:
     whole = encoded(Image.new("RGB", (64, 48), (10, 200, 10)), "JPEG")["bytes"]
     return {"bytes": whole[: len(whole) // 2], "path": None}
+
+
+def png_with_broken_data(width: int, height: int) -> dict:
+    """A PNG whose header reads (so it is weighed and planned by its size) and whose pixel data
+    does not decode: bytes inside its IDAT chunk flipped. Found only while its pack is built."""
+    noise = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    whole = encoded(Image.fromarray(noise), "PNG")["bytes"]
+    start = whole.find(b"IDAT") + 8 + len(whole) // 8
+    flipped = bytes(b ^ 0xFF for b in whole[start : start + 64])
+    return {"bytes": whole[:start] + flipped + whole[start + 64 :], "path": None}
+
+
+def mp4_with_broken_data(frames: int = 8, fps: int = 4, kept: int = 40) -> dict:
+    """An MP4 whose container header reads (frames, rate and size: weighed and planned) and whose
+    frames do not decode: its media data zeroed after the first `kept` bytes (FFmpeg reads the
+    frame size there). kept=0: no size either (a 0x0 stream). Needs PyAV (the video extra)."""
+    from mmdp.data.synthetic_videos import encode_mp4, moving_shape
+
+    whole = encode_mp4(moving_shape("circle", "red", "left to right", frames, 48, 32), fps)
+    start, end = whole.find(b"mdat") + 4 + kept, whole.find(b"moov") - 4
+    return {"bytes": whole[:start] + bytes(end - start) + whole[end:], "path": None}
 
 
 def with_images(*cells):

@@ -3,12 +3,13 @@
 A row's `videos` are {"bytes", "path"} dicts, like its `images`. Two steps, each usable alone:
 
     video_metadata(video)          frames, fps, width and height from the container's header (no
-                                   frame is decoded): what weighing reads
+                                   frame is decoded; WebM and Matroska: frames counted from the
+                                   packets): what weighing reads
     decode_frames(video, indices)  the frames at `indices`, RGB, [T, H, W, 3] uint8: only the
                                    frames the processor samples are converted
 
-A file that does not open, has no video stream or no frame count raises BadVideo with its reason
-from mmdp.drop_reasons.
+A file that does not open, has no video stream, no frames or frames of no size raises BadVideo
+with its reason from mmdp.drop_reasons.
 
 The decoder is PyAV (the `video` extra): transformers' own `load_video` defaults to it
 (transformers/video_utils.py:677, `backend="pyav"`) and reads its metadata the way
@@ -62,7 +63,13 @@ def open_container(video):
 
 def video_metadata(video):
     """The container's frames, fps, width and height, as transformers' PyAV reader reads them
-    (video_utils.py:499-510), without decoding a frame: a transformers VideoMetadata."""
+    (read_video_pyav, video_utils.py in transformers 5.23), without decoding a frame: a
+    transformers VideoMetadata.
+
+    MP4 and MOV headers hold the frame count. WebM and Matroska headers hold none (PyAV says 0
+    frames, and transformers' reader then samples nothing): their frames are counted from the
+    container's packets instead (`count_packets`: demuxed, never decoded), one packet per frame.
+    """
     # imported here: transformers.video_utils imports torchvision (seconds), which only rows
     # with videos need
     from transformers.video_utils import VideoMetadata
@@ -71,9 +78,13 @@ def video_metadata(video):
         if not container.streams.video:
             raise BadVideo(UNDECODABLE_VIDEO, "no video stream")
         stream = container.streams.video[0]
-        frames, rate = int(stream.frames), stream.average_rate
+        frames, rate = int(stream.frames), stream.average_rate or stream.guessed_rate
+        if frames <= 0 and rate:
+            frames = count_packets(container, stream)
         if frames <= 0 or not rate:
             raise BadVideo(UNDECODABLE_VIDEO, f"{frames} frames at {rate} fps in the header")
+        if not stream.width or not stream.height:  # a processor would divide by them
+            raise BadVideo(UNDECODABLE_VIDEO, f"{stream.width}x{stream.height} frames")
         return VideoMetadata(
             total_num_frames=frames,
             fps=float(rate),
@@ -82,6 +93,19 @@ def video_metadata(video):
             height=stream.height,
             video_backend="pyav",
         )
+
+
+def count_packets(container, stream) -> int:
+    """The frames of a stream whose header does not count them (WebM, Matroska): its packets
+    that carry data, read from the container without decoding them (the demuxer's last,
+    empty packet flushes the decoder and is no frame). VP8, VP9 and H.264 in WebM and Matroska
+    give one packet per frame shown, hidden reference frames included in their packet
+    (tests/test_never_a_crash.py holds the count to the frames decoded)."""
+    av = require_av()
+    try:
+        return sum(1 for packet in container.demux(stream) if packet.size)
+    except (av.FFmpegError, ValueError) as error:
+        raise BadVideo(UNDECODABLE_VIDEO, f"{error.__class__.__name__}: {error}") from error
 
 
 def decode_frames(video, indices) -> np.ndarray:

@@ -64,12 +64,15 @@ def build_pack(
     max_length: int,
     pad_token_id: int,
     batch_index: int,
+    family=None,
 ) -> dict:
     """One planned pack, from its samples (VQADataset items): the usable ones laid out in a row,
     the others counted in `dropped` by reason (a broken image is found only now).
 
     `planned_lengths` are the tokens the plan gave each sample; a sample built with another
-    length would break the plan's budget, so it is an error, not a drop.
+    length would break the plan's budget, so it is an error, not a drop. `family` (the
+    ModelFamily that built the samples) gives the pack its keys and shapes even when no sample
+    is usable: see layout_pack.
     """
     for sample, planned in zip(samples, planned_lengths):
         if sample["drop_reason"] is None and len(sample["input_ids"]) != planned:
@@ -79,16 +82,22 @@ def build_pack(
             )
     dropped = Counter(s["drop_reason"] for s in samples if s["drop_reason"] is not None)
     usable = [s for s in samples if s["drop_reason"] is None]
-    pack = layout_pack(usable, max_length, pad_token_id)
+    pack = layout_pack(usable, max_length, pad_token_id, family)
     return {**pack, "batch_index": batch_index, "dropped": dropped}
 
 
-def layout_pack(samples: list[dict], max_length: int, pad_token_id: int) -> dict:
+def layout_pack(samples: list[dict], max_length: int, pad_token_id: int, family=None) -> dict:
     """Lay out usable samples (VQADataset items) one after the other in a row of max_length tokens.
 
     Returns one pack: the [L] tensors of the batch above (position_ids [4, L] for a model with
     4-row positions), plus `seq_lens` (the segments' lengths, the padding run included) and
     each sample's vision inputs, which the collator concatenates once per batch.
+
+    The pack's shapes and per-token keys come from `family` (its `position_rows` and
+    `token_keys`), not from the samples: a pack whose samples all failed while built (a large
+    image with a sound header and broken data is often alone in its pack) is then one run of
+    padding with the same keys and shapes as its neighbours, and stacks with them. Without a
+    family (tests of fake samples) they come from the first sample.
     """
     seq_lens = [len(s["input_ids"]) for s in samples]
     used = sum(seq_lens)
@@ -99,8 +108,13 @@ def layout_pack(samples: list[dict], max_length: int, pad_token_id: int) -> dict
     for sample_labels in labels:
         sample_labels[0] = config.IGNORE_INDEX  # never predict a sample from the one before
     positions = [s.get("position_ids", torch.arange(n)) for s, n in zip(samples, seq_lens)]
-    rows = positions[0].shape[:-1] if positions else ()  # () for [L], (4,) for Qwen's [4, L]
-    positions.append(torch.arange(pad).expand(*rows, pad))  # the padding run: its own segment
+    if family is not None:
+        rows, token_keys = family.position_rows, family.token_keys
+    else:
+        rows = positions[0].shape[:-1] if positions else ()
+        token_keys = [key for key in TOKEN_INPUTS if samples and key in samples[0]]
+    # the padding run, its own segment: [pad], or [4, pad] for Qwen-VL's 4-row positions
+    positions.append(torch.arange(pad).expand(*rows, pad))
     converted = Counter()
     for s in samples:
         converted.update(s["converted"])
@@ -112,8 +126,7 @@ def layout_pack(samples: list[dict], max_length: int, pad_token_id: int) -> dict
         "position_ids": torch.cat(positions, dim=-1),
         **{
             key: torch.cat([*(s[key] for s in samples), torch.zeros(pad, dtype=torch.long)])
-            for key in TOKEN_INPUTS
-            if samples and key in samples[0]
+            for key in token_keys
         },
         "real_token_mask": torch.arange(max_length) < used,
         **token_loss_weights(samples, seq_lens, pad),

@@ -274,6 +274,7 @@ class PackedDataset(PackingSettings, IterableDataset):
             max_length=self.max_length,
             pad_token_id=self.dataset.family.pad_token_id,
             batch_index=batch_index,
+            family=self.dataset.family,
         )
 
     def samples(self, rows: list[int]) -> list[dict]:

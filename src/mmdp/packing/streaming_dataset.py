@@ -163,6 +163,7 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
             max_length=self.max_length,
             pad_token_id=self.family.pad_token_id,
             batch_index=-1,
+            family=self.family,
         )
 
 

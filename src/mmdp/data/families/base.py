@@ -110,6 +110,9 @@ class ModelFamily:
     vision_keys: tuple[str, ...] = ("pixel_values",)
     video_keys: tuple[str, ...] = ()  # ...and of its batches with videos
     token_keys: tuple[str, ...] = ()  # per-token inputs besides input_ids (0 on padding)
+    # the leading shape of a sample's position_ids: () for [n], (4,) for Qwen-VL's [4, n]; a
+    # pack takes its shape from here, not from its samples (it may have none left)
+    position_rows: tuple[int, ...] = ()
     needs_image_sizes = True  # weighing reads every image's header
     # None: the model masks each sample of a pack from its restarting position_ids; else the
     # name of the attention mask mmdp builds for it instead (mmdp.models.inputs.PACKED_MASKS)

@@ -100,6 +100,7 @@ class QwenVL(ModelFamily):
     vision_keys = ("pixel_values", "image_grid_thw")
     video_keys = ("pixel_values_videos", "video_grid_thw")
     token_keys = ("mm_token_type_ids",)
+    position_rows = (4,)  # text positions, then the 3-D rope index (see `positions`)
     model_class = None  # the transformers model whose get_rope_index computes positions
     config_class = None
     tokens_per_second = None  # the vision config's, where the rope index reads one (videos)
