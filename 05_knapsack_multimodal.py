@@ -278,6 +278,7 @@ def report_sources(mixed: MixedRows, packed: PackedDataset, reports: list, args)
         [report.sample_index for report in reports],
         budgets=budgets,
         epoch=packed.epoch,
+        report_by_source=PackReport.merged(reports).by_source(),
     )
 
 
@@ -329,6 +330,7 @@ def run_packed_epoch(packed: PackedDataset, args) -> dict:
     loader = PackedDataLoader(packed, num_workers=args.num_workers)
     report = PackReport()
     first_batch, seconds = run_epoch(loader, report, hint=hint)
+    report.add_loader(loader)  # the plan's drops (and, for a mixture, of each source)
     reports, weighed = [report], [packed.weighing.rows_weighed_here]
     if dist.is_initialized():
         reports = [None] * dist.get_world_size()
@@ -336,7 +338,6 @@ def run_packed_epoch(packed: PackedDataset, args) -> dict:
         weighed = [None] * dist.get_world_size()
         dist.all_gather_object(weighed, packed.weighing.rows_weighed_here)
     merged = PackReport.merged(reports)
-    merged.dropped.update(packed.plan(packed.epoch).dropped)
     return {
         "report": merged,
         "reports": reports,
@@ -369,7 +370,7 @@ def run_streaming_epoch(processor, args) -> tuple[dict, VQADataset]:
             )
             steps.append(tuple(int(load) for load in loads))
             yield batch
-        report.dropped.update(loader.dropped_at_end)  # read after the last batch, or held
+        report.add_loader(loader)  # rows read after the last batch, or held
 
     hint = "raise --max-length or --max-images, or use more --num-rows"
     first_batch, seconds = run_epoch(batches(), report, hint=hint)

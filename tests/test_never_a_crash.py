@@ -4,28 +4,38 @@ every bug it found has its plain test here too. docs/faults.md lists every bad i
 """
 
 import io
+from collections import Counter
 
+import datasets
 import numpy as np
 import pytest
 import torch
-from datasets import Dataset
+from datasets import Dataset, Features, List, Value
 from PIL import Image
 
-from mmdp.data.bad_rows import mp4_with_broken_data, png_with_broken_data
+from mmdp.data.bad_rows import mp4_with_broken_data, png_with_broken_data, truncated_jpeg
 from mmdp.data.conversation import chat_messages, chat_turns
 from mmdp.data.families import OFFLINE, family_for, offline_processor, tiny_processor
+from mmdp.data.families.qwen_vl import Qwen2_5_VL
 from mmdp.data.families.smolvlm import Idefics3
 from mmdp.data.families.smolvlm import tiny_processor as smolvlm_tiny_processor
-from mmdp.data.sources import FEATURES
+from mmdp.data.mixture import MixedRows, mixture_from_dict
+from mmdp.data.sources import FEATURES, undecoded
 from mmdp.data.synthetic import encode_png
 from mmdp.data.synthetic_videos import encode_clip, moving_shape
 from mmdp.data.videos import video_metadata
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.drop_reasons import UNDECODABLE_IMAGE, UNDECODABLE_VIDEO
+from mmdp.drop_reasons import LEFT_OUT_BY_MIXTURE, TOO_LONG, UNDECODABLE_IMAGE, UNDECODABLE_VIDEO
+from mmdp.errors import UserError
+from mmdp.models.inputs import model_inputs
+from mmdp.models.tiny import tiny_model
 from mmdp.packing.batch import build_pack, collate_packs
+from mmdp.packing.mixture_plan import MixturePlan
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
+from mmdp.report.metrics import PackReport
+from mmdp.report.mixture import source_report
 
 FAMILIES = ("tiny", *OFFLINE, "idefics3")
 
@@ -197,3 +207,120 @@ def test_a_video_stream_of_no_size_is_counted_not_a_division_by_zero():
     texts = [{"user": "Hi?", "assistant": "Hello.", "source": "t"}]
     _, _, _, reasons = family.weigh([texts], [[]], [[video]])
     assert reasons == [UNDECODABLE_VIDEO]
+
+
+# 4. datasets' default Image() ----------------------------------------------------------------
+
+DECODING = Features(
+    {
+        "images": List(datasets.Image()),  # datasets' default: decode=True
+        "texts": List(
+            {"user": Value("string"), "assistant": Value("string"), "source": Value("string")}
+        ),
+    }
+)
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen2_5_vl"])
+@pytest.mark.filterwarnings("ignore:a list has no shards")
+def test_datasets_default_image_feature_is_read_undecoded_by_every_loader(name, tokenizer):
+    """A dataset with datasets' default Image() decodes each image as its row is read: a truncated
+    file raised `OSError: Truncated File Read` out of VQADataset, the planned loader and the
+    streaming one over a map-style Dataset. Every loader now casts it to Image(decode=False) and
+    the file is a counted drop, decoded in mmdp's one place."""
+    processor = tokenizer if name == "tiny" else tiny_processor(name)
+    rows = [row(GOOD)] * 3 + [row(truncated_jpeg())]
+    dataset = Dataset.from_list(rows, features=DECODING)
+    with pytest.raises(OSError, match="Truncated"):
+        dataset[3]  # the trap: reading the row decodes it
+    assert VQADataset(dataset, processor)[3]["drop_reason"] == UNDECODABLE_IMAGE
+    config = PackingConfig(max_length=512, packs_per_batch=1, max_patches=None)
+    loaders = [
+        PackedDataLoader(PackedDataset(VQADataset(dataset, processor), config), num_workers=2),
+        StreamingDataLoader(StreamingPackedDataset(dataset, processor, config), num_workers=0),
+        StreamingDataLoader(
+            StreamingPackedDataset(dataset.to_iterable_dataset(), processor, config), num_workers=0
+        ),
+    ]
+    for loader in loaders:
+        report = PackReport.of_epoch(loader)
+        assert report.samples == 3 and report.dropped == {UNDECODABLE_IMAGE: 1}
+        assert report.rows_read == 4
+
+
+def test_video_features_are_read_undecoded_too():
+    features = Features({**DECODING, "videos": List(datasets.Video())})
+    rows = Dataset.from_dict({"images": [[]], "texts": [[]], "videos": [[]]}, features=features)
+    undecoded_rows = undecoded(rows)
+    assert undecoded_rows.features["images"] == List(datasets.Image(decode=False))
+    assert undecoded_rows.features["videos"] == List(datasets.Video(decode=False))
+    already = undecoded_rows
+    assert undecoded(already) is already  # nothing to cast: the same dataset, the same fingerprint
+
+
+# 5. The model's config against the settings the batch was built with ----------------------------
+
+
+def test_model_inputs_refuses_a_model_configured_otherwise_than_the_batch():
+    """Qwen2.5-VL spaces a video's temporal positions by vision_config.tokens_per_second: the
+    batches are built for the released checkpoints' 2, and a model saying 4 (transformers'
+    default config) trained on other positions without a word (1.2e-4 in a sample's loss,
+    tests/test_video.py). model_inputs(batch, model) now refuses it in one sentence, and a family
+    built for the model's setting is accepted; another image token id is refused the same way."""
+    processor = tiny_processor("qwen2_5_vl")
+    family = family_for(processor)
+    batch = collate_packs([pack_of(family, [row(GOOD), row(None)])], family)
+    model = tiny_model(processor)
+    model_inputs(batch, model)  # built for this model: accepted
+    model.config.vision_config.tokens_per_second = 4
+    with pytest.raises(UserError, match=r"tokens_per_second = 4, but .* built for 2; .*=4\)"):
+        model_inputs(batch, model)
+    four = Qwen2_5_VL(processor, tokens_per_second=4)
+    model_inputs(collate_packs([pack_of(four, [row(GOOD)])], four), model)
+    model.config.image_token_id = family.feature_token_id + 1
+    with pytest.raises(UserError, match="image_token_id"):
+        model_inputs(batch, model)
+
+
+# 6. One epoch report -------------------------------------------------------------------------
+
+
+def test_one_epoch_report_adds_the_plans_and_the_batches_drops_per_reason_and_source(tokenizer):
+    """A mixture of two sources over 2 ranks: rows over the budget (the plan drops them), a
+    broken image (dropped while its batch is built), rows the mixture leaves out and packs left
+    out to equalise the ranks. The merged report alone adds up, overall and per source:
+    rows read == samples + dropped, and every source's rows read are its rows. (The mixture's
+    table used to count the broken image as left_out_to_equalise_ranks.)"""
+    a = [row(GOOD)] * 9 + [row(png_with_broken_data(60, 40)), row(None, "word " * 400)]
+    b = [row(None, f"Reply {i}.") for i in range(14)]  # more than a: the mixture leaves some
+    mixture = mixture_from_dict(
+        {"sources": [{"name": "a", "dataset": "x", "share": 1}, {"name": "b", "dataset": "y", "share": 1}],
+         "share_by": "rows"}
+    )  # fmt: skip
+    source_of_row = np.repeat(np.arange(2, dtype=np.int16), [len(a), len(b)])
+    mixed = MixedRows(Dataset.from_list(a + b, features=FEATURES), source_of_row, mixture)
+    samples = VQADataset(mixed.dataset, tokenizer, image_size=32, mixture=mixed)
+    config = PackingConfig(max_length=256, packs_per_batch=2)
+    reports = []
+    for rank in (0, 1):
+        packed = PackedDataset(
+            samples, config, rank=rank, world_size=2, mixture=MixturePlan.of(mixed)
+        )
+        reports.append(PackReport.of_epoch(PackedDataLoader(packed, num_workers=0)))
+    report = PackReport.merged(reports)
+    by_source = report.by_source()
+    assert report.rows_read == report.samples + sum(report.dropped.values()) == len(a) + len(b)
+    assert {name: s["rows_read"] for name, s in by_source.items()} == {"a": len(a), "b": len(b)}
+    assert by_source["a"]["dropped"][UNDECODABLE_IMAGE] == 1
+    assert by_source["a"]["dropped"][TOO_LONG] == 1
+    total = Counter()
+    for s in by_source.values():
+        assert s["rows_read"] == s["samples"] + sum(s["dropped"].values())
+        total.update(s["dropped"])
+    assert total == report.dropped and LEFT_OUT_BY_MIXTURE in total
+    table = source_report(
+        mixed, MixturePlan.of(mixed), packed.weights, [r.sample_index for r in reports],
+        budgets={"max_length": 256, "max_images": config.max_images, "max_patches": None},
+        report_by_source=by_source,
+    )  # fmt: skip
+    assert table[0]["dropped"] == by_source["a"]["dropped"]

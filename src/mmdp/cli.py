@@ -221,10 +221,15 @@ def nothing_to_do(rows_read: int, dropped: dict, hint: str) -> UserError:
 
 
 def print_batch(batch: dict) -> None:
-    """One line per entry of a collated batch: tensors by shape, the rest by value."""
+    """One line per entry of a collated batch: tensors by shape, the rest by value (the rows of
+    `dropped_rows` on the `dropped` line, when there are some)."""
     width = max(17, *(len(key) for key in batch))  # pixel_values_videos: 19
     for key, value in batch.items():
-        if isinstance(value, torch.Tensor):
+        if key == "dropped_rows":
+            continue  # on the `dropped` line
+        if key == "dropped" and batch.get("dropped_rows"):
+            print(f"  {key:<{width}} {value} (rows {[row for row, _ in batch['dropped_rows']]})")
+        elif isinstance(value, torch.Tensor):
             print(f"  {key:<{width}} {str(tuple(value.shape)):<20} {value.dtype}")
         else:
             print(f"  {key:<{width}} {value}")

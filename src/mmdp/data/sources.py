@@ -11,6 +11,7 @@ place (`mmdp.data.images.load_image`) where a broken file becomes a counted skip
 """
 
 import contextlib
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -228,3 +229,27 @@ def check_schema(dataset: Dataset, source: str | None) -> None:
             f"dataset {source!r} lacks the column(s) {', '.join(sorted(missing))}: mmdp expects "
             "the_cauldron's schema, images (list of images) and texts (list of {user, assistant})"
         )
+
+
+def undecoded(rows):
+    """`rows` (a datasets.Dataset or IterableDataset) with its images and videos kept encoded:
+    every Image or Video feature of its `images` and `videos` columns cast to decode=False
+    (datasets' default Image() decodes each image as the row is read, where a truncated file
+    raises inside a DataLoader worker, outside mmdp's one decoding place). Anything else, and a
+    dataset already undecoded, comes back as it is (the same object, the same fingerprint)."""
+    features = getattr(rows, "features", None)
+    if features is None:
+        return rows
+    for name in ("images", "videos"):
+        if name in features and (encoded := kept_encoded(features[name])) != features[name]:
+            rows = rows.cast_column(name, encoded)
+    return rows
+
+
+def kept_encoded(feature):
+    """A feature with its Image and Video parts set to decode=False (nested in lists too)."""
+    if isinstance(feature, (datasets.Image, datasets.Video)):
+        return dataclasses.replace(feature, decode=False)
+    if isinstance(feature, (List, datasets.LargeList)):
+        return dataclasses.replace(feature, feature=kept_encoded(feature.feature))
+    return feature

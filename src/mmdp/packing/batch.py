@@ -30,6 +30,11 @@ A batch of B packs, each a row of L = max_length tokens:
                              patches count in patches_per_row
     batch_index, dropped, converted   where the batch is in the epoch; rows dropped while it was
                              built, by reason; images converted to RGB, by mode
+    dropped_rows             [(row, reason)]: which rows those were (a planned loader's rows;
+                             the epoch report counts them per source of a mixture)
+    model_family, model_settings   (a real family) its name, and what the batch assumes of the
+                             model's config ({"vision_config.tokens_per_second": 2, ...}), which
+                             model_inputs checks
 
 Example: two packs of 8 tokens, samples of 3 and 4 tokens in the first, of 6 in the second
 (tests/test_batch.py builds it from fake samples):
@@ -80,10 +85,15 @@ def build_pack(
                 f"row {sample['row']}: planned {planned} tokens, tokenized "
                 f"{len(sample['input_ids'])}; the tokenizer is not deterministic"
             )
-    dropped = Counter(s["drop_reason"] for s in samples if s["drop_reason"] is not None)
+    dropped_rows = [(s["row"], s["drop_reason"]) for s in samples if s["drop_reason"] is not None]
     usable = [s for s in samples if s["drop_reason"] is None]
     pack = layout_pack(usable, max_length, pad_token_id, family)
-    return {**pack, "batch_index": batch_index, "dropped": dropped}
+    return {
+        **pack,
+        "batch_index": batch_index,
+        "dropped": Counter(reason for _, reason in dropped_rows),
+        "dropped_rows": dropped_rows,
+    }
 
 
 def layout_pack(samples: list[dict], max_length: int, pad_token_id: int, family=None) -> dict:
@@ -207,8 +217,13 @@ def collate_packs(packs: list[dict], family=None) -> dict:
         "sample_of_image": torch.tensor(sample_of_image, dtype=torch.long),
         "batch_index": batch_indices.pop(),
         "dropped": dict(dropped),
+        "dropped_rows": [row for p in packs for row in p.get("dropped_rows", ())],
         "converted": dict(converted),
-        **({"model_family": family.name} if family and family.name != "tiny" else {}),
+        **(
+            {"model_family": family.name, "model_settings": family.model_settings()}
+            if family and family.name != "tiny"
+            else {}
+        ),
     }
 
 

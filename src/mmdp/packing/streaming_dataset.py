@@ -13,7 +13,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from mmdp import config as defaults
 from mmdp.data.families import family_for
-from mmdp.data.sources import with_undecoded_images
+from mmdp.data.sources import undecoded
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
 from mmdp.packing.buffer import pack_buffer
@@ -65,8 +65,8 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
         self.max_queued_batches = max_queued_batches
         self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
         self.total_shards = None  # a plain iterable has none
+        rows = undecoded(rows)  # a datasets stream or Dataset: images and videos kept encoded
         if isinstance(rows, datasets.IterableDataset):
-            rows = with_undecoded_images(rows)
             self.total_shards = rows.num_shards
             if self.world_size > 1:
                 rows = split_dataset_by_node(rows, self.rank, self.world_size)

@@ -50,7 +50,7 @@ from datasets import Dataset, Features, List, Value
 from mmdp.data.conversation import BadConversation
 from mmdp.data.families import family_for
 from mmdp.data.images import BadImage
-from mmdp.data.sources import cache_dir
+from mmdp.data.sources import cache_dir, undecoded
 from mmdp.data.videos import BadVideo
 from mmdp.drop_reasons import CODE
 from mmdp.packing.local_wait import wait_for
@@ -117,6 +117,7 @@ def weigh_rows(
     module docstring); every rank must then call weigh_rows with the same rows.
     """
     start = time.perf_counter()
+    rows = undecoded(rows)  # weighing reads headers: datasets' Image() must not decode them
     family = family_for(processor)
     key = cache_key(rows, family, pretokenize)
     path = cache_dir() / "weights" / key

@@ -172,6 +172,12 @@ class ModelFamily:
         concatenated along its first dimension; none when no sample has an image."""
         return concatenate_vision(samples)
 
+    def model_settings(self) -> dict:
+        """What the batches assume of the model's config, by its path in the config (e.g.
+        "vision_config.tokens_per_second"): mmdp.models.inputs.model_inputs refuses a model
+        configured otherwise. Every real family: the config's id of its feature token."""
+        return {"image_token_id": self.feature_token_id}
+
     def fingerprint(self) -> dict:
         """Everything that changes a row's weight: what the weights' cache key depends on."""
         return {

@@ -234,6 +234,10 @@ class Gemma3(ModelFamily):
                 f"({rows} pixel rows)"
             )
 
+    def model_settings(self) -> dict:
+        """...and the soft tokens an image's run holds, which the model's vision tower makes."""
+        return {**super().model_settings(), "mm_tokens_per_image": self.processor.image_seq_length}
+
     def fingerprint(self) -> dict:
         """The processor's, plus pan-and-scan: a setting of the family, not of the processor."""
         return {**super().fingerprint(), "pan_and_scan": self.pan_and_scan}

@@ -106,6 +106,15 @@ class LlavaOnevision(ModelFamily):
             )
         self.tile = processor.image_processor.size["height"]  # crops are square (IP:202-207)
 
+    def model_settings(self) -> dict:
+        """...and what decides each image's features: the model unpads an image's grid of
+        crops by its own pinpoints and feature strategy (M:281-344)."""
+        return {
+            **super().model_settings(),
+            "vision_feature_select_strategy": self.processor.vision_feature_select_strategy,
+            "image_grid_pinpoints": self.processor.image_processor.image_grid_pinpoints,
+        }
+
     def image_layout(self, width: int, height: int, images_in_sample: int) -> ImageLayout:
         crops = self.crops(height, width, images_in_sample)
         features = self.features(height, width, images_in_sample)

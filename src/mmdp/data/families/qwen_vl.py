@@ -108,12 +108,24 @@ class QwenVL(ModelFamily):
     default_max_length = 2048
     default_max_patches = 8192
 
-    def __init__(self, processor):
+    def __init__(self, processor, *, tokens_per_second: int | None = None):
+        """`tokens_per_second` (Qwen2.5-VL): the model's vision_config.tokens_per_second, if it
+        is not the released checkpoints' 2 (model_inputs refuses a batch built otherwise)."""
         super().__init__(processor)
+        if tokens_per_second is not None:
+            self.tokens_per_second = tokens_per_second
         self.merge_size = processor.image_processor.merge_size
         self.rope = RopeIndex(
             self.model_class, self.config_class, self.merge_size, self.tokens_per_second
         )
+
+    def model_settings(self) -> dict:
+        """The feature tokens' ids, and what the positions were computed with: the merge size."""
+        return {
+            **super().model_settings(),
+            "video_token_id": self.feature_token_ids[1],
+            "vision_config.spatial_merge_size": self.merge_size,
+        }
 
     def image_layout(self, width: int, height: int, images_in_sample: int) -> ImageLayout:
         try:
@@ -285,6 +297,12 @@ class Qwen2_5_VL(QwenVL):
     # batches gets other positions for its videos (tests/test_video.py shows it).
     tokens_per_second = 2
     video_keys = (*QwenVL.video_keys, "second_per_grid_ts")
+
+    def model_settings(self) -> dict:
+        """...and the tokens_per_second the videos' temporal positions were spaced by (the rope
+        index's: transformers' default 4 when the family sets none)."""
+        spaced_by = self.rope.config.vision_config.tokens_per_second
+        return {**super().model_settings(), "vision_config.tokens_per_second": spaced_by}
 
     def video_inputs(self, videos: list, metadata: list) -> dict:
         """...and second_per_grid_ts, as Qwen2_5_VLProcessor computes it from the sampled fps
