@@ -3,6 +3,7 @@ what the user now sees. The property-based suite over the whole input space is t
 every bug it found has its plain test here too. docs/faults.md lists every bad input kind.
 """
 
+import functools
 import io
 from collections import Counter
 
@@ -22,7 +23,7 @@ from mmdp.data.families.smolvlm import tiny_processor as smolvlm_tiny_processor
 from mmdp.data.mixture import MixedRows, mixture_from_dict
 from mmdp.data.sources import FEATURES, undecoded
 from mmdp.data.synthetic import encode_png
-from mmdp.data.synthetic_videos import encode_clip, moving_shape
+from mmdp.data.synthetic_videos import encode_clip, encode_mp4, moving_shape
 from mmdp.data.videos import video_metadata
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import LEFT_OUT_BY_MIXTURE, TOO_LONG, UNDECODABLE_IMAGE, UNDECODABLE_VIDEO
@@ -38,6 +39,12 @@ from mmdp.report.metrics import PackReport
 from mmdp.report.mixture import source_report
 
 FAMILIES = ("tiny", *OFFLINE, "idefics3")
+
+
+@pytest.fixture(scope="module")
+def processors():
+    """Each family's tiny processor, built once (a test that changes one restores it)."""
+    return functools.cache(tiny_processor)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -57,7 +64,11 @@ def row(image: dict | None, reply: str = "A red box.") -> dict:
     }
 
 
-GOOD = {"bytes": encode_png(Image.new("RGB", (64, 48), (200, 30, 30))), "path": None}
+def image_cell(width: int, height: int) -> dict:
+    return {"bytes": encode_png(Image.new("RGB", (width, height), (200, 30, 30))), "path": None}
+
+
+GOOD = image_cell(64, 48)
 
 
 # 1. A pack whose samples all fail while built ---------------------------------------------------
@@ -324,3 +335,115 @@ def test_one_epoch_report_adds_the_plans_and_the_batches_drops_per_reason_and_so
         report_by_source=by_source,
     )  # fmt: skip
     assert table[0]["dropped"] == by_source["a"]["dropped"]
+
+
+# 2. Processor settings set as attributes -------------------------------------------------------
+
+# (family, how the user sets it, sizes): each setting made the way users make it, on a loaded
+# processor, after it was built. Before, mmdp weighed Qwen-VL images from `size` alone and the
+# epoch died mid-way (`weighed [1564] patches, the processor made [936] (image_grid_thw)`), and
+# SmolVLM, LLaVA-OneVision and Gemma 3 read theirs once, when the family was made.
+ATTRIBUTES = {
+    "qwen2_5_vl: min_pixels, max_pixels": (
+        "qwen2_5_vl",
+        {"min_pixels": 64 * 28 * 28, "max_pixels": 300 * 28 * 28},
+    ),
+    "qwen3_vl: max_pixels": ("qwen3_vl", {"max_pixels": 200 * 32 * 32}),
+    "smolvlm: size, max_image_size": (
+        "smolvlm",
+        {"size": {"longest_edge": 96}, "max_image_size": {"longest_edge": 32}},
+    ),
+    "smolvlm: no splitting": ("smolvlm", {"do_image_splitting": False}),
+    "llava_onevision: pinpoints": (
+        "llava_onevision",
+        {"image_grid_pinpoints": [[32, 64], [64, 32], [64, 64], [96, 32]]},
+    ),
+}
+# The default suite weighs three sizes, the slow group these and three more.
+SIZES = [(640, 480), (20, 30), (300, 2000)]
+MORE_SIZES = [(1000, 200), (97, 13), (1, 1)]
+
+
+def processed(processor, row: dict) -> dict:
+    """What the processor itself makes of a row (its images nested as one sample's)."""
+    messages = chat_messages(chat_turns(row["texts"], ()), len(row["images"]))
+    text = processor.apply_chat_template(messages, tokenize=False)
+    images = [Image.open(io.BytesIO(image["bytes"])).convert("RGB") for image in row["images"]]
+    return processor(text=[text], images=[images], return_tensors="pt")
+
+
+@pytest.mark.filterwarnings("ignore:Passing `min_pixels`:FutureWarning")
+@pytest.mark.parametrize("sizes", [SIZES, pytest.param(MORE_SIZES, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("setting", ATTRIBUTES)
+def test_settings_set_as_attributes_are_weighed_as_the_processor_applies_them(
+    setting, sizes, processors, monkeypatch
+):
+    name, attributes = ATTRIBUTES[setting]
+    processor = processors(name)
+    before = family_for(processor)
+    settings = before.read_settings()
+    for attribute, value in attributes.items():
+        monkeypatch.setattr(processor.image_processor, attribute, value, raising=False)
+    family = family_for(processor)
+    # the weights' cache key follows the setting, also for a family made before it was set
+    assert family.fingerprint()["settings"] == before.read_settings() != settings
+    rows = [
+        {"images": [image_cell(w, h)], "texts": [{"user": "Q?", "assistant": "A.", "source": "t"}]}
+        for w, h in sizes
+    ]
+    lengths, _, patches, reasons = family.weigh(
+        [r["texts"] for r in rows], [r["images"] for r in rows]
+    )
+    for row, length, patch_count, reason in zip(rows, lengths, patches, reasons):
+        sample = family.make_sample(row, 0)
+        if reason is not None:  # refused from the header (an aspect ratio over 200), and built
+            assert sample["drop_reason"] == reason
+            continue
+        assert (len(sample["input_ids"]), sample["patches"]) == (length, patch_count)
+        assert torch.equal(sample["input_ids"], processed(processor, row)["input_ids"][0])
+
+
+def test_a_setting_the_processor_would_never_apply_is_refused_in_one_sentence(
+    processors, monkeypatch
+):
+    """Gemma3Processor sends its own pan-and-scan at every call: set on its image processor, it
+    would be silently ignored, so the family refuses it (and is given it instead); a Qwen-VL
+    image processor that does not resize cannot cut most images into its patches."""
+    processor = processors("gemma3")
+    monkeypatch.setattr(processor.image_processor, "do_pan_and_scan", True)
+    with pytest.raises(UserError, match=r"Gemma3\(processor, do_pan_and_scan=True\)"):
+        family_for(processor)
+    processor = processors("qwen2_5_vl")
+    monkeypatch.setattr(processor.image_processor, "do_resize", False)
+    with pytest.raises(UserError, match="do_resize=False"):
+        family_for(processor)
+
+
+@pytest.mark.filterwarnings("ignore:Passing `min_pixels`:FutureWarning")
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+def test_video_settings_set_as_attributes_are_weighed_as_the_processor_applies_them(
+    name, processors, monkeypatch
+):
+    """The video processor's frame sampling (fps, min and max frames) and pixels, set as
+    attributes: the weight is the sample's length, its input_ids and grids the processor's own."""
+    processor = processors(name)
+    settings = {"fps": 3, "min_frames": 2, "max_frames": 6}
+    if name == "qwen2_5_vl":  # Qwen2VLVideoProcessor takes min/max pixels (Qwen3-VL's does not)
+        settings.update(min_pixels=8 * 28 * 28, max_pixels=16 * 28 * 28)
+    for attribute, value in settings.items():
+        monkeypatch.setattr(processor.video_processor, attribute, value, raising=False)
+    family = family_for(processor)
+    texts = [{"user": "Which way?", "assistant": "Down.", "source": "t"}]
+    for clip in ((9, 5, 40, 30), (20, 10, 64, 48)):
+        frames, fps, width, height = clip
+        drawn = moving_shape("circle", "red", "left to right", frames, width, height)
+        video = {"bytes": encode_mp4(drawn, fps)}
+        (length,), _, (patches,), (reason,) = family.weigh([texts], [[]], [[video]])
+        sample = family.make_sample({"images": [], "videos": [video], "texts": texts}, 0)
+        assert reason is None and (len(sample["input_ids"]), sample["patches"]) == (length, patches)
+        frames, truth = decoded_whole(video)
+        messages = chat_messages(chat_turns(texts, ()), 0, 1)
+        text = processor.apply_chat_template(messages, tokenize=False)
+        out = processor(text=[text], videos=[frames], video_metadata=[truth], return_tensors="pt")
+        assert torch.equal(sample["input_ids"], out["input_ids"][0])
+        assert torch.equal(sample["video_grid_thw"], out["video_grid_thw"])

@@ -292,6 +292,7 @@ def weigh_batch(batch: dict, indices, family, pretokenize: bool, image_counts) -
         }
     keys = ("length", "image_count", "patches", "reason", "input_ids", "labels")
     out = {key: [] for key in keys}
+    family.read_settings()  # once for the batch: tokenize reads what it found
     for texts, row_images, row_videos in zip(batch["texts"], images, videos):
         try:
             input_ids, labels, count, patches = family.tokenize(texts, row_images, row_videos)

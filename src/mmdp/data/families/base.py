@@ -29,6 +29,7 @@ the planned weight of every row is the length of the sample the processor builds
 import hashlib
 import json
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 
@@ -77,6 +78,32 @@ def concatenate(tensors: list[torch.Tensor]) -> torch.Tensor:
     storage = first._typed_storage()._new_shared(sum(t.numel() for t in tensors), device="cpu")
     out = first.new(storage).resize_(sum(len(t) for t in tensors), *first.shape[1:])
     return torch.cat(tensors, out=out)
+
+
+def effective_settings(processor) -> dict:
+    """The settings a transformers image or video processor preprocesses with: each of its valid
+    kwargs read from its attribute, then resolved by its own `_standardize_kwargs`, exactly as its
+    `preprocess` does (BaseImageProcessor.preprocess, BaseVideoProcessor.preprocess, transformers
+    5.23). So a setting made the way users make them counts: `image_processor.max_pixels = N` on
+    a loaded Qwen-VL processor overrides its `size` in preprocessing, and here, where its `size`
+    alone (what get_number_of_image_patches reads) would not."""
+    names = processor.valid_kwargs.__annotations__
+    kwargs = {name: getattr(processor, name, None) for name in names}
+    with warnings.catch_warnings():  # the processor warns about min/max_pixels when it preprocesses
+        warnings.simplefilter("ignore", FutureWarning)
+        return processor._standardize_kwargs(**kwargs)
+
+
+def plain_settings(settings: dict, names) -> dict:
+    """`names` of resolved settings as JSON-able values (a SizeDict as a dict, None left out): what
+    a family's fingerprint and its refusals name."""
+    out = {}
+    for name in names:
+        value = settings.get(name)
+        if value is not None and hasattr(value, "items"):
+            value = {k: v for k, v in dict(value).items() if v is not None}
+        out[name] = value
+    return out
 
 
 @dataclass(frozen=True)
@@ -172,6 +199,14 @@ class ModelFamily:
         concatenated along its first dimension; none when no sample has an image."""
         return concatenate_vision(samples)
 
+    def read_settings(self) -> dict:
+        """The family's: read the processor's effective settings (`effective_settings`) into the
+        family, for the weights to follow what the processor will do; refuse (UserError, one
+        sentence) settings mmdp cannot weigh. Called when the family is made and again by every
+        weigh, make_sample, image_costs and video_costs (a setting changed in between counts).
+        Returns the settings that change a count (JSON-able: part of `fingerprint`)."""
+        return {}
+
     def model_settings(self) -> dict:
         """What the batches assume of the model's config, by its path in the config (e.g.
         "vision_config.tokens_per_second"): mmdp.models.inputs.model_inputs refuses a model
@@ -185,6 +220,7 @@ class ModelFamily:
             "tokenizer": tokenizer_fingerprint(self.tokenizer),
             "processor": self.processor.to_json_string(),
             "chat_template": self.processor.chat_template,
+            "settings": self.read_settings(),  # as resolved: attributes set on it included
         }
 
     # The same for every family --------------------------------------------------------------
@@ -274,6 +310,7 @@ class ModelFamily:
         """Tokens, images, patches and drop reason (None: usable) of many rows, from their text
         and their images' and videos' headers; one batched tokenizer call. A video's patches
         count with its row's (it is never split), its frames not as images."""
+        self.read_settings()
         lengths, image_counts, patches, reasons = [], [], [], []
         rendered, rendered_rows = [], []
         videos_of_rows = videos_of_rows or [None] * len(texts_of_rows)
@@ -312,6 +349,7 @@ class ModelFamily:
     def image_costs(self, images_of_rows) -> list[tuple[int, int]]:
         """(tokens, patches) of every image of the rows, from their headers (refused images
         left out): what a report or a figure shows of a family's rules."""
+        self.read_settings()
         costs = []
         for images in images_of_rows:
             try:
@@ -324,6 +362,7 @@ class ModelFamily:
     def video_costs(self, videos_of_rows) -> list[tuple[int, int]]:
         """(tokens, patches) of every video of the rows, from their headers (refused or broken
         videos left out): what stage 5 reports of the videos it packed."""
+        self.read_settings()
         costs = []
         for videos in videos_of_rows:
             try:
@@ -335,7 +374,7 @@ class ModelFamily:
 
     def tokenize(self, texts, images, videos=None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         """(input_ids, labels, images, patches) of a row, its images and videos read from their
-        headers (pretokenizing: mmdp.packing.weighing)."""
+        headers (pretokenizing: mmdp.packing.weighing, which reads the settings once a batch)."""
         layouts = self.layouts([image_size(image) for image in images or []])
         videos = self.video_layouts(videos)
         input_ids, labels = self.encode(chat_turns(texts, self.reserved), layouts + videos)
@@ -345,6 +384,7 @@ class ModelFamily:
     def make_sample(self, row: dict, index: int, tokenized=None) -> dict:
         """One row -> one sample (see mmdp.data.vqa_dataset): the model's processor on its images,
         its tokens from `encode` (or `tokenized`, computed ahead by weighing)."""
+        self.read_settings()
         images = row["images"] or []
         try:
             decoded = [decode_image(image) for image in images]

@@ -45,7 +45,7 @@ from transformers import AutoTokenizer
 from transformers.image_processing_utils import select_best_resolution
 
 from mmdp import config
-from mmdp.data.families.base import ImageLayout, ModelFamily
+from mmdp.data.families.base import ImageLayout, ModelFamily, effective_settings
 from mmdp.errors import UserError
 
 # llava-hf/llava-onevision-qwen2-*-hf's chat_template.json, verbatim as transformers pins it
@@ -104,7 +104,20 @@ class LlavaOnevision(ModelFamily):
                 f"and vision_feature_select_strategy={strategy!r}; set them as the checkpoints "
                 f"do ({NUM_IMAGE_TOKENS} for 384 px SigLIP, {FEATURE_SELECT_STRATEGY!r})"
             )
-        self.tile = processor.image_processor.size["height"]  # crops are square (IP:202-207)
+        self.read_settings()
+
+    def read_settings(self) -> dict:
+        """The image processor's effective crop size and grid pinpoints (as its preprocess
+        resolves them), and the processor's features a crop."""
+        settings = effective_settings(self.processor.image_processor)
+        self.tile = settings["size"]["height"]  # crops are square (IP:202-207)
+        self.pinpoints = settings["image_grid_pinpoints"]
+        return {
+            "tile": self.tile,
+            "image_grid_pinpoints": self.pinpoints,
+            "num_image_tokens": self.processor.num_image_tokens,
+            "vision_aspect_ratio": self.processor.vision_aspect_ratio,
+        }
 
     def model_settings(self) -> dict:
         """...and what decides each image's features: the model unpads an image's grid of
@@ -125,8 +138,7 @@ class LlavaOnevision(ModelFamily):
         chosen pinpoint's grid plus the base crop (IP:136-151; the model's count, M:185-219)."""
         if images_in_sample > 1:
             return 1
-        pinpoints = self.processor.image_processor.image_grid_pinpoints
-        best_height, best_width = select_best_resolution((height, width), pinpoints)
+        best_height, best_width = select_best_resolution((height, width), self.pinpoints)
         return math.ceil(best_height / self.tile) * math.ceil(best_width / self.tile) + 1
 
     def features(self, height: int, width: int, images_in_sample: int) -> int:
