@@ -447,3 +447,16 @@ def test_video_settings_set_as_attributes_are_weighed_as_the_processor_applies_t
         out = processor(text=[text], videos=[frames], video_metadata=[truth], return_tensors="pt")
         assert torch.equal(sample["input_ids"], out["input_ids"][0])
         assert torch.equal(sample["video_grid_thw"], out["video_grid_thw"])
+
+
+def test_a_setting_changed_after_the_rows_were_weighed_is_one_sentence(processors, monkeypatch):
+    """Set after the PackedDataset weighed its rows, a setting would make samples of other
+    lengths than the plan packed (the epoch died mid-way, `weighed [...] patches, the processor
+    made [...]`): the first pack built says so instead, naming the setting."""
+    processor = processors("qwen2_5_vl")
+    rows = Dataset.from_list([row(image_cell(640, 480))] * 2, features=FEATURES)
+    config = PackingConfig(max_length=2048, packs_per_batch=1, max_patches=None)
+    packed = PackedDataset(VQADataset(rows, processor), config)
+    monkeypatch.setattr(processor.image_processor, "max_pixels", 100 * 28 * 28, raising=False)
+    with pytest.raises(UserError, match="settings changed after its rows were weighed"):
+        next(iter(PackedDataLoader(packed, num_workers=0)))

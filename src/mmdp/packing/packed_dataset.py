@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.errors import UserError
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
 from mmdp.packing.guards import STATEFUL_REFUSED, RefusesAcceleratePrepare, iterated_elsewhere
@@ -92,8 +93,10 @@ class PackedDataset(PackingSettings, IterableDataset):
         # where the next iteration starts in this epoch (PackedDataLoader.state_dict)
         self.batches_done = 0
 
-        # 1. Weigh every item (once: later runs and the other ranks load the cached weights)
+        # 1. Weigh every item (once: later runs and the other ranks load the cached weights),
+        # with the processor's settings as they are now (the weights' cache key names them)
         self.prepared = prepared
+        self.weighed_with = dataset.family.read_settings()
         self.weighing = self.weigh(
             pretokenize, num_proc, across_ranks=rank is None and world_size is None
         )
@@ -267,7 +270,22 @@ class PackedDataset(PackingSettings, IterableDataset):
 
     def build_pack(self, rows: list[int], planned: list[int], batch_index: int) -> dict:
         """The samples of the rows (tokenized, or their tokens sliced; images decoded), laid out
-        in one padded row; `planned` are the rows' tokens in the plan (mmdp.packing.batch)."""
+        in one padded row; `planned` are the rows' tokens in the plan (mmdp.packing.batch).
+
+        Refuses, in one sentence, a processor whose settings changed since the rows were weighed
+        (an attribute set after the PackedDataset was made): its samples would not be the
+        weights the plan packed."""
+        now, then = self.dataset.family.read_settings(), self.weighed_with
+        if now != then:
+            changed = "; ".join(
+                f"{key}: {then.get(key)} -> {now.get(key)}"
+                for key in sorted(now.keys() | then.keys())
+                if now.get(key) != then.get(key)
+            )
+            raise UserError(
+                f"the processor's settings changed after its rows were weighed ({changed}); "
+                "set them before making the PackedDataset"
+            )
         return build_pack(
             self.samples(rows),
             planned,
