@@ -72,7 +72,7 @@ COMMON = {
     "database": None,  # nothing written into the repository
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
 }
-settings.register_profile(FAST, max_examples=6, derandomize=True, **COMMON)
+settings.register_profile(FAST, max_examples=4, derandomize=True, **COMMON)
 settings.register_profile(DEEP, max_examples=60, **COMMON)
 PROFILES = [FAST, pytest.param(DEEP, marks=pytest.mark.slow)]
 

@@ -16,7 +16,7 @@ from PIL import Image
 
 from mmdp.data.bad_rows import mp4_with_broken_data, png_with_broken_data, truncated_jpeg
 from mmdp.data.conversation import chat_messages, chat_turns
-from mmdp.data.families import OFFLINE, family_for, offline_processor, tiny_processor
+from mmdp.data.families import OFFLINE, family_for, tiny_processor
 from mmdp.data.families.qwen_vl import Qwen2_5_VL
 from mmdp.data.families.smolvlm import Idefics3
 from mmdp.data.families.smolvlm import tiny_processor as smolvlm_tiny_processor
@@ -38,7 +38,12 @@ from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.report.metrics import PackReport
 from mmdp.report.mixture import source_report
 
-FAMILIES = ("tiny", *OFFLINE, "idefics3")
+# The default suite checks Qwen2.5-VL (the family that crashed); the slow group every family (the
+# fuzz's fast profile draws any of them too).
+FAMILIES = [
+    pytest.param(name, marks=() if name == "qwen2_5_vl" else pytest.mark.slow)
+    for name in ("tiny", *OFFLINE, "idefics3")
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +53,12 @@ def processors():
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def family(request, tokenizer):
+def family(request, tokenizer, processors):
     if request.param == "tiny":
         return family_for(tokenizer)
     if request.param == "idefics3":
         return family_for(smolvlm_tiny_processor(Idefics3))
-    return family_for(tiny_processor(request.param))
+    return family_for(processors(request.param))
 
 
 def row(image: dict | None, reply: str = "A red box.") -> dict:
@@ -106,10 +111,10 @@ def test_a_pack_whose_samples_all_fail_is_padding_with_the_familys_keys_and_shap
     assert batch["samples_per_row"].tolist() == [2, 0]
 
 
-@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
-def test_a_broken_video_alone_in_its_pack_is_padding_too(name):
+@pytest.mark.parametrize("name", ["qwen3_vl", pytest.param("qwen2_5_vl", marks=pytest.mark.slow)])
+def test_a_broken_video_alone_in_its_pack_is_padding_too(name, processors):
     """The same with a video whose header reads and whose frames do not (Qwen-VL)."""
-    family = family_for(tiny_processor(name))
+    family = family_for(processors(name))
     good = pack_of(family, [row(GOOD), row(None)])
     broken = {**row(None), "videos": [mp4_with_broken_data()]}
     empty = pack_of(family, [broken], first_row=2)
@@ -119,13 +124,13 @@ def test_a_broken_video_alone_in_its_pack_is_padding_too(name):
     assert batch["mm_token_type_ids"].shape == (2, 600)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 @pytest.mark.filterwarnings("ignore:a list has no shards")
-def test_a_large_broken_image_alone_in_its_pack_is_counted_by_both_loaders(num_workers):
+def test_a_large_broken_image_alone_in_its_pack_is_counted_by_both_loaders(num_workers, processors):
     """The held-out probe: Qwen2.5-VL, a large image with a sound header and broken data, alone in
     its pack (its weight is the whole budget), 0 and 2 workers, planned and streaming: every row
     is a sample or counted as undecodable_image."""
-    family = family_for(tiny_processor("qwen2_5_vl"))
+    family = family_for(processors("qwen2_5_vl"))
     rows = [row(GOOD)] * 5 + [row(png_with_broken_data(900, 700))] + [row(None)] * 3
     (alone, *_), _, _, _ = family.weigh(
         [rows[5]["texts"]], [rows[5]["images"]], [None]
@@ -149,18 +154,18 @@ def test_a_large_broken_image_alone_in_its_pack_is_counted_by_both_loaders(num_w
 # 3. WebM and Matroska videos --------------------------------------------------------------------
 
 # Held-out clips: (container, codec, frames, fps, width, height); no header counts the frames.
-# The default suite weighs two, the slow group the others.
+# The default suite weighs one, the slow group the others.
 CLIPS = [
     ("webm", "libvpx-vp9", 9, 5, 40, 30),
-    ("matroska", "libx264", 7, 3, 48, 64),
+    pytest.param(("matroska", "libx264", 7, 3, 48, 64), marks=pytest.mark.slow),
     pytest.param(("webm", "libvpx", 14, 12, 64, 48), marks=pytest.mark.slow),
     pytest.param(("matroska", "mpeg4", 5, 25, 32, 32), marks=pytest.mark.slow),
 ]
 
 
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
-def video_family(request):
-    return family_for(offline_processor(request.param))
+def video_family(request, processors):
+    return family_for(processors(request.param))  # tiny_processor: the offline one, for Qwen-VL
 
 
 def encoded_clip(container, codec, frames, fps, width, height) -> dict:
@@ -209,11 +214,11 @@ def test_webm_and_matroska_clips_weigh_what_the_processor_makes(video_family, cl
     assert torch.equal(sample["pixel_values_videos"], out["pixel_values_videos"])
 
 
-def test_a_video_stream_of_no_size_is_counted_not_a_division_by_zero():
+def test_a_video_stream_of_no_size_is_counted_not_a_division_by_zero(processors):
     """Found by the fuzz: an MP4 whose media data is zeroed from its first byte has 8 frames
     and no frame size in its header (0x0); the Qwen-VL processors' smart_resize divided by it
     (ZeroDivisionError out of weighing). Now it is undecodable_video."""
-    family = family_for(tiny_processor("qwen2_5_vl"))
+    family = family_for(processors("qwen2_5_vl"))
     video = mp4_with_broken_data(kept=0)
     texts = [{"user": "Hi?", "assistant": "Hello.", "source": "t"}]
     _, _, _, reasons = family.weigh([texts], [[]], [[video]])
@@ -232,14 +237,16 @@ DECODING = Features(
 )
 
 
-@pytest.mark.parametrize("name", ["tiny", "qwen2_5_vl"])
+@pytest.mark.parametrize("name", ["tiny", pytest.param("qwen2_5_vl", marks=pytest.mark.slow)])
 @pytest.mark.filterwarnings("ignore:a list has no shards")
-def test_datasets_default_image_feature_is_read_undecoded_by_every_loader(name, tokenizer):
+def test_datasets_default_image_feature_is_read_undecoded_by_every_loader(
+    name, tokenizer, processors
+):
     """A dataset with datasets' default Image() decodes each image as its row is read: a truncated
     file raised `OSError: Truncated File Read` out of VQADataset, the planned loader and the
     streaming one over a map-style Dataset. Every loader now casts it to Image(decode=False) and
     the file is a counted drop, decoded in mmdp's one place."""
-    processor = tokenizer if name == "tiny" else tiny_processor(name)
+    processor = tokenizer if name == "tiny" else processors(name)
     rows = [row(GOOD)] * 3 + [row(truncated_jpeg())]
     dataset = Dataset.from_list(rows, features=DECODING)
     with pytest.raises(OSError, match="Truncated"):
@@ -272,13 +279,13 @@ def test_video_features_are_read_undecoded_too():
 # 5. The model's config against the settings the batch was built with ----------------------------
 
 
-def test_model_inputs_refuses_a_model_configured_otherwise_than_the_batch():
+def test_model_inputs_refuses_a_model_configured_otherwise_than_the_batch(processors):
     """Qwen2.5-VL spaces a video's temporal positions by vision_config.tokens_per_second: the
     batches are built for the released checkpoints' 2, and a model saying 4 (transformers'
     default config) trained on other positions without a word (1.2e-4 in a sample's loss,
     tests/test_video.py). model_inputs(batch, model) now refuses it in one sentence, and a family
     built for the model's setting is accepted; another image token id is refused the same way."""
-    processor = tiny_processor("qwen2_5_vl")
+    processor = processors("qwen2_5_vl")
     family = family_for(processor)
     batch = collate_packs([pack_of(family, [row(GOOD), row(None)])], family)
     model = tiny_model(processor)
@@ -374,7 +381,13 @@ def processed(processor, row: dict) -> dict:
 
 @pytest.mark.filterwarnings("ignore:Passing `min_pixels`:FutureWarning")
 @pytest.mark.parametrize("sizes", [SIZES, pytest.param(MORE_SIZES, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("setting", ATTRIBUTES)
+@pytest.mark.parametrize(
+    "setting",
+    [
+        pytest.param(s, marks=() if s.startswith("qwen2_5_vl") else pytest.mark.slow)
+        for s in ATTRIBUTES
+    ],
+)
 def test_settings_set_as_attributes_are_weighed_as_the_processor_applies_them(
     setting, sizes, processors, monkeypatch
 ):
@@ -420,7 +433,7 @@ def test_a_setting_the_processor_would_never_apply_is_refused_in_one_sentence(
 
 
 @pytest.mark.filterwarnings("ignore:Passing `min_pixels`:FutureWarning")
-@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("name", ["qwen2_5_vl", pytest.param("qwen3_vl", marks=pytest.mark.slow)])
 def test_video_settings_set_as_attributes_are_weighed_as_the_processor_applies_them(
     name, processors, monkeypatch
 ):

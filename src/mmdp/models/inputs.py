@@ -99,8 +99,11 @@ def check_model_settings(batch: dict, model) -> None:
     was built with (`batch["model_settings"]`, the family's model_settings(): Qwen2.5-VL's
     tokens_per_second, the feature tokens' ids...). With another tokens_per_second the model
     would train on other temporal positions than the batch's, silently (tests/test_video.py
-    measures it); a setting the model's config does not have is not checked."""
-    config = getattr(model, "config", None)
+    measures it); a setting the model's config does not have is not checked. A DDP-wrapped
+    model's config is its module's."""
+    config = getattr(model, "config", None) or getattr(
+        getattr(model, "module", None), "config", None
+    )
     for path, built in batch.get("model_settings", {}).items():
         value = config
         for name in path.split("."):
