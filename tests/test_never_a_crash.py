@@ -215,7 +215,8 @@ def test_webm_and_matroska_clips_weigh_what_the_processor_makes(video_family, cl
 
 
 def test_a_video_stream_of_no_size_is_counted_not_a_division_by_zero(processors):
-    """Found by the fuzz: an MP4 whose media data is zeroed from its first byte has 8 frames
+    """Found while making a video whose header reads and whose data does not (now a fuzz kind,
+    video_of_no_size): an MP4 whose media data is zeroed from its first byte has 8 frames
     and no frame size in its header (0x0); the Qwen-VL processors' smart_resize divided by it
     (ZeroDivisionError out of weighing). Now it is undecodable_video."""
     family = family_for(processors("qwen2_5_vl"))
