@@ -16,7 +16,8 @@ single image. Tokenizing the text of millions of rows takes minutes, so it is do
    settings that change a count), and this module's version. A second run, another rank or a
    restart loads it. The save is atomic (written beside, then renamed) and checked when loaded
    (a manifest holds the rows and a checksum): a truncated or edited cache is weighed again,
-   never planned from.
+   never planned from. Weights with a remote file that did not answer (`unreachable_file`) are
+   not saved: the network failed, not the file, and the next run reads it again.
 
 Two ways under torchrun:
 - `across_ranks=True` (PackedDataset's choice when its ranks come from torch.distributed): every
@@ -36,6 +37,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -52,7 +54,7 @@ from mmdp.data.families import family_for
 from mmdp.data.images import BadImage
 from mmdp.data.sources import cache_dir
 from mmdp.data.videos import BadVideo
-from mmdp.drop_reasons import CODE
+from mmdp.drop_reasons import CODE, UNREACHABLE_FILE
 from mmdp.packing.local_wait import wait_for
 from mmdp.packing.rank_shares import gather_shares, gloo_group
 from mmdp.packing.sharding import ranks_answering
@@ -161,6 +163,8 @@ def weigh_on_this_machine(rows, family, pretokenize: bool, num_proc, path: Path)
     try:
         scratch = scratch_path(path)
         arrays, tokens = weigh(rows, family, pretokenize, num_proc, scratch)
+        if unreachable(arrays):
+            return weights_of(arrays), tokens, len(rows)
         save(path, arrays, tokens)
     finally:
         weigher.unlink(missing_ok=True)
@@ -194,9 +198,22 @@ def weigh_across_ranks(rows, family, key: str, path: Path, num_proc) -> tuple[We
         mine = {name: np.zeros(0, np.int32) for name in ARRAYS}
     arrays = gather_shares(mine, cold, len(rows), group, WHILE_WEIGHING)
     print(f"rank {rank}: weighed {len(share):,} of {len(rows):,} rows (its share)", flush=True)
-    if rank in cold and int(os.environ.get("LOCAL_RANK", 0)) == 0:
+    if rank in cold and int(os.environ.get("LOCAL_RANK", 0)) == 0 and not unreachable(arrays):
         save(path, arrays)
     return weights_of(arrays), len(share)
+
+
+def unreachable(arrays: dict) -> int:
+    """Rows whose remote file did not answer (mmdp.data.files): said once, and their weights not
+    cached, so that the next run reads those files again."""
+    count = int((arrays["reasons"] == CODE[UNREACHABLE_FILE]).sum())
+    if count:
+        print(
+            f"warning: {count:,} rows name a remote file that did not answer "
+            f"({UNREACHABLE_FILE}); these weights are not cached: the next run reads them again",
+            file=sys.stderr,
+        )
+    return count
 
 
 # Weighing ---------------------------------------------------------------------

@@ -43,6 +43,7 @@ from mmdp.data.conversation import (
     reply_spans,
     system_prompt,
 )
+from mmdp.data.files import in_flight
 from mmdp.data.images import BadImage, decode_image, image_size
 from mmdp.data.videos import BadVideo, decode_frames, video_metadata
 from mmdp.drop_reasons import VIDEO_REFUSED
@@ -283,13 +284,16 @@ class ModelFamily:
         lengths, image_counts, patches, reasons = [], [], [], []
         rendered, rendered_rows = [], []
         videos_of_rows = videos_of_rows or [None] * len(texts_of_rows)
+        # every header of the rows at once: remote files' requests wait on the network together
+        sizes = iter(in_flight(image_size, [i for images in images_of_rows for i in images or []]))
         for row, (texts, images, videos) in enumerate(
             zip(texts_of_rows, images_of_rows, videos_of_rows)
         ):
             images = images or []
             image_counts.append(len(images))
+            row_sizes = [next(sizes) for _ in images]
             try:
-                layouts = self.layouts([image_size(image) for image in images])
+                layouts = self.layouts([outcome(size) for size in row_sizes])
                 layouts += self.video_layouts(videos)
                 turns = chat_turns(texts, self.reserved)
                 text, _, _ = self.expanded_text(
@@ -321,9 +325,11 @@ class ModelFamily:
         """(tokens, patches) of every image of the rows, from their headers (refused images
         left out): what a report or a figure shows of a family's rules."""
         costs = []
+        sizes = iter(in_flight(image_size, [i for images in images_of_rows for i in images or []]))
         for images in images_of_rows:
+            row_sizes = [next(sizes) for _ in images or []]
             try:
-                layouts = self.layouts([image_size(image) for image in images or []])
+                layouts = self.layouts([outcome(size) for size in row_sizes])
             except BadImage:
                 continue
             costs += [(self.image_tokens(layout), layout.patches) for layout in layouts]
@@ -401,6 +407,13 @@ class ModelFamily:
         """The per-token inputs of `token_keys`: 1 on image features, 0 elsewhere."""
         is_feature = (input_ids == self.feature_token_id).long()
         return {key: is_feature for key in self.token_keys}
+
+
+def outcome(result):
+    """A result of mmdp.data.files.in_flight: the value, or the exception it holds, raised."""
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def tokenizer_fingerprint(tokenizer) -> dict:
