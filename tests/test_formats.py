@@ -338,3 +338,22 @@ def test_format_stage5_packs_a_users_rows_and_counts_every_drop_by_reason(
     assert report["dropped"] == {MEDIA_TAG_MISMATCH: 1, UNDECODABLE_IMAGE: 2, EMPTY_REPLY: 1}
     assert report["samples"] + sum(report["dropped"].values()) == 8
     assert "Your rows" in out and "media_tag_mismatch" in out and "tokens per sample" in out
+
+
+def test_format_a_users_file_is_a_source_of_a_mixture(held_out):
+    """A mixture's source may be a user's file (its format and image root as keys): its rows keep
+    their system prompts and tags beside the_cauldron's rows of another source."""
+    from mmdp.data.mixture import load_mixture, mixture_from_dict
+
+    spec = {
+        "sources": [
+            {"name": "count", "dataset": "synthetic:count", "share": 0.5},
+            {"name": "mine", "dataset": str(held_out / "llava.json"), "share": 0.5,
+             "image_root": str(held_out / "image_folder"), "format": "llava"},
+        ]
+    }  # fmt: skip
+    mixed = load_mixture(mixture_from_dict(spec), num_rows=100)
+    mine = mixed.dataset.select(range(mixed.rows_per_source[0], len(mixed.dataset)))
+    assert mine["texts"][0][0]["user"] == "<image>\nWhat colour is it?"
+    assert mine[0]["images"][0]["path"] == str(held_out / "image_folder" / "coco" / "red.png")
+    assert mixed.dataset[0]["texts"][0]["system"] is None

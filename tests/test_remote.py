@@ -66,7 +66,10 @@ def bucket(tmp_path_factory):
         fs.mkdir("users-data")
         images = {f"images/{k}.jpg": photo(k) for k in range(PHOTOS)}
         images["images/camera.jpg"] = photo_with_a_large_exif()
-        for name, data in images.items():
+        from mmdp.data.synthetic_videos import generate_video_row
+
+        clip = {"clips/moving.mp4": generate_video_row(0)["videos"][0]["bytes"]}
+        for name, data in {**images, **clip}.items():
             fs.pipe(f"users-data/{name}", data)
             (local / name).parent.mkdir(exist_ok=True)
             (local / name).write_bytes(data)
@@ -85,7 +88,11 @@ def bucket(tmp_path_factory):
         rows.append(row("<image> Which way up?", "images/camera.jpg"))
         missing = row("<image> And this?", "images/missing.jpg")
         unreachable = row("<image> And this?", f"{CLOSED_PORT}/a.jpg")
-        lines = "\n".join(json.dumps(row) for row in [*rows, missing, unreachable])
+        video = {
+            **row("<video> Where does it go, and <image>?", "images/0.jpg"),
+            "videos": ["clips/moving.mp4"],
+        }
+        lines = "\n".join(json.dumps(row) for row in [*rows, missing, unreachable, video])
         fs.pipe("users-data/train.jsonl", lines.encode())
         (local / "train.jsonl").write_text(lines)
         yield server, images, local
@@ -101,9 +108,11 @@ def test_remote_weighing_reads_only_headers_several_requests_in_flight(bucket):
     server.reset()
     files.STATS.clear()
     remote_image_size.cache_clear()
-    _, counts, _, reasons = family.weigh([r["texts"] for r in rows], [r["images"] for r in rows])
+    _, counts, _, reasons = family.weigh(
+        [r["texts"] for r in rows], [r["images"] for r in rows], [r["videos"] for r in rows]
+    )
 
-    assert reasons == [None] * 5 + [UNDECODABLE_IMAGE, UNREACHABLE_FILE]
+    assert reasons == [None] * 5 + [UNDECODABLE_IMAGE, UNREACHABLE_FILE, None]
     served = {key.removeprefix("/users-data/"): n for key, n in server.bytes.items()}
     read = [served[name] for name in images]
     assert all(server.ranged.values())  # only ranged reads: no image was fetched whole
@@ -123,13 +132,15 @@ def test_remote_rows_make_the_samples_of_the_same_files_on_disk(bucket):
     assert local_rows[0]["images"][0]["path"] == str(local / "images" / "0.jpg")
     family = family_for(offline_processor("qwen2_5_vl"))
     weights = [
-        family.weigh([r["texts"] for r in rows], [r["images"] for r in rows])
+        family.weigh([r["texts"] for r in rows], [r["images"] for r in rows], rows["videos"])
         for rows in (remote_rows, local_rows)
     ]
     assert weights[0][:3] == weights[1][:3]
-    for k in (0, 4):  # two photos; the camera's, turned upright by its EXIF
+    # two photos; the camera's, turned upright by its EXIF; a video, then a photo, in one turn
+    for k, keys in ((0, ()), (4, ()), (7, ("pixel_values_videos", "video_grid_thw"))):
         remote, here = family.make_sample(remote_rows[k], k), family.make_sample(local_rows[k], k)
-        for key in ("input_ids", "labels", "pixel_values", "image_grid_thw"):
+        assert remote["drop_reason"] is None
+        for key in ("input_ids", "labels", "pixel_values", "image_grid_thw", *keys):
             assert torch.equal(remote[key], here[key]), key
     _, height, width = family.make_sample(remote_rows[4], 4)["image_grid_thw"][0].tolist()
     assert height > width  # stored 800x600, upright 600x800
@@ -145,6 +156,6 @@ def test_remote_weights_with_an_unreachable_file_are_weighed_again_next_run(buck
     family = family_for(offline_processor("qwen2_5_vl"))
     first, second = weigh_rows(rows, family), weigh_rows(rows, family)
     assert first.rows_weighed_here == second.rows_weighed_here == len(rows)
-    reachable = load_vqa_dataset("s3://users-data/train.jsonl").select(range(len(rows) - 1))
+    reachable = rows.select([k for k in range(len(rows)) if k != 6])  # the closed port's row
     weigh_rows(reachable, family)
     assert weigh_rows(reachable, family).rows_weighed_here == 0  # the control: cached

@@ -193,7 +193,8 @@ def open_remote(path: str):
 
 def in_flight(read: Callable, cells: Sequence) -> list:
     """[read(cell) for cell in cells], a result or the exception it raised for each: with up to
-    REQUESTS_IN_FLIGHT cells read at once when any is a remote path, one by one otherwise."""
+    REQUESTS_IN_FLIGHT cells read at once when any is a remote path (each remote path once: rows
+    often share an image, as LLaVA's questions on one COCO photo do), one by one otherwise."""
 
     def outcome(cell):
         try:
@@ -201,11 +202,15 @@ def in_flight(read: Callable, cells: Sequence) -> list:
         except Exception as error:  # handed back: the caller decides what each one means
             return error
 
-    remote = any(
-        isinstance(cell, dict) and cell.get("bytes") is None and is_remote(cell.get("path") or "")
-        for cell in cells
-    )
-    if not remote or len(cells) < 2:
+    def remote_path(cell) -> str | None:
+        if isinstance(cell, dict) and cell.get("bytes") is None:
+            path = cell.get("path") or ""
+            return path if is_remote(path) else None
+        return None
+
+    paths = {remote_path(cell) for cell in cells} - {None}
+    if not paths:
         return [outcome(cell) for cell in cells]
-    with ThreadPoolExecutor(min(REQUESTS_IN_FLIGHT, len(cells))) as pool:
-        return list(pool.map(outcome, cells))
+    with ThreadPoolExecutor(min(REQUESTS_IN_FLIGHT, len(paths))) as pool:
+        read_once = dict(zip(paths, pool.map(outcome, [{"bytes": None, "path": p} for p in paths])))
+    return [read_once[remote_path(cell)] if remote_path(cell) else outcome(cell) for cell in cells]
