@@ -8,6 +8,7 @@ image budget, each pack padded to a fixed length, ready for a trainer.
     uv run 05_knapsack_multimodal.py --prepared s3://bucket/prepared   # from uv run -m mmdp.prepare
     uv run 05_knapsack_multimodal.py --model qwen2_5_vl     # or qwen3_vl, smolvlm, llava_onevision, gemma3
     uv run 05_knapsack_multimodal.py --mixture examples/mixture.json
+    uv run 05_knapsack_multimodal.py --dataset train.jsonl --model qwen2_5_vl   # your own rows
 
 Prints the shapes of one batch and the epoch report (utilization, dropped samples by reason,
 tokens / images / samples per pack), and saves assets/05.png (the blog's figure),
@@ -20,6 +21,10 @@ and vision-encoder patches its processor gives it (mmdp.models), a pack has a to
 patch budget (--max-length, --max-patches; each family has defaults), and the batches carry what
 that model takes. Offline, the family's processor is built in code; --processor NAME_OR_PATH loads
 a Hub or local one. It also prints the tokens per image and saves assets/05_MODEL.png.
+
+With --dataset (your own rows: messages, LLaVA or the_cauldron files, local or remote; --image-root,
+--format: docs/your-own-data.md), the report adds what it would drop, by reason, and the tokens,
+images and patches of a sample of your usable rows by percentile, against the budgets.
 
 With --mixture FILE.json, the rows come from several sources, each with its share of the epoch
 (by tokens by default), a loss weight and a label policy (mmdp.data.mixture; the embedded
