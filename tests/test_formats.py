@@ -357,3 +357,10 @@ def test_format_a_users_file_is_a_source_of_a_mixture(held_out):
     assert mine["texts"][0][0]["user"] == "<image>\nWhat colour is it?"
     assert mine[0]["images"][0]["path"] == str(held_out / "image_folder" / "coco" / "red.png")
     assert mixed.dataset[0]["texts"][0]["system"] is None
+
+
+def test_format_a_users_file_streams_as_the_same_rows(held_out):
+    from mmdp.data.stream import load_vqa_stream
+
+    path = str(held_out / "train.jsonl")
+    assert list(load_vqa_stream(path, num_shards=2)) == list(load_vqa_dataset(path))
