@@ -69,9 +69,9 @@ def main():
     system = system_prompt(row["texts"]) if turns else None
     if system is not None:
         print(f"  System:    {system}")
-    for user, assistant in turns:
-        print(f"  User:      {user}")
-        print(f"  Assistant: {assistant}")
+    for user, assistant in turns:  # a newline of the text shown as \n: one line a turn
+        print(f"  User:      {user}".replace("\n", "\\n"))
+        print(f"  Assistant: {assistant}".replace("\n", "\\n"))
     for (name, cell), image in zip(files, images + [None] * len(files)):
         if isinstance(image, str) or (cell or {}).get("path"):  # a file's path, or why it failed
             size = f"{image.width}x{image.height}" if hasattr(image, "width") else image
@@ -93,7 +93,7 @@ def shown(image):
     try:
         return decode_image(image)[0]
     except BadImage as error:
-        return f"{error.reason}: {error}"
+        return str(error)  # "reason: detail"
 
 
 if __name__ == "__main__":

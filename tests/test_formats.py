@@ -143,7 +143,7 @@ def test_format_llava_rows_read_under_an_image_root_and_named_by_format(held_out
         load_vqa_dataset(str(held_out / "llava.json"), format="sharegpt")
 
 
-def test_format_the_cauldron_saved_with_decoding_images_is_read_undecoded(tmp_path):
+def test_format_the_cauldron_saved_with_decoding_images_is_read_undecoded(tmp_path, tokenizer):
     """the_cauldron as `load_dataset` gives it: an Image() feature that decodes. Loaded, its images
     are bytes (never pixels), and a truncated one is a counted drop, not an OSError."""
     from datasets import Dataset, Features, List, Value
@@ -173,7 +173,7 @@ def test_format_the_cauldron_saved_with_decoding_images_is_read_undecoded(tmp_pa
     loaded = load_vqa_dataset(str(tmp_path / "cauldron"))
     assert loaded.features["images"].feature.decode is False
     assert isinstance(loaded[0]["images"][0]["bytes"], bytes)
-    family = family_for(offline_processor("qwen2_5_vl"))
+    family = family_for(tokenizer)  # TinyVLM decodes every image of a sample it builds
     assert family.make_sample(loaded[0], 0)["drop_reason"] is None
     assert family.make_sample(loaded[1], 1)["drop_reason"] == UNDECODABLE_IMAGE
 
@@ -315,14 +315,29 @@ def test_format_stage1_shows_a_users_row_with_each_images_place(run_main, held_o
     assert "User:      And [image 3]?" in out
     assert f"image 3: {held_out / 'elsewhere' / 'blue.png'} (56x56)" in out
     assert (tmp_path / "01.png").stat().st_size > 10_000
-    status, out, err = run_main(
-        "01_check_dataset.py", "--dataset", str(held_out / "train.jsonl"), "--row", "4",
-        "--out-dir", str(tmp_path),
-    )  # fmt: skip
-    assert status == 0, err
-    assert "image 1: " in out and "undecodable_image" in out  # shown, with why
 
 
+def test_format_a_users_rows_pack_for_qwen2_5_vl_each_used_or_counted_by_reason(held_out):
+    """Stage 5's loader (planned, packed for Qwen2.5-VL) on the held-out messages file: four rows
+    trained on, the four others counted with their reasons (two when weighed, two when their
+    packs are built). The script itself: the next test (slow group)."""
+    from mmdp.data.vqa_dataset import VQADataset
+    from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+    from mmdp.packing.packing_config import PackingConfig
+    from mmdp.report.metrics import PackReport
+
+    rows = load_vqa_dataset(str(held_out / "train.jsonl"))
+    samples = VQADataset(rows, offline_processor("qwen2_5_vl"))
+    packed = PackedDataset(samples, PackingConfig(max_length=2048, packs_per_batch=2))
+    report = PackReport()
+    for batch in PackedDataLoader(packed, num_workers=0):
+        report.add_batch(batch)
+    report.dropped.update(packed.plan().dropped)
+    assert report.samples == 4  # rows 0, 1, 5 and 7
+    assert report.dropped == {MEDIA_TAG_MISMATCH: 1, UNDECODABLE_IMAGE: 2, EMPTY_REPLY: 1}
+
+
+@pytest.mark.slow  # the script draws every family's costs: a processor each, 10-20 s
 def test_format_stage5_packs_a_users_rows_and_counts_every_drop_by_reason(
     run_main, held_out, tmp_path
 ):

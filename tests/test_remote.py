@@ -108,9 +108,15 @@ def test_remote_weighing_reads_only_headers_several_requests_in_flight(bucket):
     server.reset()
     files.STATS.clear()
     remote_image_size.cache_clear()
-    _, counts, _, reasons = family.weigh(
-        [r["texts"] for r in rows], [r["images"] for r in rows], [r["videos"] for r in rows]
+    server.latency = (
+        0.2  # a store's first byte, long enough for the requests to overlap on a busy machine
     )
+    try:
+        _, counts, _, reasons = family.weigh(
+            [r["texts"] for r in rows], [r["images"] for r in rows], [r["videos"] for r in rows]
+        )
+    finally:
+        server.latency = 0.0
 
     assert reasons == [None] * 5 + [UNDECODABLE_IMAGE, UNREACHABLE_FILE, None]
     served = {key.removeprefix("/users-data/"): n for key, n in server.bytes.items()}

@@ -106,6 +106,7 @@ def load_vqa_dataset(
     When `num_rows` is given, only the first `num_rows` rows are kept.
     """
     formats.check_format(format)
+    image_root = absolute_root(image_root)
     if name_or_path is None:
         dataset = load_synthetic(max(num_rows or 0, config.DEFAULT_NUM_ROWS), seed=seed)
     elif is_remote(name_or_path):
@@ -132,6 +133,14 @@ def load_vqa_dataset(
     if num_rows is not None and num_rows < len(dataset):
         dataset = dataset.select(range(num_rows))
     return dataset
+
+
+def absolute_root(image_root: str | None) -> str | None:
+    """A local image root as an absolute path (the rows keep it: a DataLoader worker, a later run
+    may start elsewhere); a remote one as it is."""
+    if image_root is None or is_remote(image_root):
+        return image_root
+    return str(Path(image_root.removeprefix("file://")).expanduser().resolve())
 
 
 def json_files(path: Path) -> list[str]:

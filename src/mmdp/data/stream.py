@@ -16,6 +16,7 @@ from mmdp.data.files import is_remote
 from mmdp.data.hub import looks_like_a_path, require_hub
 from mmdp.data.sources import (
     CONVERSATION_FEATURES,
+    absolute_root,
     check_schema,
     json_files,
     load_local,
@@ -53,6 +54,7 @@ def load_vqa_stream(
     not necessarily the first ones).
     """
     formats.check_format(format)
+    image_root = absolute_root(image_root)
     path = Path(name_or_path).expanduser() if name_or_path is not None else None
     if path is None or is_remote(name_or_path) or (path.exists() and json_files(path)):
         rows = load_vqa_dataset(
