@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from mmdp import config
-from mmdp.data.conversation import chat_messages, chat_turns, system_prompt
+from mmdp.data.conversation import system_prompt
 from mmdp.data.families import family_for, offline_processor
 from mmdp.data.images import load_image
 from mmdp.data.sources import load_vqa_dataset
@@ -293,12 +293,42 @@ def test_interleave_tags_that_do_not_match_the_files_are_a_counted_drop(held_out
         assert reasons[0] is None and reasons[1] is None
 
 
-def test_interleave_video_tags_keep_their_order_with_the_images():
-    """A user turn with a <video> before an <image>: each token run takes its own file's layout
-    (the k-th image token the k-th image's, the k-th video token the k-th video's)."""
-    turns = chat_turns([{"user": "<video> then <image>", "assistant": "Ok."}], ())
-    messages = chat_messages(turns, 1, 1)
-    assert [item["type"] for item in messages[0]["content"]] == ["video", "text", "image"]
+def test_interleaved_video_before_an_image_equals_the_real_processors_output(held_out):
+    """A user turn with a <video> before an <image> (Qwen2.5-VL, which takes both): each run of
+    feature tokens takes its own file's layout, and the sample is the processor's for the same
+    messages (given every frame and the metadata: it samples the frames itself); the_cauldron's
+    place (the image, then the video, first) gives another sequence."""
+    from mmdp.data.synthetic_videos import generate_video_row
+    from mmdp.data.videos import decode_frames, video_metadata
+
+    family = family_for(offline_processor("qwen2_5_vl"))
+    video = generate_video_row(0)["videos"][0]
+    image = {"bytes": (held_out / "red.png").read_bytes(), "path": None}
+    texts = [{"user": "<video> Where does it go? And <image>?", "assistant": "Down; red."}]
+    sample = family.make_sample({"images": [image], "videos": [video], "texts": texts}, 0)
+    assert sample["drop_reason"] is None
+
+    def processor_outputs(content: list[dict]) -> dict:
+        messages = [
+            {"role": "user", "content": content},
+            {"role": "assistant", "content": [text("Down; red.")]},
+        ]
+        metadata = video_metadata(video)
+        return family.processor(
+            text=[family.processor.apply_chat_template(messages, tokenize=False)],
+            images=[Image.open(io.BytesIO(image["bytes"])).convert("RGB")],
+            videos=[decode_frames(video, range(metadata.total_num_frames))],
+            video_metadata=[metadata],
+            return_tensors="pt",
+        )
+
+    VIDEO = {"type": "video"}
+    out = processor_outputs([VIDEO, text(" Where does it go? And "), IMAGE, text("?")])
+    for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+        assert torch.equal(sample[key], out[key]), key
+    assert torch.equal(sample["input_ids"], out["input_ids"][0])
+    cauldron = processor_outputs([IMAGE, VIDEO, text(" Where does it go? And ?")])
+    assert not torch.equal(sample["input_ids"], cauldron["input_ids"][0])
 
 
 # Stages 1 and 5 on the held-out files --------------------------------------------------------
