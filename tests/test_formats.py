@@ -409,3 +409,12 @@ def test_format_a_users_file_streams_as_the_same_rows(held_out):
 
     path = str(held_out / "train.jsonl")
     assert list(load_vqa_stream(path, num_shards=2)) == list(load_vqa_dataset(path))
+
+
+def test_format_a_file_that_is_not_rows_mmdp_reads_is_one_sentence(tmp_path):
+    (tmp_path / "broken.jsonl").write_text('{"messages": []}\n{not json\n')
+    with pytest.raises(UserError, match="broken.jsonl, line 2: not JSON"):
+        load_vqa_dataset(str(tmp_path / "broken.jsonl"))
+    (tmp_path / "alpaca.jsonl").write_text('{"instruction": "Add 2 and 2.", "output": "4"}\n')
+    with pytest.raises(UserError, match="instruction, output are in no format mmdp reads"):
+        load_vqa_dataset(str(tmp_path / "alpaca.jsonl"))

@@ -212,11 +212,22 @@ def json_rows(
         folder, _, source = name.rpartition("/")
         base = image_root or folder or "."
         with fsspec.open(name, "rt", encoding="utf-8") as file:
-            rows = read_json(file, name)
-            for row in rows:
+            first = None  # the format of the file's first row: a file in no format is refused
+            for row in read_json(file, name):
                 if not isinstance(row, dict):
                     raise UserError(f"{name}: a row is {type(row).__name__}, not an object")
-                yield to_cauldron(row, format or detect_format(row), base, source)
+                if format is None and first is None:
+                    first = detect_format(row)
+                yield to_cauldron(row, format or row_format(row, first), base, source)
+
+
+def row_format(row: dict, first: str) -> str:
+    """A JSON row's own format (a LLaVA file's text-only rows have no "image"); a row in none is
+    read in its file's first row's format (it then has no turns: counted as no_texts)."""
+    try:
+        return detect_format(row)
+    except UserError:
+        return first
 
 
 def read_json(file, name: str):

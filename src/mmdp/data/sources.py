@@ -163,18 +163,27 @@ def load_json(files: list[str], image_root: str | None, format: str | None) -> D
     the files with their sizes and times of change, the format and the image root: a second run
     reads the table."""
     stamps = [file_stamp(name) for name in files]
-    with no_progress_bars():
-        return Dataset.from_generator(
-            formats.json_rows,
-            features=CONVERSATION_FEATURES,
-            gen_kwargs={
-                "files": files,
-                "format": format,
-                "image_root": image_root,
-                "stamps": stamps,
-            },
-            cache_dir=str(cache_dir() / "rows"),
-        )
+    try:
+        with no_progress_bars():
+            return Dataset.from_generator(
+                formats.json_rows,
+                features=CONVERSATION_FEATURES,
+                gen_kwargs={
+                    "files": files,
+                    "format": format,
+                    "image_root": image_root,
+                    "stamps": stamps,
+                },
+                cache_dir=str(cache_dir() / "rows"),
+            )
+    except datasets.exceptions.DatasetGenerationError as error:
+        # datasets wraps what the rows' reader raised: the sentence it raised, not a traceback
+        cause = error.__cause__
+        while cause is not None and not isinstance(cause, UserError):
+            cause = cause.__cause__
+        if cause is None:
+            raise
+        raise cause from None
 
 
 def file_stamp(name: str) -> str:
