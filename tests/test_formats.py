@@ -418,3 +418,45 @@ def test_format_a_file_that_is_not_rows_mmdp_reads_is_one_sentence(tmp_path):
     (tmp_path / "alpaca.jsonl").write_text('{"instruction": "Add 2 and 2.", "output": "4"}\n')
     with pytest.raises(UserError, match="instruction, output are in no format mmdp reads"):
         load_vqa_dataset(str(tmp_path / "alpaca.jsonl"))
+
+
+def test_format_messages_saved_by_datasets_with_content_items_and_decoding_images(
+    tmp_path, held_out
+):
+    """A Hub-style messages dataset (TRL's: content as items, images an Image() feature that
+    decodes) saved with save_to_disk, and LLaVA rows in parquet naming files beside it: converted
+    by one datasets.map, their images bytes or paths, never pixels, each tag where its item was."""
+    from datasets import Dataset, Features, List, Value
+    from datasets import Image as ImageFeature
+
+    item = {"type": Value("string"), "text": Value("string")}
+    features = Features(
+        {
+            "messages": List({"role": Value("string"), "content": List(item)}),
+            "images": List(ImageFeature()),
+        }
+    )
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Is "}, {"type": "image", "text": None},
+                                     {"type": "text", "text": " red?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Yes."}]},
+    ]  # fmt: skip
+    picture = Image.new("RGB", (20, 10), (250, 0, 0))
+    Dataset.from_list(
+        [{"messages": messages, "images": [picture]}], features=features
+    ).save_to_disk(str(tmp_path / "trl"))
+    row = load_vqa_dataset(str(tmp_path / "trl"))[0]
+    assert row["texts"][0]["user"] == "Is <image> red?" and row["texts"][0]["assistant"] == "Yes."
+    assert isinstance(row["images"][0]["bytes"], bytes)
+    llava = json.loads((held_out / "llava.json").read_text())
+    for entry in llava:
+        entry["id"], entry["image"] = str(entry["id"]), entry.get("image", [])
+        entry["image"] = [entry["image"]] if isinstance(entry["image"], str) else entry["image"]
+    (tmp_path / "parquet" / "coco").mkdir(parents=True)
+    save(Image.new("RGB", (8, 8)), tmp_path / "parquet" / "coco" / "red.png")
+    Dataset.from_list(llava).to_parquet(str(tmp_path / "parquet" / "llava.parquet"))
+    rows = load_vqa_dataset(str(tmp_path / "parquet" / "llava.parquet"))
+    assert rows[0]["images"] == [
+        {"bytes": None, "path": str(tmp_path / "parquet" / "coco" / "red.png")}
+    ]
+    assert [len(images) for images in rows["images"]] == [1, 0, 2]

@@ -150,8 +150,7 @@ def json_files(path: Path) -> list[str]:
         return [str(path)] if path.suffix in JSON_SUFFIXES else []
     if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
         return []
-    found = sorted(f for suffix in JSON_SUFFIXES for f in path.glob(f"**/*{suffix}"))
-    return [str(f) for f in sorted(found)]
+    return sorted(str(f) for suffix in JSON_SUFFIXES for f in path.glob(f"**/*{suffix}"))
 
 
 def load_json(files: list[str], image_root: str | None, format: str | None) -> Dataset:
@@ -213,9 +212,9 @@ def as_cauldron(rows: Dataset, format: str | None, base: str | None, source: str
     """`rows` in the_cauldron's schema (mmdp.data.formats), converted by one cached
     `datasets.map` unless they are in it already, their images never decoded."""
     format = format or formats.detect_format(rows.column_names)
-    rows = (
-        rows.cast(undecoded(rows.features)) if undecoded(rows.features) != rows.features else rows
-    )
+    for column, feature in rows.features.items():
+        if undecoded(feature) != feature:  # the features only: no row is rewritten
+            rows = rows.cast_column(column, undecoded(feature))
     if format == "the_cauldron" and not names_files(rows.features):
         return rows
     return rows.map(
