@@ -133,7 +133,7 @@ def to_cauldron(row: dict, format: str, base: str | None, source: str | None) ->
     """One row of `format` in the_cauldron's schema (see the module docstring)."""
     if format == "the_cauldron":
         texts = [
-            {**dict.fromkeys(("user", "assistant", "source", "system")), **(turn or {})}
+            {key: (turn or {}).get(key) for key in ("user", "assistant", "source", "system")}
             for turn in row.get("texts") or []
         ]
         images, videos = row.get("images"), row.get("videos")
