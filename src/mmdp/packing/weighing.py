@@ -17,7 +17,9 @@ single image. Tokenizing the text of millions of rows takes minutes, so it is do
    restart loads it. The save is atomic (written beside, then renamed) and checked when loaded
    (a manifest holds the rows and a checksum): a truncated or edited cache is weighed again,
    never planned from. Weights with a remote file that did not answer (`unreachable_file`) are
-   not saved: the network failed, not the file, and the next run reads it again.
+   not saved when no other process waits for them: the network failed, not the file, and the
+   next run reads it again (under torchrun, where the machine's other ranks wait for the cache,
+   they are saved, and a warning names the folder to delete to read those files again).
 
 Two ways under torchrun:
 - `across_ranks=True` (PackedDataset's choice when its ranks come from torch.distributed): every
@@ -163,8 +165,10 @@ def weigh_on_this_machine(rows, family, pretokenize: bool, num_proc, path: Path)
     try:
         scratch = scratch_path(path)
         arrays, tokens = weigh(rows, family, pretokenize, num_proc, scratch)
-        if unreachable(arrays):
-            return weights_of(arrays), tokens, len(rows)
+        alone = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) == 1  # no local rank waits for it
+        if unreachable(arrays, None if alone else path):
+            if alone:
+                return weights_of(arrays), tokens, len(rows)
         save(path, arrays, tokens)
     finally:
         weigher.unlink(missing_ok=True)
@@ -199,18 +203,24 @@ def weigh_across_ranks(rows, family, key: str, path: Path, num_proc) -> tuple[We
     arrays = gather_shares(mine, cold, len(rows), group, WHILE_WEIGHING)
     print(f"rank {rank}: weighed {len(share):,} of {len(rows):,} rows (its share)", flush=True)
     if rank in cold and int(os.environ.get("LOCAL_RANK", 0)) == 0 and not unreachable(arrays):
-        save(path, arrays)
+        save(path, arrays)  # (the ranks have the weights: none waits for this cache)
     return weights_of(arrays), len(share)
 
 
-def unreachable(arrays: dict) -> int:
-    """Rows whose remote file did not answer (mmdp.data.files): said once, and their weights not
-    cached, so that the next run reads those files again."""
+def unreachable(arrays: dict, cached_at: Path | None = None) -> int:
+    """Rows whose remote file did not answer (mmdp.data.files), said once: their weights are not
+    cached, so that the next run reads those files again, or (`cached_at`) are, and the warning
+    names the folder to delete to read them again."""
     count = int((arrays["reasons"] == CODE[UNREACHABLE_FILE]).sum())
     if count:
+        then = (
+            f"cached in {cached_at} (other ranks wait for it): delete it to read them again"
+            if cached_at
+            else "not cached: the next run reads them again"
+        )
         print(
             f"warning: {count:,} rows name a remote file that did not answer "
-            f"({UNREACHABLE_FILE}); these weights are not cached: the next run reads them again",
+            f"({UNREACHABLE_FILE}); these weights are {then}",
             file=sys.stderr,
         )
     return count
