@@ -8,6 +8,7 @@ image budget, each pack padded to a fixed length, ready for a trainer.
     uv run 05_knapsack_multimodal.py --prepared s3://bucket/prepared   # from uv run -m mmdp.prepare
     uv run 05_knapsack_multimodal.py --model qwen2_5_vl     # or qwen3_vl, smolvlm, llava_onevision, gemma3
     uv run 05_knapsack_multimodal.py --mixture examples/mixture.json
+    uv run 05_knapsack_multimodal.py --dataset train.jsonl --model qwen2_5_vl   # your own rows
 
 Prints the shapes of one batch and the epoch report (utilization, dropped samples by reason,
 tokens / images / samples per pack), and saves assets/05.png (the blog's figure),
@@ -20,6 +21,10 @@ and vision-encoder patches its processor gives it (mmdp.models), a pack has a to
 patch budget (--max-length, --max-patches; each family has defaults), and the batches carry what
 that model takes. Offline, the family's processor is built in code; --processor NAME_OR_PATH loads
 a Hub or local one. It also prints the tokens per image and saves assets/05_MODEL.png.
+
+With --dataset (your own rows: messages, LLaVA or the_cauldron files, local or remote; --image-root,
+--format: docs/your-own-data.md), the report adds what it would drop, by reason, and the tokens,
+images and patches of a sample of your usable rows by percentile, against the budgets.
 
 With --mixture FILE.json, the rows come from several sources, each with its share of the epoch
 (by tokens by default), a loss weight and a label policy (mmdp.data.mixture; the embedded
@@ -52,6 +57,7 @@ from mmdp.cli import (
     positive_int,
     print_batch,
     print_settings,
+    print_table,
     run_epoch,
 )
 from mmdp.data.families import MODELS, OFFLINE, family_for, load_processor, offline_processor
@@ -188,7 +194,14 @@ def main():
         rows = (
             mixed.dataset
             if mixed
-            else load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
+            else load_vqa_dataset(
+                args.dataset,
+                args.subset,
+                args.split,
+                args.num_rows,
+                image_root=args.image_root,
+                format=args.format,
+            )
         )
         if takes_synthetic_videos(processor, args, mixed):
             # A family that takes video packs the synthetic clips with the rows
@@ -212,6 +225,7 @@ def main():
         if mixed:
             epoch["sources"] = report_sources(mixed, packed, epoch["reports"], args)
             epoch["share_by"] = mixed.mixture.share_by
+        epoch["weights"] = packed.weights
     if rank != 0:
         dist.destroy_process_group()
         return
@@ -220,6 +234,9 @@ def main():
     print_report(epoch, args)
     if not args.streaming:
         print_videos(epoch["report"], samples, args)
+    if args.dataset and not args.streaming:
+        # Your own rows: what would be dropped and why, and what a sample of them weighs
+        print_your_rows(epoch["report"], epoch["weights"], args)
     write_outputs(epoch, args)
 
     if args.model == "tiny":
@@ -255,6 +272,34 @@ def print_videos(report: PackReport, samples: VQADataset, args) -> None:
         f"median {np.median(patches):.0f}, max {patches.max()}; {patches.sum():,} patches"
         f"{share})"
     )
+
+
+def print_your_rows(report: PackReport, weights, args) -> None:
+    """--dataset: the rows used and dropped, by reason (read from the headers and the text when
+    weighed, or found when a pack was built), and the tokens, images and patches of a sample of
+    the usable rows, by percentile: what a user needs to know before spending GPU hours."""
+    print(f"\nYour rows ({args.dataset}):")
+    counts = [["used (samples)", report.samples]]
+    counts += [[reason, n] for reason, n in sorted(report.dropped.items(), key=lambda kv: -kv[1])]
+    print_table(["rows", "count"], counts, ["", ","])
+    usable = weights.reasons == 0
+    if not usable.any():
+        return
+    quantiles = (0, 50, 90, 99, 100)
+    columns = {"tokens": weights.lengths, "images": weights.image_counts}
+    if args.max_patches:
+        columns["patches"] = weights.patch_counts
+    table = [
+        [f"{name} per sample", *np.percentile(values[usable], quantiles, method="lower")]
+        for name, values in columns.items()
+    ]
+    print_table(
+        ["usable rows", "min", "p50", "p90", "p99", "max"], table, ["", ",.0f"] + [",.0f"] * 4
+    )
+    budgets = f"max_length {args.max_length:,}" + (
+        f", max_patches {args.max_patches:,}" if args.max_patches else ""
+    )
+    print(f"   budgets: {budgets}, max_images {args.max_images} (a sample over one is dropped)")
 
 
 def load_sources(args) -> MixedRows | None:
@@ -355,7 +400,14 @@ def run_streaming_epoch(processor, args) -> tuple[dict, VQADataset]:
     """--streaming: one epoch over the dataset read as a stream, on this rank (every rank stops
     at the same step); on rank 0, the report merged over ranks. Also returns rows from the head
     of the stream, for the figure beside constrained padding."""
-    stream = load_vqa_stream(args.dataset, args.subset, args.split, args.num_rows)
+    stream = load_vqa_stream(
+        args.dataset,
+        args.subset,
+        args.split,
+        args.num_rows,
+        image_root=args.image_root,
+        format=args.format,
+    )
     packed = StreamingPackedDataset(stream, processor, packing_config(args))
     loader = StreamingDataLoader(packed, num_workers=args.num_workers)
     loader.set_epoch(args.epoch)

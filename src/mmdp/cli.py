@@ -71,13 +71,7 @@ class Renamed(argparse.Action):
 
 
 def add_data_args(parser: argparse.ArgumentParser, num_rows: int = config.DEFAULT_NUM_ROWS):
-    parser.add_argument(
-        "--dataset",
-        default=None,
-        help="a Hub name (e.g. HuggingFaceM4/the_cauldron, needs a network) or a local path "
-        "(save_to_disk directory or parquet files) in the_cauldron's schema; "
-        "default: the embedded synthetic dataset",
-    )
+    add_dataset_args(parser)
     parser.add_argument("--subset", default=None, help="Hub subset (config), e.g. ai2d")
     parser.add_argument("--split", default="train", help="dataset split (default: train)")
     parser.add_argument(
@@ -94,6 +88,34 @@ def add_data_args(parser: argparse.ArgumentParser, num_rows: int = config.DEFAUL
         "--out-dir",
         default=display_path(config.ASSETS_DIR),
         help="where figures go (default: assets/)",
+    )
+
+
+def add_dataset_args(parser: argparse.ArgumentParser) -> None:
+    """--dataset, --image-root, --format: a user's rows, where their files are, their format
+    (mmdp.data.sources.load_vqa_dataset)."""
+    from mmdp.data.formats import FORMATS
+
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        help="a .json/.jsonl file or a folder of them, a save_to_disk folder, parquet file(s), a "
+        "remote .json/.jsonl/.parquet URL (s3://...), or a Hub name (e.g. "
+        "HuggingFaceM4/the_cauldron, needs a network); rows in the_cauldron's, messages' "
+        "(ms-swift, LLaMA-Factory) or LLaVA's format; default: the embedded synthetic dataset",
+    )
+    parser.add_argument(
+        "--image-root",
+        default=None,
+        metavar="DIR_OR_URL",
+        help="where the images and videos the rows name by a relative path are: a folder or a "
+        "remote prefix such as s3://bucket/images (default: beside the data file)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="the rows' format (default: told from their columns)",
     )
 
 

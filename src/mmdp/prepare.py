@@ -17,6 +17,7 @@ import time
 
 from mmdp import config
 from mmdp.cli import (
+    add_dataset_args,
     add_model_and_budget_args,
     description,
     packing_config,
@@ -40,11 +41,7 @@ def parse_args(argv=None):
         required=True,
         help="where to write: a path or an fsspec URL (s3://, gs://, hf://, ...)",
     )
-    parser.add_argument(
-        "--dataset",
-        default=None,
-        help="a Hub name or a local path in the_cauldron's schema (default: the embedded synthetic dataset)",
-    )
+    add_dataset_args(parser)
     parser.add_argument("--subset", default=None, help="Hub subset (config), e.g. ai2d")
     parser.add_argument("--split", default="train", help="dataset split (default: train)")
     parser.add_argument(
@@ -83,7 +80,14 @@ def main(argv=None):
     print_settings(args)
 
     # Weigh every row (and keep its tokens): the same pass a training run would make
-    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
+    rows = load_vqa_dataset(
+        args.dataset,
+        args.subset,
+        args.split,
+        args.num_rows,
+        image_root=args.image_root,
+        format=args.format,
+    )
     weighing = weigh_rows(rows, family, pretokenize=args.pretokenize, num_proc=args.num_proc)
 
     # Describe what the weights depend on, check them against the budgets, write them

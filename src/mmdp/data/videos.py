@@ -9,7 +9,9 @@ A row's `videos` are {"bytes", "path"} dicts, like its `images`. Two steps, each
                                    frames the processor samples are converted
 
 A file that does not open, has no video stream, no frames or frames of no size raises BadVideo
-with its reason from mmdp.drop_reasons.
+with its reason from mmdp.drop_reasons. A video cell without bytes is read from its path, local or
+remote (mmdp.data.files): its header through a file object that fetches blocks as PyAV seeks, its
+frames from the whole file, read in one request.
 
 The decoder is PyAV (the `video` extra): transformers' own `load_video` defaults to it
 (transformers/video_utils.py:677, `backend="pyav"`) and reads its metadata the way
@@ -23,7 +25,8 @@ import io
 
 import numpy as np
 
-from mmdp.drop_reasons import UNDECODABLE_VIDEO
+from mmdp.data import files
+from mmdp.drop_reasons import UNDECODABLE_VIDEO, UNREACHABLE_FILE
 from mmdp.errors import UserError
 
 
@@ -46,17 +49,26 @@ def require_av():
     return av
 
 
-def open_container(video):
-    """An open PyAV container of a {"bytes", "path"} video (close it after use)."""
+def open_container(video, whole: bool = False):
+    """An open PyAV container of a {"bytes", "path"} video (close it after use). A remote file is
+    read a block at a time as PyAV asks, or, with `whole`, at once (to decode its frames)."""
     av = require_av()
-    if isinstance(video, dict) and video.get("bytes") is not None:
-        source = io.BytesIO(video["bytes"])
-    elif isinstance(video, dict) and video.get("path"):
-        source = video["path"]
-    else:
-        raise BadVideo(UNDECODABLE_VIDEO, f"no video data in {type(video).__name__}")
     try:
+        if isinstance(video, dict) and video.get("bytes") is not None:
+            source = io.BytesIO(video["bytes"])
+        elif isinstance(video, dict) and video.get("path"):
+            path = video["path"]
+            if not files.is_remote(path):
+                source = files.local_path(path)
+            elif whole:
+                source = io.BytesIO(files.read_whole(path))
+            else:
+                source = files.open_remote(path)
+        else:
+            raise BadVideo(UNDECODABLE_VIDEO, f"no video data in {type(video).__name__}")
         return av.open(source)
+    except files.UnreachableFile as error:
+        raise BadVideo(UNREACHABLE_FILE, str(error)) from error
     except (av.FFmpegError, OSError, ValueError) as error:
         raise BadVideo(UNDECODABLE_VIDEO, f"{error.__class__.__name__}: {error}") from error
 
@@ -114,7 +126,7 @@ def decode_frames(video, indices) -> np.ndarray:
     av = require_av()
     wanted = set(int(i) for i in indices)
     frames = {}
-    with open_container(video) as container:
+    with open_container(video, whole=True) as container:
         try:
             for i, frame in enumerate(container.decode(video=0)):
                 if i in wanted:

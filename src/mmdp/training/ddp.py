@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from mmdp import config
-from mmdp.cli import description, positive_int
+from mmdp.cli import add_dataset_args, description, positive_int
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
@@ -52,7 +52,7 @@ from mmdp.training.recipes import all_reduced, collective_device
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=description(__doc__))
-    parser.add_argument("--dataset", default=None, help="as in the stages (default: synthetic)")
+    add_dataset_args(parser)
     parser.add_argument("--subset", default=None)
     parser.add_argument("--split", default="train")
     parser.add_argument(
@@ -138,7 +138,14 @@ def compare_gradients(args) -> dict | None:
     written to --metrics-json), None on the other ranks."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     tokenizer = get_tokenizer()
-    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
+    rows = load_vqa_dataset(
+        args.dataset,
+        args.subset,
+        args.split,
+        args.num_rows,
+        image_root=args.image_root,
+        format=args.format,
+    )
     samples = VQADataset(rows, tokenizer)
 
     # The same initial weights on every rank and in the one-process reference

@@ -1,6 +1,7 @@
 """What the three training examples share (examples/trainer.py, examples/accelerate_loop.py,
-examples/torchrun.py): their flags, the embedded data in a planned loader, the model, and
-the --log-samples file that shows a resumed run trains exactly what an uninterrupted one does.
+examples/torchrun.py): their flags, the data (the embedded rows, or your own: --dataset) in a
+planned loader, the model, and the --log-samples file that shows a resumed run trains exactly
+what an uninterrupted one does.
 
 Everything runs offline on a CPU by default: the embedded synthetic rows, and TinyVLM (32-pixel
 images) or, with `--model FAMILY`, a tiny random model of that family's real transformers class
@@ -17,7 +18,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from mmdp.cli import positive_float, positive_int
+from mmdp.cli import add_dataset_args, positive_float, positive_int
 from mmdp.data.families import OFFLINE as FAMILY_MODELS
 from mmdp.data.families import load_processor, tiny_processor
 from mmdp.data.hub import require_hub
@@ -56,7 +57,8 @@ def training_flags(description: str) -> argparse.ArgumentParser:
     add("--resume-from-checkpoint", default=None, metavar="DIR", help="a checkpoint-STEP folder")
     add("--grad-accum", type=positive_int, default=2, help="micro-batches per step (default 2)")
     add("--log-samples", default=None, metavar="PATH", help="JSON lines: every micro-batch's rows")
-    add("--num-rows", type=positive_int, default=64, help="rows of the embedded dataset (64)")
+    add("--num-rows", type=positive_int, default=64, help="rows of the dataset to train on (64)")
+    add_dataset_args(parser)  # --dataset, --image-root, --format: your own rows
     add(
         "--max-length",
         type=positive_int,
@@ -106,7 +108,12 @@ def make_loader(args, *, rank: int | None = None, world_size: int | None = None)
     (rank and world size from torch.distributed unless given). Returns (loader, processor):
     the processor is TinyVLM's tokenizer unless --model or --model-path names another model."""
     processor = make_processor(args)
-    rows = load_vqa_dataset(None, num_rows=args.num_rows)
+    rows = load_vqa_dataset(
+        getattr(args, "dataset", None),
+        num_rows=args.num_rows,
+        image_root=getattr(args, "image_root", None),
+        format=getattr(args, "format", None),
+    )
     samples = VQADataset(rows, processor, image_size=IMAGE_SIZE)
     max_length = getattr(args, "max_length", None)
     if max_length is None:

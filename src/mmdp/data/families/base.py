@@ -42,7 +42,9 @@ from mmdp.data.conversation import (
     chat_messages,
     chat_turns,
     reply_spans,
+    system_prompt,
 )
+from mmdp.data.files import in_flight
 from mmdp.data.images import BadImage, decode_image, image_size
 from mmdp.data.videos import BadVideo, decode_frames, video_metadata
 from mmdp.drop_reasons import VIDEO_REFUSED
@@ -243,13 +245,19 @@ class ModelFamily:
         return layouts
 
     def expanded_text(
-        self, turns, layouts: list[ImageLayout], labels: bool = True
-    ) -> tuple[str, list[tuple[int, int]]]:
+        self, turns, layouts: list[ImageLayout], labels: bool = True, system: str | None = None
+    ) -> tuple[str, list[tuple[int, int]], list[ImageLayout]]:
         """Steps 1-2: the rendered conversation with every image's and video's text in place
-        (`layouts`: the images', then the videos'), and the character spans of the replies (to
-        label; none when `labels` is False: weighing needs only the text)."""
+        (`layouts`: the images', then the videos', each in file order), the character spans of
+        the replies (to label; none when `labels` is False: weighing needs only the text), and
+        the layouts in the order the text holds them.
+
+        Each image token the template renders takes the next image's layout, each video token
+        the next video's: a row's tags put its files anywhere (mmdp.data.conversation), and a
+        template may order a message's items its own way (LLaVA-OneVision's renders a
+        message's images first)."""
         videos = sum(layout.video for layout in layouts)
-        messages = chat_messages(turns, len(layouts) - videos, videos)
+        messages = chat_messages(turns, len(layouts) - videos, videos, system)
         if labels:
             text, spans = reply_spans(self.render, messages, self.end_of_turn)
         else:
@@ -257,29 +265,36 @@ class ModelFamily:
         tokens = [self.image_token] + ([self.video_token] if self.video_token else [])
         pieces = re.split("(" + "|".join(map(re.escape, tokens)) + ")", text)
         parts, found = pieces[::2], pieces[1::2]
-        wanted = [self.video_token if layout.video else self.image_token for layout in layouts]
-        if found != wanted:
+        queues = {
+            self.image_token: iter([layout for layout in layouts if not layout.video]),
+            self.video_token: iter([layout for layout in layouts if layout.video]),
+        }
+        ordered = [next(queues[token], None) for token in found]
+        if None in ordered or len(ordered) != len(layouts):
+            wanted = [self.video_token if layout.video else self.image_token for layout in layouts]
             raise RuntimeError(f"the chat template rendered {found} for {wanted}")
         # where each image (or video) token starts in the rendered text, and how much its text
         # grows it
         starts = [
             sum(len(part) for part in parts[: k + 1]) + sum(map(len, found[:k]))
-            for k in range(len(layouts))
+            for k in range(len(ordered))
         ]
-        grows = [len(layout.text) - len(token) for layout, token in zip(layouts, found)]
+        grows = [len(layout.text) - len(token) for layout, token in zip(ordered, found)]
         moved = [
             (a + shift, b + shift)
             for a, b in spans
             for shift in [sum(g for s, g in zip(starts, grows) if s < a)]
         ]
         pieces = [parts[0]]
-        for layout, part in zip(layouts, parts[1:]):
+        for layout, part in zip(ordered, parts[1:]):
             pieces += [layout.text, part]
-        return "".join(pieces), moved
+        return "".join(pieces), moved, ordered
 
-    def encode(self, turns, layouts: list[ImageLayout]) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(
+        self, turns, layouts: list[ImageLayout], system: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Step 3: (input_ids, labels) of a conversation whose images cost `layouts`."""
-        text, spans = self.expanded_text(turns, layouts)
+        text, spans, ordered = self.expanded_text(turns, layouts, system=system)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         input_ids = torch.tensor(encoded["input_ids"], dtype=torch.long)
         in_reply = [
@@ -288,11 +303,12 @@ class ModelFamily:
         labels = torch.where(
             torch.tensor(in_reply, dtype=torch.bool), input_ids, config.IGNORE_INDEX
         )
-        repeats = self.feature_repeats(input_ids, layouts)
+        repeats = self.feature_repeats(input_ids, ordered)
         return input_ids.repeat_interleave(repeats), labels.repeat_interleave(repeats)
 
     def feature_repeats(self, input_ids: torch.Tensor, layouts: list[ImageLayout]) -> torch.Tensor:
-        """How many times each token stands: each feature token its run's length, others once."""
+        """How many times each token stands: each feature token its run's length, others once
+        (`layouts` in the order the text holds them)."""
         runs = [run for layout in layouts for run in layout.runs]
         is_feature = torch.isin(input_ids, torch.tensor(self.feature_token_ids))
         if int(is_feature.sum()) != len(runs):
@@ -314,16 +330,21 @@ class ModelFamily:
         lengths, image_counts, patches, reasons = [], [], [], []
         rendered, rendered_rows = [], []
         videos_of_rows = videos_of_rows or [None] * len(texts_of_rows)
+        # every header of the rows at once: remote files' requests wait on the network together
+        sizes = iter(in_flight(image_size, [i for images in images_of_rows for i in images or []]))
         for row, (texts, images, videos) in enumerate(
             zip(texts_of_rows, images_of_rows, videos_of_rows)
         ):
             images = images or []
             image_counts.append(len(images))
+            row_sizes = [next(sizes) for _ in images]
             try:
-                layouts = self.layouts([image_size(image) for image in images])
+                layouts = self.layouts([outcome(size) for size in row_sizes])
                 layouts += self.video_layouts(videos)
                 turns = chat_turns(texts, self.reserved)
-                text, _ = self.expanded_text(turns, layouts, labels=False)
+                text, _, _ = self.expanded_text(
+                    turns, layouts, labels=False, system=system_prompt(texts)
+                )
             except (BadConversation, BadImage, BadVideo) as error:
                 lengths.append(0)
                 patches.append(0)
@@ -351,9 +372,11 @@ class ModelFamily:
         left out): what a report or a figure shows of a family's rules."""
         self.read_settings()
         costs = []
+        sizes = iter(in_flight(image_size, [i for images in images_of_rows for i in images or []]))
         for images in images_of_rows:
+            row_sizes = [next(sizes) for _ in images or []]
             try:
-                layouts = self.layouts([image_size(image) for image in images or []])
+                layouts = self.layouts([outcome(size) for size in row_sizes])
             except BadImage:
                 continue
             costs += [(self.image_tokens(layout), layout.patches) for layout in layouts]
@@ -377,7 +400,8 @@ class ModelFamily:
         headers (pretokenizing: mmdp.packing.weighing, which reads the settings once a batch)."""
         layouts = self.layouts([image_size(image) for image in images or []])
         videos = self.video_layouts(videos)
-        input_ids, labels = self.encode(chat_turns(texts, self.reserved), layouts + videos)
+        turns = chat_turns(texts, self.reserved)
+        input_ids, labels = self.encode(turns, layouts + videos, system_prompt(texts))
         patches = sum(layout.patches for layout in layouts + videos)
         return input_ids, labels, len(layouts), patches
 
@@ -392,7 +416,8 @@ class ModelFamily:
             videos, video_layouts = self.decode_videos(row.get("videos"))
             layouts += video_layouts
             if tokenized is None:
-                tokenized = self.encode(chat_turns(row["texts"], self.reserved), layouts)
+                turns = chat_turns(row["texts"], self.reserved)
+                tokenized = self.encode(turns, layouts, system_prompt(row["texts"]))
         except (BadConversation, BadImage, BadVideo) as error:
             return {"row": index, "drop_reason": error.reason}
         input_ids, labels = tokenized
@@ -431,6 +456,13 @@ class ModelFamily:
         """The per-token inputs of `token_keys`: 1 on image features, 0 elsewhere."""
         is_feature = (input_ids == self.feature_token_id).long()
         return {key: is_feature for key in self.token_keys}
+
+
+def outcome(result):
+    """A result of mmdp.data.files.in_flight: the value, or the exception it holds, raised."""
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def tokenizer_fingerprint(tokenizer) -> dict:
