@@ -213,9 +213,7 @@ def as_cauldron(rows: Dataset, format: str | None, base: str | None, source: str
     """`rows` in the_cauldron's schema (mmdp.data.formats), converted by one cached
     `datasets.map` unless they are in it already, their images never decoded."""
     format = format or formats.detect_format(rows.column_names)
-    for column, feature in rows.features.items():
-        if undecoded(feature) != feature:  # the features only: no row is rewritten
-            rows = rows.cast_column(column, undecoded(feature))
+    rows = undecoded(rows)  # the features only: no row is rewritten
     if format == "the_cauldron" and not names_files(rows.features):
         return rows
     return rows.map(
@@ -226,18 +224,6 @@ def as_cauldron(rows: Dataset, format: str | None, base: str | None, source: str
         remove_columns=rows.column_names,
         desc=f"Reading the {format} rows",
     )
-
-
-def undecoded(features):
-    """`features` with every Image (and Video) feature left undecoded: a file's bytes or path,
-    never its pixels."""
-    if isinstance(features, (datasets.Image, datasets.Video)):
-        return type(features)(decode=False)
-    if isinstance(features, (List, datasets.LargeList)):
-        return type(features)(undecoded(features.feature))
-    if isinstance(features, dict):
-        return type(features)({key: undecoded(value) for key, value in features.items()})
-    return features
 
 
 def names_files(features) -> bool:
@@ -404,23 +390,27 @@ def check_schema(dataset: Dataset, source: str | None) -> None:
 
 def undecoded(rows):
     """`rows` (a datasets.Dataset or IterableDataset) with its images and videos kept encoded:
-    every Image or Video feature of its `images` and `videos` columns cast to decode=False
-    (datasets' default Image() decodes each image as the row is read, where a truncated file
-    raises inside a DataLoader worker, outside mmdp's one decoding place). Anything else, and a
-    dataset already undecoded, comes back as it is (the same object, the same fingerprint)."""
+    every Image or Video feature of its columns cast to decode=False (datasets' default Image()
+    decodes each image as the row is read, where a truncated file raises inside a DataLoader
+    worker, outside mmdp's one decoding place). Only the features change, no row is rewritten;
+    anything else, and a dataset already undecoded, comes back as it is (the same object, the
+    same fingerprint)."""
     features = getattr(rows, "features", None)
     if features is None:
         return rows
-    for name in ("images", "videos"):
-        if name in features and (encoded := kept_encoded(features[name])) != features[name]:
-            rows = rows.cast_column(name, encoded)
+    for column, feature in features.items():
+        if (encoded := kept_encoded(feature)) != feature:
+            rows = rows.cast_column(column, encoded)
     return rows
 
 
 def kept_encoded(feature):
-    """A feature with its Image and Video parts set to decode=False (nested in lists too)."""
+    """A feature with its Image and Video parts set to decode=False (nested in lists and
+    dicts too)."""
     if isinstance(feature, (datasets.Image, datasets.Video)):
         return dataclasses.replace(feature, decode=False)
     if isinstance(feature, (List, datasets.LargeList)):
         return dataclasses.replace(feature, feature=kept_encoded(feature.feature))
+    if isinstance(feature, dict):
+        return type(feature)({key: kept_encoded(value) for key, value in feature.items()})
     return feature

@@ -95,9 +95,7 @@ def as_cauldron_stream(
         columns = None
     else:
         columns = list(stream.features)
-        for column, feature in stream.features.items():
-            if undecoded(feature) != feature:
-                stream = stream.cast_column(column, undecoded(feature))
+        stream = undecoded(stream)
     format = format or formats.detect_format(columns)
     if format == "the_cauldron" and not (columns and names_files(stream.features)):
         return stream
