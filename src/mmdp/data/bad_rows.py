@@ -122,6 +122,18 @@ BAD_ROWS = {
         with_images(*[encoded(Image.new("RGB", (8, 8)), "PNG")] * 20),
         drop_reasons.TOO_MANY_IMAGES,
     ),
+    "more_image_tags_than_images": (
+        lambda row: with_reply("<image> or <image>: which is red?", "The first.")(
+            with_images(encoded(Image.new("RGB", (30, 30), (200, 0, 0)), "PNG"))(row)
+        ),
+        drop_reasons.MEDIA_TAG_MISMATCH,
+    ),
+    "fewer_image_tags_than_images": (
+        lambda row: with_reply("Is <image> red?", "Yes.")(
+            with_images(*[encoded(Image.new("RGB", (30, 30), (200, 0, 0)), "PNG")] * 2)(row)
+        ),
+        drop_reasons.MEDIA_TAG_MISMATCH,
+    ),
     # trained on, converted to RGB (counted by mode)
     "cmyk_jpeg": (
         with_images(encoded(Image.new("CMYK", (30, 30), (0, 50, 100, 0)), "JPEG")),
@@ -130,6 +142,12 @@ BAD_ROWS = {
     "png_of_16_bits": (with_images(encoded(Image.new("I;16", (30, 30), 40000), "PNG")), "I;16"),
     "animated_gif": (with_images(animated_gif()), "P"),  # its first frame
     # trained on as they are
+    "image_between_text": (
+        lambda row: with_reply("Here: <image> What colour is it?", "Red.")(
+            with_images(encoded(Image.new("RGB", (30, 30), (200, 0, 0)), "PNG"))(row)
+        ),
+        None,
+    ),
     "exif_rotated_jpeg": (with_images(exif_rotated_jpeg()), None),
     "null_images": (lambda row: {**row, "images": None}, None),  # a text-only row
     "null_question": (with_reply(None, "A square."), None),
