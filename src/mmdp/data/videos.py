@@ -23,7 +23,7 @@ import io
 import numpy as np
 
 from mmdp.drop_reasons import UNDECODABLE_VIDEO
-from mmdp.errors import UserError
+from mmdp.errors import require_extra
 
 
 class BadVideo(Exception):
@@ -35,14 +35,8 @@ class BadVideo(Exception):
 
 
 def require_av():
-    """PyAV, or one sentence saying how to install it."""
-    try:
-        import av
-    except ImportError as error:
-        raise UserError(
-            "rows with videos need PyAV: install mmdp with the video extra (pip install 'mmdp[video]')"
-        ) from error
-    return av
+    """PyAV, or one sentence naming the extra that installs it (mmdp.errors.MissingExtra)."""
+    return require_extra("av", "video", "a row with a video (PyAV)")
 
 
 def open_container(video):
