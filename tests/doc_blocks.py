@@ -67,7 +67,7 @@ CHECKED = {
         "test_prepared.py (template)"
     ),
     "uv run 02_naive_pad_dataloader.py --dataset HuggingFaceM4/the_cauldron --subset ai2d": (
-        "test_data.py (exact, the network refused)"
+        "test_stage_scripts.py (exact, no name resolves)"
     ),
 }
 # Quoted outputs no test runs, and why.

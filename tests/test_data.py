@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 from conftest import image_cell
 from datasets import Dataset
-from doc_blocks import check_output
 from PIL import Image
 
 from mmdp import config
@@ -169,24 +168,6 @@ def test_hub_dataset_offline_fails_with_one_sentence(run_main, monkeypatch):
 def test_hub_dataset_offline_fails_with_one_sentence_in_a_new_process(run_script):
     result = run_script("01_check_dataset.py", *OFFLINE_HUB, env={"HF_HUB_OFFLINE": "1"})
     said_offline_in_one_sentence(result.returncode, result.stderr)
-
-
-@pytest.mark.docs
-def test_without_a_network_a_hub_dataset_is_the_sentence_the_docs_quote(run_main, monkeypatch):
-    """No name resolves (a machine without a network): stage 2 ends in the one sentence
-    docs/use-in-your-trainer.md quotes, word for word (tests/doc_blocks.py)."""
-
-    def no_name_resolves(address, *args, **kwargs):
-        raise socket.gaierror(-3, "Temporary failure in name resolution")
-
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_ENDPOINT", raising=False)
-    monkeypatch.setattr(socket, "create_connection", no_name_resolves)
-    argv = ["02_naive_pad_dataloader.py", *OFFLINE_HUB]
-    status, _, err = run_main(*argv)
-    assert status == 2
-    command = "uv run 02_naive_pad_dataloader.py --dataset HuggingFaceM4/the_cauldron --subset ai2d"
-    assert check_output(command, argv, err) == "exact"
 
 
 def test_unreachable_hub_fails_fast_without_retries(monkeypatch):

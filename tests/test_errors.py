@@ -2,7 +2,6 @@
 (every stage script runs its main under mmdp.errors.exit_on_user_error); and what needs a package
 only an extra installs says so in one sentence naming the extra."""
 
-import importlib
 import importlib.metadata
 import re
 import sys
@@ -84,18 +83,6 @@ def test_a_missing_extra_is_one_sentence_naming_it(monkeypatch, extra, module):
     assert "\n" not in said and ". " not in said
     assert f"mmdp's {extra} extra" in said and f"uv sync --extra {extra}" in said
     assert isinstance(missing.value, ImportError) and isinstance(missing.value, UserError)
-
-
-def test_mmdp_trainer_without_accelerate_is_one_sentence_at_its_import(monkeypatch):
-    """Without accelerate, transformers' Trainer imports, and fails later in TrainingArguments
-    with its own install line; mmdp.training.trainer says which extra, when imported."""
-    import mmdp.training.trainer  # noqa: F401  (and transformers.trainer, with accelerate)
-
-    without(monkeypatch, "accelerate")
-    monkeypatch.delitem(sys.modules, "mmdp.training.trainer")
-    with pytest.raises(MissingExtra, match="MMDPTrainer .* needs accelerate, which mmdp's "
-                       "accelerate extra installs"):  # fmt: skip
-        importlib.import_module("mmdp.training.trainer")
 
 
 def test_a_video_without_pyav_is_one_sentence_naming_the_video_extra(monkeypatch):

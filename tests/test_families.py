@@ -13,6 +13,7 @@ import io
 import pytest
 import torch
 from conftest import two_packs_of_three
+from datasets import Dataset
 from doc_blocks import quoted_batch_keys, quoted_default_budgets
 from PIL import Image
 from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
@@ -24,7 +25,7 @@ from mmdp.data.families import (
     offline_processor,
     tiny_processor,
 )
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.sources import FEATURES
 from mmdp.data.synthetic import encode_png
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import IMAGE_SIZE_REFUSED, UNDECODABLE_IMAGE
@@ -167,11 +168,13 @@ def test_a_packed_batch_carries_the_keys_the_docs_list(tiny_family):
 
 
 @pytest.mark.docs
-@pytest.mark.xfail(strict=True, reason="issue 45: one place for a family's default budgets")
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="issue 45: one place for a family's default budgets"
+)
 def test_with_no_config_a_family_packs_to_the_default_budgets_the_docs_list(family):
     """docs/real-vlms.md: `PackedDataset(VQADataset(rows, processor))` with no config packs to the
     family's default budgets, which it lists (tests/doc_blocks.py reads them)."""
-    samples = VQADataset(load_vqa_dataset(None, num_rows=4), family.processor)
+    samples = VQADataset(Dataset.from_list(ROWS, features=FEATURES), family.processor)
     config = PackedDataset(samples, rank=0, world_size=1).config
     assert (config.max_length, config.max_patches) == quoted_default_budgets()[family.name]
 

@@ -3,6 +3,7 @@ report; and what they print is what the README and docs/ quote (tests/doc_blocks
 when a test runs the quoted command, else as a template; the `docs` marker: -k docs)."""
 
 import json
+import socket
 
 import pytest
 from doc_blocks import check_output, quoted_batch_keys
@@ -264,6 +265,30 @@ def test_impossible_settings_get_one_sentence_and_status_2(run_main, tmp_path, s
     last = stderr.strip().splitlines()[-1]
     assert "error:" in last and says in last
     assert "Traceback" not in stderr
+
+
+@pytest.mark.docs
+def test_without_a_network_a_hub_dataset_is_the_sentence_the_docs_quote(run_main, monkeypatch):
+    """No name resolves (a machine without a network): stage 2 ends in the one sentence
+    docs/use-in-your-trainer.md quotes, word for word (tests/doc_blocks.py)."""
+
+    def no_name_resolves(address, *args, **kwargs):
+        raise socket.gaierror(-3, "Temporary failure in name resolution")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.setattr(socket, "create_connection", no_name_resolves)
+    argv = [
+        "02_naive_pad_dataloader.py",
+        "--dataset",
+        "HuggingFaceM4/the_cauldron",
+        "--subset",
+        "ai2d",
+    ]
+    status, _, err = run_main(*argv)
+    assert status == 2
+    command = "uv run 02_naive_pad_dataloader.py --dataset HuggingFaceM4/the_cauldron --subset ai2d"
+    assert check_output(command, argv, err) == "exact"
 
 
 @pytest.mark.slow  # two processes, each loading and packing a whole epoch
