@@ -33,11 +33,9 @@ What the recipe does:
 import contextlib
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs
 
 from mmdp.cli import description
-from mmdp.errors import exit_on_user_error
+from mmdp.errors import exit_on_user_error, require_extra
 from mmdp.training.examples import (
     SampleLog,
     checkpoint_folder,
@@ -57,6 +55,11 @@ from mmdp.training.recipes import (
     optimizer_steps,
     step_label_tokens,
 )
+
+with exit_on_user_error():  # without accelerate: one sentence naming the extra that installs it
+    require_extra("accelerate", "accelerate", "examples/accelerate_loop.py")
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
 
 
 def train_step(accelerator, model, optimizer, micro_batches, inputs) -> torch.Tensor:

@@ -34,7 +34,9 @@ from mmdp.training.examples import (
     training_flags,
     weights_digest,
 )
-from mmdp.training.trainer import MMDPTrainer
+
+with exit_on_user_error():  # without accelerate: one sentence naming the extra that installs it
+    from mmdp.training.trainer import MMDPTrainer
 
 
 class LoggedTrainer(MMDPTrainer):

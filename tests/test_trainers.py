@@ -14,8 +14,10 @@ uninterrupted run's checkpoint in epoch 1 (saved while 2 workers read ahead), wi
 workers, equal to the run that never stopped.
 """
 
+import importlib
 import json
 import os
+import sys
 from argparse import Namespace
 from types import SimpleNamespace
 
@@ -30,6 +32,7 @@ from transformers import Trainer, TrainingArguments
 
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.errors import MissingExtra
 from mmdp.packing.batch import collate_packs
 from mmdp.packing.guards import PREPARE_REFUSED, STATEFUL_REFUSED
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
@@ -430,3 +433,15 @@ def test_trainer_on_a_stream_resumes_exactly_across_stream_epochs(checked):
         # resumed at step 5: the micro-batches of steps 6-8, exactly
         assert resumed["seen"] == uninterrupted["seen"][2 * stream["resumed_at"] :]
         assert resumed["digest"] == uninterrupted["digest"]
+
+
+def test_mmdp_trainer_without_accelerate_is_one_sentence_at_its_import(monkeypatch):
+    """Without accelerate, transformers' Trainer imports, and fails later in TrainingArguments
+    with its own install line; mmdp.training.trainer says which extra, when imported. (Here
+    transformers.trainer was imported with accelerate, as this file's imports show; in a fresh
+    process where accelerate is not installed, the same sentence ends examples/trainer.py.)"""
+    monkeypatch.setitem(sys.modules, "accelerate", None)  # import accelerate fails
+    monkeypatch.delitem(sys.modules, "mmdp.training.trainer", raising=False)  # imported again
+    with pytest.raises(MissingExtra, match="MMDPTrainer .* needs accelerate, which mmdp's "
+                       "accelerate extra installs"):  # fmt: skip
+        importlib.import_module("mmdp.training.trainer")

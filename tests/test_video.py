@@ -172,7 +172,7 @@ def test_without_pyav_a_video_is_one_sentence(monkeypatch):
     from mmdp.errors import UserError
 
     monkeypatch.setitem(sys.modules, "av", None)  # import av raises ImportError
-    with pytest.raises(UserError, match=r"mmdp\[video\]"):
+    with pytest.raises(UserError, match=r"video extra installs: uv sync --extra video"):
         require_av()
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from mmdp.data import files
 from mmdp.drop_reasons import UNDECODABLE_VIDEO, UNREACHABLE_FILE
-from mmdp.errors import UserError
+from mmdp.errors import require_extra
 
 
 class BadVideo(Exception):
@@ -39,14 +39,8 @@ class BadVideo(Exception):
 
 
 def require_av():
-    """PyAV, or one sentence saying how to install it."""
-    try:
-        import av
-    except ImportError as error:
-        raise UserError(
-            "rows with videos need PyAV: install mmdp with the video extra (pip install 'mmdp[video]')"
-        ) from error
-    return av
+    """PyAV, or one sentence naming the extra that installs it (mmdp.errors.MissingExtra)."""
+    return require_extra("av", "video", "a row with a video (PyAV)")
 
 
 def open_container(video, whole: bool = False):

@@ -20,11 +20,12 @@ import torch.distributed as dist
 
 from mmdp.cli import add_dataset_args, positive_float, positive_int
 from mmdp.data.families import OFFLINE as FAMILY_MODELS
-from mmdp.data.families import load_processor, tiny_processor
+from mmdp.data.families import load_processor, tiny_processor, why
 from mmdp.data.hub import require_hub
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.errors import UserError
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
@@ -92,7 +93,7 @@ def make_processor(args):
     (one sentence, mmdp.errors.UserError, when it cannot be had)."""
     model_path, model = getattr(args, "model_path", None), getattr(args, "model", "tiny_vlm")
     if model_path:
-        return load_processor(model_path)
+        return load_processor(model_path, hint=MODEL_PATH_HINT)
     if model == "tiny_vlm":
         return get_tokenizer()
     return tiny_processor(family_of(model))
@@ -170,13 +171,22 @@ def make_model(args, processor):
     return tiny_model(processor, seed=args.seed, **moe).train(), model_inputs
 
 
+# What to run instead when --model-path cannot be had (the examples have no --processor).
+MODEL_PATH_HINT = "run without --model-path to train a tiny model (--model FAMILY)"
+
+
 def checkpoint_model(name_or_path: str):
-    """A real checkpoint's model, in float32 (one sentence when the Hub is out of reach)."""
+    """A real checkpoint's model, in float32 (one sentence when it cannot be had)."""
     from transformers import AutoModelForImageTextToText
 
     if not os.path.exists(name_or_path):
-        require_hub(f"model {name_or_path!r}", "run without --model-path to train a tiny model")
-    model = AutoModelForImageTextToText.from_pretrained(name_or_path, dtype=torch.float32)
+        require_hub(f"model {name_or_path!r}", MODEL_PATH_HINT)
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(name_or_path, dtype=torch.float32)
+    except OSError as error:  # not in the local cache under HF_HUB_OFFLINE, or no such model
+        raise UserError(
+            f"could not load model {name_or_path!r} ({why(error)}); {MODEL_PATH_HINT}"
+        ) from error
     return model.train()
 
 

@@ -1,4 +1,4 @@
-"""Train with transformers' Trainer on an mmdp loader: `MMDPTrainer` (needs `mmdp[accelerate]`).
+"""Train with transformers' Trainer on an mmdp loader: `MMDPTrainer` (needs the accelerate extra).
 
     trainer = MMDPTrainer(
         model=model,
@@ -77,6 +77,7 @@ import transformers.trainer as hf_trainer
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from mmdp.errors import require_extra
 from mmdp.models.inputs import model_inputs as packed_model_inputs
 from mmdp.training.loss import summed_weighted_loss
 from mmdp.training.recipes import (
@@ -90,6 +91,10 @@ from mmdp.training.trainer_epochs import (
     epoch_steps,
     planned_max_steps,
 )
+
+# Trainer needs accelerate, which only an extra installs; without it transformers fails later, in
+# TrainingArguments, naming its own install. One sentence here instead, at the import.
+require_extra("accelerate", "accelerate", "MMDPTrainer (transformers' Trainer)")
 
 NO_EVAL = (
     "MMDPTrainer does not evaluate: Trainer's evaluation averages each batch's mean loss and "
