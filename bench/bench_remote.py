@@ -138,9 +138,9 @@ def measure(args, work: Path, server: str, images: dict) -> tuple[dict, np.ndarr
     )
     s3fs.S3FileSystem.clear_instance_cache()
     fs = fsspec.filesystem("s3")
-    fs.mkdir("bench")
-    fs.put(str(work / "local") + "/", "bench/data/", recursive=True)
-    local, remote = str(work / "local" / "train.jsonl"), "s3://bench/data/train.jsonl"
+    fs.mkdir("weigh-remote")
+    fs.put(str(work / "local") + "/", "weigh-remote/data/", recursive=True)
+    local, remote = str(work / "local" / "train.jsonl"), "s3://weigh-remote/data/train.jsonl"
     in_flight = files.REQUESTS_IN_FLIGHT
     ms = f"{args.latency * 1000:.0f} ms"
     settings = [
@@ -161,7 +161,7 @@ def measure(args, work: Path, server: str, images: dict) -> tuple[dict, np.ndarr
             assert np.array_equal(lengths, expected), "another weight from another source"
             runs.append((seconds, cpu))
         counts = ask(server, "/_counts")
-        keys = [f"/bench/data/{name}" for name in images]
+        keys = [f"/weigh-remote/data/{name}" for name in images]
         served = np.array([counts["bytes"].get(key, 0) for key in keys])
         asked = np.array([counts["requests"].get(key, 0) for key in keys])
         assert name == "disk" or all(counts["ranged"].get(key) for key in keys)

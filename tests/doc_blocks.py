@@ -66,6 +66,13 @@ CHECKED = {
     "uv run 05_knapsack_multimodal.py --prepared /tmp/prepared/synthetic --max-length 256": (
         "test_prepared.py (template)"
     ),
+    "uv run 01_check_dataset.py --dataset train.jsonl --row 0": (
+        "test_formats.py::test_format_stage1_shows_a_users_row_with_each_images_place (exact)"
+    ),
+    "uv run 05_knapsack_multimodal.py --dataset train.jsonl --model qwen2_5_vl": (
+        "test_formats.py::test_format_stage5_packs_a_users_rows_and_counts_every_drop_by_reason "
+        "(template: -m slow)"
+    ),
     "uv run 02_naive_pad_dataloader.py --dataset HuggingFaceM4/the_cauldron --subset ai2d": (
         "test_stage_scripts.py (exact, no name resolves)"
     ),
@@ -327,7 +334,7 @@ def family_keys(family: str) -> set[str]:
 
 def quoted_batch_keys(family: str) -> set[str]:
     """Every key the docs say a planned batch of `family` ("tiny": TinyVLM) carries."""
-    real = {"model_family"} if family != "tiny" else set()
+    real = {"model_family", "model_settings"} if family != "tiny" else set()
     return contract_keys(every_batch=True) | family_keys(family) | real
 
 

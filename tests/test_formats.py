@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from doc_blocks import check_output
 from PIL import Image
 
 from mmdp import config
@@ -345,6 +346,9 @@ def test_format_stage1_shows_a_users_row_with_each_images_place(run_main, held_o
     assert "User:      And [image 3]?" in out
     assert f"image 3: {held_out / 'elsewhere' / 'blue.png'} (56x56)" in out
     assert (tmp_path / "01.png").stat().st_size > 10_000
+    argv = ["01_check_dataset.py", "--dataset", "train.jsonl", "--row", "0"]
+    paths = {str(held_out): "/tmp/users_data", str(tmp_path): "assets"}
+    check_output("uv run 01_check_dataset.py --dataset train.jsonl --row 0", argv, out, paths=paths)
 
 
 def test_format_a_users_rows_pack_for_qwen2_5_vl_each_used_or_counted_by_reason(held_out):
@@ -383,6 +387,9 @@ def test_format_stage5_packs_a_users_rows_and_counts_every_drop_by_reason(
     assert report["dropped"] == {MEDIA_TAG_MISMATCH: 1, UNDECODABLE_IMAGE: 2, EMPTY_REPLY: 1}
     assert report["samples"] + sum(report["dropped"].values()) == 8
     assert "Your rows" in out and "media_tag_mismatch" in out and "tokens per sample" in out
+    command = "uv run 05_knapsack_multimodal.py --dataset train.jsonl --model qwen2_5_vl"
+    paths = {str(held_out): "/tmp/users_data", str(tmp_path): "assets"}
+    check_output(command, ["05_knapsack_multimodal.py", "--num-workers", "0"], out, paths=paths)
 
 
 def test_format_a_users_file_is_a_source_of_a_mixture(held_out):
