@@ -13,6 +13,9 @@ How an epoch is made, in the blog's terms:
    k % num_workers, which is the order the DataLoader yields them in). In each worker a producer
    thread builds the packs of its batches (tokenize, decode and resize images, concatenate, pad
    to `max_length`) and fills a bounded queue; the DataLoader collates them with `collate_packs`.
+   A rank's filler batch (a last step with fewer packs than ranks) is a copy of another rank's
+   pack with every label -100: every rank yields the same number of batches, and every usable
+   row is trained exactly once per epoch, on one rank.
 
 Steps 1-4 use only weights, so every rank and worker computes the same plan and no sample is
 yielded twice or lost. Images are decoded only for packs about to be yielded.
@@ -261,7 +264,10 @@ class PackedDataset(PackingSettings, IterableDataset):
                 first, end = plan.batch_starts[step], plan.batch_starts[step + 1]
                 for p in range(first, end):
                     a, z = plan.pack_starts[p], plan.pack_starts[p + 1]
-                    yield self.build_pack(plan.rows[a:z].tolist(), lengths[a:z].tolist(), step)
+                    pack = self.build_pack(plan.rows[a:z].tolist(), lengths[a:z].tolist(), step)
+                    if plan.is_filler(step):  # another rank's pack: this rank trains nothing
+                        pack["filler"] = True
+                    yield pack
 
         return iterate_in_background(produce, max_queued=self.max_queued_packs)
 
@@ -340,6 +346,7 @@ class PackedDataLoader(RefusesAcceleratePrepare, DataLoader):
         where = lambda: (self.dataset.rank, self.dataset.batches_done)  # noqa: E731
         for batch in name_failed_worker(batches, where, pids):
             self.dataset.batches_done = batch["batch_index"] + 1
+            batch["epoch"] = self.dataset.epoch  # the batch's own, whatever is fetched ahead
             yield batch
         self.dataset.batches_done = 0
 

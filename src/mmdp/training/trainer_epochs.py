@@ -2,34 +2,18 @@
 
 Trainer reads a loader's len() once and takes that many batches from every epoch, but a planned
 epoch's batch count follows its shuffle. `LoaderForTrainer` shows Trainer no length and pads each
-planned epoch's last optimizer step with `filler` micro-batches (they train nothing), so every step
-holds one epoch's batches; `planned_max_steps` turns whole epochs into max_steps; `LoaderEpoch`
+planned epoch's last optimizer step with filler micro-batches that train nothing
+(mmdp.packing.batch.filler_batch), so every step holds one epoch's batches; `planned_max_steps` turns whole epochs into max_steps; `LoaderEpoch`
 makes Trainer's `epoch` (its logs, its "per epoch" saving) the loader's. mmdp.training.trainer
 tells the whole story, with transformers' file and line numbers.
 """
 
 import math
 
-import torch
 from transformers import TrainerCallback
 
-from mmdp import config
+from mmdp.packing.batch import filler_batch
 from mmdp.training.recipes import batches_forever
-
-
-def filler(batch: dict) -> dict:
-    """A copy of `batch` that trains nothing: every label -100 and no sample. It pads an epoch's
-    last optimizer step to `gradient_accumulation_steps` micro-batches (LoaderForTrainer): its
-    loss and its gradient are exactly 0, and Trainer counts none of its tokens."""
-    out = dict(batch, filler=True)
-    out["labels"] = torch.full_like(batch["labels"], config.IGNORE_INDEX)
-    out["sample_index"] = batch["sample_index"][:0]
-    out["samples_per_row"] = torch.zeros_like(batch["samples_per_row"])
-    out["real_token_mask"] = torch.zeros_like(batch["real_token_mask"])
-    out["dropped"], out["converted"] = {}, {}  # counted with the batch it copies
-    if "loss_weights" in batch:
-        out["loss_weights"] = torch.zeros_like(batch["loss_weights"])
-    return out
 
 
 def epoch_batches(dataset, epoch: int) -> int:
@@ -86,7 +70,7 @@ class LoaderForTrainer:
             self.loader.set_epoch(self.dataset.epoch + 1)
             if last is not None:
                 for _ in range(-planned % self.grad_accum):
-                    yield filler(last)
+                    yield filler_batch(last)
 
     def set_epoch(self, epoch: int) -> None:
         """Trainer's epoch is always 0 here (one pass): the loader keeps its own epochs."""
