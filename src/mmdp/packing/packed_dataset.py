@@ -52,7 +52,9 @@ class PackedDataset(PackingSettings, IterableDataset):
     """Packs a VQADataset into fixed-length rows under a token budget (max_length) and two
     vision budgets: images (max_images) and the vision encoder's patches (max_patches, None: no
     patch budget), as `config` (a PackingConfig) says; `dataset.max_length` and the other fields
-    read it. The loose keywords (max_length=..., seed=...) still work for one release.
+    read it. Without a config, the model family's budgets (`default_config(family)`: Qwen-VL's
+    2,048 tokens and 8,192 patches a pack, TinyVLM's 512 tokens). The loose keywords
+    (max_length=..., seed=...) still work for one release.
 
     Use it with `PackedDataLoader` (or a DataLoader with batch_size=packs_per_batch and
     collate_fn=dataset.collate). Works unchanged under torchrun: rank and world size come from
@@ -87,7 +89,7 @@ class PackedDataset(PackingSettings, IterableDataset):
         **old_keywords,
     ):
         self.dataset = dataset
-        self.config = with_old_keywords(config, old_keywords, "PackedDataset")
+        self.config = with_old_keywords(config, old_keywords, "PackedDataset", dataset.family)
         self.mixture = mixture  # a MixturePlan: rows chosen by source shares
         self.max_queued_packs = max_queued_packs
         self.rank, self.world_size = rank_and_world_size(rank, world_size, group)

@@ -28,7 +28,7 @@ from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing.packing_config import PackingConfig
+from mmdp.packing.packing_config import default_config
 
 IMAGE_SIZE = 32  # small images keep a CPU step short; 32 / 4-pixel patches = 64 image tokens
 PATCH_SIZE = 4
@@ -109,11 +109,11 @@ def make_loader(args, *, rank: int | None = None, world_size: int | None = None)
     rows = load_vqa_dataset(None, num_rows=args.num_rows)
     samples = VQADataset(rows, processor, image_size=IMAGE_SIZE)
     max_length = getattr(args, "max_length", None)
-    if max_length is None:
-        tiny = samples.family.name == "tiny"
-        max_length = TINY_VLM_MAX_LENGTH if tiny else samples.family.default_max_length
-    config = PackingConfig(
-        max_length=max_length, packs_per_batch=args.packs_per_batch, seed=args.seed
+    if max_length is None and samples.family.name == "tiny":
+        max_length = TINY_VLM_MAX_LENGTH
+    # the family's budgets (a real family's tokens and patches a pack), unless given
+    config = default_config(
+        samples.family, max_length=max_length, packs_per_batch=args.packs_per_batch, seed=args.seed
     )
     dataset = PackedDataset(
         samples,
