@@ -28,6 +28,8 @@ What the recipe does:
    every rank (mmdp.training.recipes): one process's gradient.
 4. accelerator.save_state / load_state, with the loader's state of every rank
    (mmdp.training.recipes.checkpoint_loader_with).
+5. With --eval-ratio, the held-out rows' exact eval_loss at the end
+   (mmdp.training.evaluation.evaluate: summed losses and label tokens, all-reduced once).
 """
 
 import contextlib
@@ -38,15 +40,18 @@ from accelerate.utils import DistributedDataParallelKwargs
 
 from mmdp.cli import description
 from mmdp.errors import exit_on_user_error
+from mmdp.training.evaluation import evaluate
 from mmdp.training.examples import (
     SampleLog,
     checkpoint_folder,
     checkpoint_step,
+    make_eval_loader,
     make_loader,
     make_model,
     print_result,
     training_flags,
     training_steps,
+    video_rows,
     weights_digest,
 )
 from mmdp.training.loop import to_device
@@ -99,7 +104,7 @@ def main(argv=None) -> dict | None:
         accelerator.load_state(args.resume_from_checkpoint)
         step = checkpoint_step(args.resume_from_checkpoint)
     resumed_step = step if args.resume_from_checkpoint else None
-    log = SampleLog(args.log_samples, accelerator.process_index, resumed_step)
+    log = SampleLog(args.log_samples, accelerator.process_index, resumed_step, video_rows(loader))
 
     steps = optimizer_steps(loader, args.grad_accum)
     loss = torch.zeros((), device=accelerator.device)
@@ -114,10 +119,14 @@ def main(argv=None) -> dict | None:
             accelerator.save_state(checkpoint_folder(args.output_dir, step))
 
     loss = accelerator.reduce(loss, reduction="sum")  # the step's mean over every label token
+    evaluation = None
+    eval_loader = make_eval_loader(loader, args)  # --eval-ratio's held-out rows, every rank's
+    if eval_loader is not None:  # every held-out token's mean over all ranks: one all-reduce
+        evaluation = evaluate(model, eval_loader, inputs, device=accelerator.device)
     result = None
     if accelerator.is_main_process:
         state = accelerator.unwrap_model(model).state_dict()
-        result = print_result(float(loss), step, weights_digest(state))
+        result = print_result(float(loss), step, weights_digest(state), evaluation)
     accelerator.wait_for_everyone()  # (with trackers, accelerator.end_training() here)
     return result
 

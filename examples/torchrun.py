@@ -20,6 +20,8 @@ What the recipe does (mmdp.training.recipes):
 3. Each micro-batch's loss is its summed token loss x world size / the step's label tokens on
    every rank (all-reduced): one process's gradient, whatever the ranks' token counts.
 4. A checkpoint holds the model and optimizer (written by rank 0) and one loader state per rank.
+5. With --eval-ratio, the held-out rows' exact eval_loss at the end
+   (mmdp.training.evaluation.evaluate: summed losses and label tokens, all-reduced once).
 """
 
 import os
@@ -32,15 +34,18 @@ from torch.nn.parallel import DistributedDataParallel
 from mmdp.cli import description
 from mmdp.errors import exit_on_user_error
 from mmdp.models.tiny_vlm import TinyVLM
+from mmdp.training.evaluation import evaluate
 from mmdp.training.examples import (
     SampleLog,
     checkpoint_folder,
     checkpoint_step,
+    make_eval_loader,
     make_loader,
     make_model,
     print_result,
     training_flags,
     training_steps,
+    video_rows,
     weights_digest,
 )
 from mmdp.training.loop import to_device
@@ -144,7 +149,8 @@ def main(argv=None) -> dict | None:
     step = 0
     if args.resume_from_checkpoint:
         step = load_checkpoint(args.resume_from_checkpoint, model, optimizer, loader)
-    log = SampleLog(args.log_samples, rank, step if args.resume_from_checkpoint else None)
+    resumed_step = step if args.resume_from_checkpoint else None
+    log = SampleLog(args.log_samples, rank, resumed_step, video_rows(loader))
 
     steps = optimizer_steps(loader, args.grad_accum)
     loss = torch.zeros(())
@@ -159,8 +165,13 @@ def main(argv=None) -> dict | None:
             save_checkpoint(checkpoint_folder(args.output_dir, step), model, optimizer, loader)
 
     dist.all_reduce(loss)  # the step's mean over every label token of every rank
+    evaluation = None
+    eval_loader = make_eval_loader(loader, args)  # --eval-ratio's held-out rows, every rank's
+    if eval_loader is not None:  # every held-out token's mean over all ranks: one all-reduce
+        evaluation = evaluate(model, eval_loader, inputs, device=device)
     model_state, _ = get_state_dict(model, optimizer, options=FULL)
-    result = print_result(float(loss), step, weights_digest(model_state)) if rank == 0 else None
+    digest = weights_digest(model_state)
+    result = print_result(float(loss), step, digest, evaluation) if rank == 0 else None
     if started_here:
         dist.destroy_process_group()
     return result

@@ -6,10 +6,17 @@ import importlib.util
 from collections import Counter
 
 import pytest
+import torch
 from conftest import REPO
 
 from mmdp.errors import exit_on_user_error
-from mmdp.training.examples import make_loader, make_model, training_flags, training_steps
+from mmdp.training.examples import (
+    make_loader,
+    make_model,
+    make_processor,
+    training_flags,
+    training_steps,
+)
 from mmdp.training.recipes import optimizer_steps
 
 
@@ -54,3 +61,32 @@ def test_model_path_without_the_hub_ends_in_one_sentence(monkeypatch, capsys):
     said = capsys.readouterr().err.strip()
     assert said.count("\n") == 0 and said.startswith("error: processor 'Qwen/Qwen2.5-VL-3B")
     assert "out of reach" in said
+
+
+def test_lora_puts_adapters_on_the_language_model_the_vision_tower_and_the_experts():
+    args = flags("--model", "qwen3_vl_moe", "--lora", "--num-rows", "4")
+    model, _ = make_model(args, make_processor(args))
+    trained = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in name for name in trained)
+    for part in ("language_model", "visual", "mlp.experts"):  # the experts' 3-D weights too
+        assert any(part in name for name in trained), part
+    again, _ = make_model(args, make_processor(args))  # the same adapters on every rank
+    for (name, a), (_, b) in zip(model.named_parameters(), again.named_parameters()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (("--videos", "2"), "--videos: the tiny family takes no video"),
+        (("--lora",), "--lora needs a transformers model"),
+        (("--eval-ratio", "1"), "must be at least 0 and below 1"),
+    ],
+)
+def test_flags_that_cannot_apply_are_one_sentence(argv, says, capsys):
+    with pytest.raises(SystemExit) as exited, exit_on_user_error():
+        args = training_flags("").parse_args(["--output-dir", "-", "--num-rows", "4", *argv])
+        make_model(args, make_loader(args, rank=0, world_size=1)[1])
+    assert exited.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert says in said

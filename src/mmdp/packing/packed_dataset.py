@@ -40,7 +40,7 @@ from mmdp.packing.packing_config import (
     check_resume,
     with_old_keywords,
 )
-from mmdp.packing.planner import EpochPlan, plan_epoch
+from mmdp.packing.planner import EpochPlan, eval_split, plan_epoch
 from mmdp.packing.prepared import load_prepared
 from mmdp.packing.row_tokens import RowTokens
 from mmdp.packing.sharding import rank_and_world_size
@@ -71,6 +71,10 @@ class PackedDataset(PackingSettings, IterableDataset):
 
     prepared=URL (or `PackedDataset.from_prepared(URL, dataset)`): weigh nothing, read the
     weights (and the tokens, when prepared with them) that `uv run -m mmdp.prepare` wrote there.
+
+    eval_ratio=R: hold out R of the rows (R of each source's, in a mixture) for evaluation; this
+    dataset trains on the rest, and `eval_dataset()` packs the held-out rows, every one once
+    (mmdp.packing.planner.eval_split: the same rows on every rank, from the seed alone).
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class PackedDataset(PackingSettings, IterableDataset):
         num_proc: int | None = None,
         mixture=None,
         prepared: str | None = None,
+        eval_ratio: float = 0.0,
         **old_keywords,
     ):
         self.dataset = dataset
@@ -110,6 +115,30 @@ class PackedDataset(PackingSettings, IterableDataset):
         self.image_rows = dataset.dataset.select_columns(media) if pretokenize else None
         self._plan = None  # (epoch, plan of every rank), in the process that plans
         self._rank_plan = None  # (epoch, this rank's part, its rows' lengths): what workers get
+        # the rows this dataset plans from (bool per row; None: all), and which split they are
+        self.eval_ratio, self.split, self.split_name = eval_ratio, None, None
+        if eval_ratio:
+            held_out = eval_split(
+                len(self.weights), eval_ratio, self.config.seed, dataset.source_of_row
+            )
+            self.split, self.split_name = ~held_out, "train"
+
+    def eval_dataset(self, config: PackingConfig | None = None) -> "PackedDataset":
+        """The rows held out by `eval_ratio`, packed for evaluation: every one once, with no
+        mixture's choice (each source's rows are evaluated and reported apart), on the same
+        ranks, with this dataset's weights (nothing weighed again) and `config` (default: this
+        dataset's). Iterate it with its own PackedDataLoader (MMDPTrainer's `eval_loader`)."""
+        if self.split_name != "train":
+            raise ValueError("eval_dataset() needs a PackedDataset made with eval_ratio > 0")
+        held_out = object.__new__(type(self))  # not copy.copy: __getstate__ drops the weights
+        held_out.__dict__.update(self.__dict__)
+        held_out.config = self.config if config is None else config
+        held_out.split, held_out.split_name = ~self.split, "eval"
+        held_out.mixture = None
+        held_out.epoch, held_out.batches_done = 0, 0
+        held_out._plan = held_out._rank_plan = None
+        held_out._loader_starting = None
+        return held_out
 
     def weigh(self, pretokenize: bool, num_proc: int | None, across_ranks: bool):
         """Step 1: the weights of every row, from a prepared dataset (weighed by mmdp.prepare,
@@ -150,6 +179,7 @@ class PackedDataset(PackingSettings, IterableDataset):
                 world_size=self.world_size,
                 epoch=epoch,
                 mixture=self.mixture,
+                split=self.split,
             )
             mine = plan.for_rank(self.rank)
             self._plan = (epoch, plan)
@@ -200,12 +230,14 @@ class PackedDataset(PackingSettings, IterableDataset):
         (The number of DataLoader workers does not: batch k goes to worker k % workers from
         wherever the epoch resumes.) `weights` names the dataset and the tokenizer: the key of
         their weights in the cache (mmdp.packing.weighing.cache_key)."""
+        split = {"eval_ratio": self.eval_ratio, "split": self.split_name} if self.split_name else {}
         return {
             **self.config.settings(),
             "rank": self.rank,
             "world_size": self.world_size,
             "rows": len(self.dataset),
             "weights": self.weights_key,
+            **split,
         }
 
     def state(self) -> dict:

@@ -55,6 +55,7 @@ from mmdp.packing.weights import Weights
 # at any size: 100 M rows plan in about 12 bytes a row at the peak (docs/benchmarks.md).
 CHUNK_ROWS = 1 << 20  # rows per slice
 CHUNK_PACKS = 1 << 16  # packs per slice
+EVAL_SPLIT_STREAM = 11  # a seed word of the eval split's own: it never replays a shuffle
 
 
 @dataclass
@@ -118,10 +119,16 @@ class EpochPlan:
 
 
 def filter_rows(
-    weights: Weights, max_length: int, max_images: int, max_patches: int | None = None
+    weights: Weights,
+    max_length: int,
+    max_images: int,
+    max_patches: int | None = None,
+    split: np.ndarray | None = None,
 ) -> tuple[np.ndarray, Counter]:
     """Step 1: the rows that can be packed, and the others counted by reason (a row over
     several budgets counts once: too long first, then too many images, then patches).
+    `split` (bool per row, `eval_split`): only the rows it marks are judged and counted; the
+    others belong to another split of the dataset.
 
     Example: row 2 has no texts, row 1 is too long, row 3 has too many images:
 
@@ -139,7 +146,12 @@ def filter_rows(
     for start in range(0, len(weights), CHUNK_ROWS):
         part = slice(start, start + CHUNK_ROWS)
         keep[part], part_codes, part_over = judge_rows(
-            weights, part, max_length, max_images, max_patches
+            weights,
+            part,
+            max_length,
+            max_images,
+            max_patches,
+            None if split is None else split[part],
         )
         codes += part_codes
         over += part_over
@@ -156,12 +168,20 @@ def filter_rows(
 
 
 def judge_rows(
-    weights: Weights, part: slice, max_length: int, max_images: int, max_patches: int | None
+    weights: Weights,
+    part: slice,
+    max_length: int,
+    max_images: int,
+    max_patches: int | None,
+    in_split: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """filter_rows on weights[part]: (which rows can be packed, the unusable ones counted by
-    reason code, how many are too long / have too many images / too many patches)."""
+    reason code, how many are too long / have too many images / too many patches); only the
+    rows `in_split` when given."""
     reasons, lengths = weights.reasons[part], weights.lengths[part]
-    usable = reasons == 0
+    if in_split is not None:
+        reasons = np.where(in_split, reasons, 0)  # out of the split: neither kept nor counted
+    usable = reasons == 0 if in_split is None else (reasons == 0) & in_split
     too_long = usable & (lengths > max_length)
     too_many_images = usable & ~too_long & (weights.image_counts[part] > max_images)
     over_patches = (
@@ -169,9 +189,33 @@ def judge_rows(
     )
     too_many_patches = usable & ~too_long & ~too_many_images & over_patches
     keep = usable & ~too_long & ~too_many_images & ~too_many_patches
-    codes = np.bincount(reasons, minlength=len(REASONS))
+    codes = np.bincount(reasons, minlength=len(REASONS))  # code 0 (usable) is never reported
     over = [np.count_nonzero(m) for m in (too_long, too_many_images, too_many_patches)]
     return keep, codes, np.array(over)
+
+
+def eval_split(
+    num_rows: int, eval_ratio: float, seed: int, source_of_row: np.ndarray | None = None
+) -> np.ndarray:
+    """The rows held out for evaluation, as a bool mask [num_rows]: round(eval_ratio x rows) of
+    them (of each source's rows, in a mixture, so that every source is evaluated), drawn with
+    (seed, EVAL_SPLIT_STREAM). Deterministic: the same on every rank and in every run with this
+    seed, whatever the budgets, ranks and epochs (the training split is the rest).
+
+    >>> eval_split(10, 0.3, seed=0).sum()
+    np.int64(3)
+    """
+    if not 0 <= eval_ratio < 1:
+        raise ValueError(f"eval_ratio must be in [0, 1), got {eval_ratio}")
+    held_out = np.zeros(num_rows, dtype=bool)
+    rng = np.random.default_rng([seed, EVAL_SPLIT_STREAM])
+    sources = np.zeros(num_rows, np.int16) if source_of_row is None else source_of_row
+    for source in np.unique(sources):
+        rows = np.flatnonzero(sources == source)
+        held_out[rng.choice(rows, size=round(eval_ratio * len(rows)), replace=False)] = True
+    if eval_ratio and not held_out.any():
+        raise ValueError(f"eval_ratio {eval_ratio} of {num_rows:,} rows holds out no row")
+    return held_out
 
 
 def index_dtype(size: int) -> type:
@@ -344,6 +388,7 @@ def plan_epoch(
     world_size: int = 1,
     epoch: int = 0,
     mixture=None,
+    split: np.ndarray | None = None,
     **old_keywords,
 ) -> EpochPlan:
     """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed, packed and
@@ -354,9 +399,14 @@ def plan_epoch(
     with its share; after step 1 it chooses the epoch's rows (some left out, some repeated), and
     after step 3 each step's batches go to the ranks so that every rank's share of every source
     holds.
+
+    `split` (bool per row, `eval_split`): the epoch takes only the rows it marks (a training or
+    an evaluation split); the others are neither planned nor counted.
     """
     config = with_old_keywords(config, old_keywords, "plan_epoch")
-    rows, dropped = filter_rows(weights, config.max_length, config.max_images, config.max_patches)
+    rows, dropped = filter_rows(
+        weights, config.max_length, config.max_images, config.max_patches, split
+    )
     if mixture is not None:
         usable = rows
         rows = mixture.choose(usable, weights.lengths, epoch)

@@ -1,9 +1,12 @@
 """Train with transformers' Trainer on an mmdp loader: `MMDPTrainer` (needs `mmdp[accelerate]`).
 
+    train = PackedDataset(samples, eval_ratio=0.1)             # 10% of the rows held out
     trainer = MMDPTrainer(
         model=model,
-        args=TrainingArguments(output_dir="out", gradient_accumulation_steps=2, max_steps=12),
-        train_loader=PackedDataLoader(PackedDataset(samples)),   # or a StreamingDataLoader
+        args=TrainingArguments(output_dir="out", gradient_accumulation_steps=2, max_steps=12,
+                               eval_strategy="epoch"),
+        train_loader=PackedDataLoader(train),                    # or a StreamingDataLoader
+        eval_loader=PackedDataLoader(train.eval_dataset()),      # optional: exact eval_loss
         model_inputs=model_inputs,                               # the batch keys the model takes
     )
     trainer.train(resume_from_checkpoint=True)                 # True: the last checkpoint
@@ -47,12 +50,19 @@ file:line in transformers/trainer.py):
    samples of epoch 0 (Trainer's count packs: 2522-2546), tokens seen from `real_token_mask`
    (include_num_input_tokens_seen="non_padding" counts tokens other than the pad id,
    2722-2735, and ours is <|im_end|>).
-7. It refuses, in one sentence: ignore_data_skip=True (the epoch would restart),
+7. Evaluation: `eval_loader` (a PackedDataLoader of `train.eval_dataset()`, or of any packed
+   dataset) replaces Trainer's eval set. evaluate(), eval_strategy and load_best_model_at_end
+   work as usual, but `eval_loss` is mmdp.training.evaluation's: every eval token's summed loss
+   over every eval label token, all ranks together, plus `eval_SOURCE_loss` per source of a
+   mixture. Trainer's own evaluation_loop would average each batch's mean (prediction_step) over
+   batches it builds itself. With eval_strategy="epoch", the step that ends a loader epoch
+   evaluates (LoaderEpoch).
+8. It refuses, in one sentence: ignore_data_skip=True (the epoch would restart),
    average_tokens_across_devices=False with several ranks (the token count would be this
    rank's only), one process on several GPUs (Trainer's nn.DataParallel, 2672, splits
-   cu_seq_lens, pixel_values and position_ids along dim 0), an eval set or eval_strategy
-   (Trainer's evaluation averages per-batch means over batches it builds itself), and
-   processes that train alone (on a machine without a GPU, Trainer needs use_cpu=True:
+   cu_seq_lens, pixel_values and position_ids along dim 0), an `eval_dataset` (pass
+   eval_loader) or eval_strategy without eval_loader, and processes that train alone (on a
+   machine without a GPU, Trainer needs use_cpu=True:
    mmdp.training.recipes.check_launched_processes).
 
 A stream (StreamingDataLoader) has no plan: set max_steps. It runs as one endless pass of full
@@ -72,12 +82,15 @@ metrics (it warns that compute_loss_func is deprecated: sft_trainer.py:1593-1600
 
 import contextlib
 import os
+import time
 
 import transformers.trainer as hf_trainer
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from mmdp.models.inputs import model_inputs as packed_model_inputs
+from mmdp.packing.packed_dataset import PackedDataLoader
+from mmdp.training import evaluation
 from mmdp.training.loss import summed_weighted_loss
 from mmdp.training.recipes import (
     check_launched_processes,
@@ -91,10 +104,14 @@ from mmdp.training.trainer_epochs import (
     planned_max_steps,
 )
 
-NO_EVAL = (
-    "MMDPTrainer does not evaluate: Trainer's evaluation averages each batch's mean loss and "
-    "batches the eval set its own way; evaluate packed batches in a loop of your own with "
-    "mmdp.training.loss.summed_loss / label_tokens summed over the whole set"
+NO_EVAL_DATASET = (
+    "MMDPTrainer evaluates an mmdp loader, not an eval_dataset (Trainer's evaluation averages "
+    "each batch's mean loss over batches it builds itself): pass eval_loader="
+    "PackedDataLoader(train.eval_dataset()), from PackedDataset(..., eval_ratio=R)"
+)
+NO_EVAL_LOADER = (
+    "eval_strategy is set but MMDPTrainer has no eval_loader: pass eval_loader="
+    "PackedDataLoader(train.eval_dataset()), from PackedDataset(..., eval_ratio=R)"
 )
 
 
@@ -147,8 +164,6 @@ def check_arguments(args, loader, replicas: int) -> None:
             "average_tokens_across_devices=False divides each rank's loss by its own label "
             "tokens, which is not one process's gradient: leave it True"
         )
-    if args.eval_strategy != "no":
-        raise ValueError(NO_EVAL)
     if args.max_steps <= 0 and args.num_train_epochs != int(args.num_train_epochs):
         raise ValueError(
             f"num_train_epochs={args.num_train_epochs} is not a whole number of epochs: set "
@@ -180,16 +195,26 @@ class MMDPTrainerMixin:
     """Trainer on an mmdp loader: put it before Trainer (or a Trainer subclass) in the bases.
 
     `train_loader`: a PackedDataLoader or StreamingDataLoader (not passed to accelerate).
-    `model_inputs(batch, model)`: the batch keys the model takes (default mmdp.models.inputs's,
-    for a Hugging Face model; TinyVLM: mmdp.models.tiny_vlm.vlm_inputs). `compute_loss_func` defaults
-    to token_loss.
+    `eval_loader`: a PackedDataLoader of an eval split (optional), for evaluate() and
+    eval_strategy. `model_inputs(batch, model)`: the batch keys the model takes (default
+    mmdp.models.inputs's, for a Hugging Face model; TinyVLM: mmdp.models.tiny_vlm.vlm_inputs).
+    `compute_loss_func` defaults to token_loss.
     """
 
-    def __init__(self, *args, train_loader, model_inputs=packed_model_inputs, **kwargs):
+    def __init__(
+        self, *args, train_loader, eval_loader=None, model_inputs=packed_model_inputs, **kwargs
+    ):
         kwargs.setdefault("compute_loss_func", token_loss)
         if kwargs.get("eval_dataset") is not None:
-            raise ValueError(NO_EVAL)
+            raise ValueError(NO_EVAL_DATASET)
+        args_given = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if eval_loader is None and args_given is not None and args_given.eval_strategy != "no":
+            raise ValueError(NO_EVAL_LOADER)
+        if eval_loader is not None:
+            # Trainer requires an eval set when eval_strategy is set; only evaluate() reads it
+            kwargs["eval_dataset"] = self.eval_placeholder(eval_loader)
         super().__init__(*args, **kwargs)
+        self.eval_loader = eval_loader
         # the processes that share one replica's batches (tensor, context, sequence parallel)
         shared = self.get_tp_size() * self.get_cp_size() * self.get_sp_size()
         check_arguments(self.args, train_loader, self.args.world_size // shared)
@@ -206,14 +231,46 @@ class MMDPTrainerMixin:
     def get_train_dataloader(self):
         return self.loader_for_trainer  # as it is: not through accelerator.prepare
 
+    def eval_placeholder(self, eval_loader):
+        """What Trainer holds as its eval_dataset: the eval loader's dataset (never read)."""
+        return eval_loader.dataset
+
     def get_eval_dataloader(self, eval_dataset=None):
-        raise ValueError(NO_EVAL)
+        if self.eval_loader is None:
+            raise ValueError(NO_EVAL_LOADER)
+        return self.eval_loader
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        """eval_loader's exact loss (mmdp.training.evaluation), logged and handed to callbacks as
+        Trainer.evaluate does; `eval_dataset` may be another PackedDataLoader to evaluate."""
+        loader = self.get_eval_dataloader() if eval_dataset is None else eval_dataset
+        if not isinstance(loader, PackedDataLoader):
+            raise ValueError(NO_EVAL_DATASET)
+        start = time.time()
+        # as Trainer.evaluation_loop: the model as it runs (DDP unwrapped, FSDP as wrapped)
+        model = self._wrap_model(self.model, training=False)
+        metrics = evaluation.evaluate(
+            model,
+            loader,
+            lambda batch, _: self.model_inputs(batch, self.model),  # as compute_loss calls it
+            device=self.args.device,
+            autocast=self.compute_loss_context_manager,
+            prefix=metric_key_prefix,
+        )
+        metrics[f"{metric_key_prefix}_runtime"] = round(time.time() - start, 4)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(
+            self.args, self.state, self.control, metrics
+        )
+        return metrics
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss_weights = inputs.get("loss_weights")
         model_inputs = self.model_inputs(inputs, self.model)  # unwrapped: Gemma 3 reads its config
         if inputs.get("filler"):
-            return self.filler_loss(model, model_inputs, return_outputs)
+            return self.filler_loss(
+                model, model_inputs, return_outputs, inputs.get("forward", True)
+            )
         if loss_weights is None:
             return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
         if self.compute_loss_func is not token_loss:
@@ -227,10 +284,17 @@ class MMDPTrainerMixin:
         finally:
             self.compute_loss_func = token_loss
 
-    def filler_loss(self, model, model_inputs, return_outputs=False):
+    def filler_loss(self, model, model_inputs, return_outputs=False, forward=True):
         """A filler's loss: exactly 0, with a gradient of exactly 0 for every parameter the
         forward used (so DDP and FSDP still reduce at the step's last micro-batch). Never handed
-        to a loss function: a per-batch mean over no label token would be NaN."""
+        to a loss function: a per-batch mean over no label token would be NaN.
+
+        An epoch's end pads its last step with fillers on every rank alike (LoaderForTrainer):
+        those before the step's last micro-batch (`forward` False) run no forward under one
+        process or DDP (Trainer's no_sync: nothing to meet), only a 0 on one parameter, which
+        backward() needs. Under FSDP or DeepSpeed every filler runs the model."""
+        if not (forward or return_outputs or self.is_fsdp_enabled or self.is_deepspeed_enabled):
+            return next(p for p in model.parameters() if p.requires_grad).view(-1)[0] * 0.0
         outputs = model(**{k: v for k, v in model_inputs.items() if k != "labels"})
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         loss = logits.sum() * 0.0
@@ -350,6 +414,10 @@ def __getattr__(name: str):
             # SFTTrainer requires a dataset and looks at its first row; the batches are the loader's
             kwargs.setdefault("train_dataset", Dataset.from_dict({"input_ids": [[0]]}))
             super().__init__(*args, **kwargs)
+
+        def eval_placeholder(self, eval_loader):
+            """SFTTrainer tokenizes an eval set it is given: a one-row placeholder, never read."""
+            return Dataset.from_dict({"input_ids": [[0]]})
 
     globals()[name] = MMDPSFTTrainer
     return MMDPSFTTrainer
