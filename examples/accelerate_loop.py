@@ -23,7 +23,9 @@ What the recipe does:
 2. Each optimizer step takes --grad-accum micro-batches; all but the last run under
    accelerator.no_sync. Not accelerator.accumulate(): it learns where an epoch ends only from
    prepared loaders (accelerate/accelerator.py:1230-1237), so an epoch's short last step would
-   never be taken.
+   never be taken. Each loss touches every trainable parameter (touch_every_parameter): a
+   micro-batch without images still gives DDP every gradient, with no find_unused_parameters
+   (and none of its warnings).
 3. Each micro-batch's loss is its summed token loss x processes / the step's label tokens on
    every rank (mmdp.training.recipes): one process's gradient.
 4. accelerator.save_state / load_state, with the loader's state of every rank
@@ -36,7 +38,6 @@ import contextlib
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs
 
 from mmdp.cli import description
 from mmdp.errors import exit_on_user_error
@@ -61,6 +62,7 @@ from mmdp.training.recipes import (
     micro_batch_loss,
     optimizer_steps,
     step_label_tokens,
+    touch_every_parameter,
 )
 
 
@@ -76,7 +78,8 @@ def train_step(accelerator, model, optimizer, micro_batches, inputs) -> torch.Te
         with contextlib.nullcontext() if last else accelerator.no_sync(model):
             logits = model(**inputs(batch, unwrapped)).logits
             loss = micro_batch_loss(logits, batch, tokens, processes)  # batch: loss weights
-            accelerator.backward(loss)
+            # a micro-batch without images leaves the vision tower unused: DDP would wait for it
+            accelerator.backward(touch_every_parameter(loss, model))
         loss_share += loss.detach() / processes
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -85,12 +88,9 @@ def train_step(accelerator, model, optimizer, micro_batches, inputs) -> torch.Te
 
 def main(argv=None) -> dict | None:
     args = training_flags(description(__doc__)).parse_args(argv)
-    accelerator = Accelerator(
-        # without cpu=True on a machine with no GPU, each process would train alone
-        cpu=not torch.cuda.is_available(),
-        # a micro-batch without images leaves the vision encoder unused
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
-    )
+    # without cpu=True on a machine with no GPU, each process would train alone; DDP's
+    # find_unused_parameters stays False: every loss touches every parameter (train_step)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
     check_launched_processes(accelerator.num_processes)  # ... and that says so if it happens
     # the loader shards by rank itself: it is not prepared
     rank, world_size = accelerator.process_index, accelerator.num_processes

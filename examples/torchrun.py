@@ -16,7 +16,9 @@ after a checkpoint and resumed prints the same as one that never stopped.
 What the recipe does (mmdp.training.recipes):
 1. The loader shards by rank itself: no DistributedSampler, and it is not wrapped.
 2. Each optimizer step takes --grad-accum micro-batches; all but the last skip the gradient
-   all-reduce (DDP's no_sync, FSDP2's set_requires_gradient_sync).
+   all-reduce (DDP's no_sync, FSDP2's set_requires_gradient_sync). Each loss touches every
+   trainable parameter (touch_every_parameter): a micro-batch without images still gives DDP
+   every gradient, with no find_unused_parameters (and none of its warnings).
 3. Each micro-batch's loss is its summed token loss x world size / the step's label tokens on
    every rank (all-reduced): one process's gradient, whatever the ranks' token counts.
 4. A checkpoint holds the model and optimizer (written by rank 0) and one loader state per rank.
@@ -56,6 +58,7 @@ from mmdp.training.recipes import (
     optimizer_steps,
     save_loader_state,
     step_label_tokens,
+    touch_every_parameter,
 )
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on the CPU
@@ -65,8 +68,8 @@ def wrap(model, fsdp2: bool, device):
     """DDP, or FSDP2 with each language-model layer sharded on its own and the rest at the top."""
     model.to(device)
     if not fsdp2:
-        # find_unused_parameters: a micro-batch without images leaves the vision encoder unused
-        return DistributedDataParallel(model, find_unused_parameters=True)
+        # no find_unused_parameters: every loss touches every parameter (train_step)
+        return DistributedDataParallel(model)
     from torch.distributed.fsdp import fully_shard
 
     for layer in language_model_layers(model):
@@ -118,7 +121,8 @@ def train_step(model, optimizer, micro_batches, inputs, device) -> torch.Tensor:
         with gradient_sync(model, sync=i == len(micro_batches) - 1):
             logits = model(**inputs(batch, unwrapped)).logits
             loss = micro_batch_loss(logits, batch, tokens, world_size)  # batch: loss weights
-            loss.backward()
+            # a micro-batch without images leaves the vision tower unused: DDP would wait for it
+            touch_every_parameter(loss, model).backward()
         loss_share += loss.detach() / world_size
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -531,16 +531,21 @@ def test_mmdp_sft_trainer_trains_every_epoch_as_mmdptrainer(tmp_path, tokenizer)
     pytest.importorskip("trl")
     from mmdp.training.trainer import MMDPSFTTrainer
 
-    runs = {}
+    runs, forwards = {}, {}
     for name, trainer_class in {"sft": MMDPSFTTrainer, "trainer": MMDPTrainer}.items():
         extra = {"processing_class": tokenizer} if name == "sft" else {}
+        model = tiny_llama()
+        forwards[name] = []
+        model.register_forward_hook(lambda *_, seen=forwards[name]: seen.append(1))
         trainer = trainer_class(
-            model=tiny_llama(), args=training_args(tmp_path / name, num_train_epochs=3),
+            model=model, args=training_args(tmp_path / name, num_train_epochs=3),
             train_loader=EpochsLoader([6, 5, 7]), model_inputs=llama_inputs, **extra,
         )  # fmt: skip
         trainer.train()
         runs[name] = trainer
     assert runs["sft"].state.global_step == runs["trainer"].state.global_step == 10
+    # one forward per micro-batch (18 batches and 2 fillers): TRL's own compute_loss ran two
+    assert len(forwards["sft"]) == len(forwards["trainer"]) == 20
     for a, b in zip(runs["sft"].model.parameters(), runs["trainer"].model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 

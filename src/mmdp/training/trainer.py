@@ -46,18 +46,23 @@ file:line in transformers/trainer.py):
    this holds for models with accepts_loss_kwargs=False too (Qwen2.5-VL, Qwen3-VL), whose own
    loss would be a per-rank, per-micro-batch mean: a gradient off by as much as the ranks'
    label tokens differ (0.075 relative in the slow tests, docs/use-in-your-trainer.md).
-6. Trainer's logs count samples and real tokens: "Num examples" and samples/s from the planned
+6. DDP: a micro-batch without images leaves the vision tower unused, and DDP waits for every
+   gradient. Trainer's cure for a PreTrainedModel is find_unused_parameters=True, which walks
+   the autograd graph at every step and warns when a step used every parameter; MMDPTrainer
+   leaves it False (ddp_find_unused_parameters unset) and adds 0 x every trainable parameter to
+   the loss (mmdp.training.recipes.touch_every_parameter): the same gradient, no warning.
+7. Trainer's logs count samples and real tokens: "Num examples" and samples/s from the planned
    samples of epoch 0 (Trainer's count packs: 2522-2546), tokens seen from `real_token_mask`
    (include_num_input_tokens_seen="non_padding" counts tokens other than the pad id,
    2722-2735, and ours is <|im_end|>).
-7. Evaluation: `eval_loader` (a PackedDataLoader of `train.eval_dataset()`, or of any packed
+8. Evaluation: `eval_loader` (a PackedDataLoader of `train.eval_dataset()`, or of any packed
    dataset) replaces Trainer's eval set. evaluate(), eval_strategy and load_best_model_at_end
    work as usual, but `eval_loss` is mmdp.training.evaluation's: every eval token's summed loss
    over every eval label token, all ranks together, plus `eval_SOURCE_loss` per source of a
    mixture. Trainer's own evaluation_loop would average each batch's mean (prediction_step) over
    batches it builds itself. With eval_strategy="epoch", the step that ends a loader epoch
    evaluates (LoaderEpoch).
-8. It refuses, in one sentence: ignore_data_skip=True (the epoch would restart),
+9. It refuses, in one sentence: ignore_data_skip=True (the epoch would restart),
    average_tokens_across_devices=False with several ranks (the token count would be this
    rank's only), one process on several GPUs (Trainer's nn.DataParallel, 2672, splits
    cu_seq_lens, pixel_values and position_ids along dim 0), an `eval_dataset` (pass
@@ -73,18 +78,21 @@ TRL's SFTTrainer: `from mmdp.training.trainer import MMDPSFTTrainer` (made on fi
 optional) is `class MMDPSFTTrainer(MMDPTrainerMixin, SFTTrainer)`, with the same arguments plus
 `processing_class` (your tokenizer or processor: without it SFTTrainer downloads one). SFTTrainer
 insists on a datasets.Dataset and reads its first row (trl/trainer/sft_trainer.py, 1.16: 660-762):
-MMDPSFTTrainer passes a one-row placeholder, which nothing trains on. Its loss is token_loss, so
-exact as above; TRL then runs a second forward, without gradient, for its entropy and accuracy
-metrics (it warns that compute_loss_func is deprecated: sft_trainer.py:1593-1600), and needs
-`position_ids` in the model's inputs (mmdp batches have them). Tested on a tiny Llama
-(tests/test_trainer_exact.py): the same steps and weights as MMDPTrainer.
+MMDPSFTTrainer passes a one-row placeholder, which nothing trains on. Its loss is MMDPTrainer's,
+computed by Trainer.compute_loss in one forward (MMDPTrainerMixin.model_loss): SFTTrainer's own
+compute_loss would run the model a second time, without gradient, for its entropy and token
+accuracy (sft_trainer.py, trl 1.16), which MMDPSFTTrainer therefore does not log. Tested on a
+tiny Llama (tests/test_trainer_exact.py): one forward per micro-batch, and the same steps and
+weights as MMDPTrainer.
 """
 
 import contextlib
 import os
 import time
+import warnings
 
 import transformers.trainer as hf_trainer
+from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
@@ -96,6 +104,7 @@ from mmdp.training.recipes import (
     check_launched_processes,
     load_loader_state,
     save_loader_state,
+    touch_every_parameter,
 )
 from mmdp.training.trainer_epochs import (
     LoaderEpoch,
@@ -210,6 +219,10 @@ class MMDPTrainerMixin:
         args_given = kwargs.get("args", args[1] if len(args) > 1 else None)
         if eval_loader is None and args_given is not None and args_given.eval_strategy != "no":
             raise ValueError(NO_EVAL_LOADER)
+        if args_given is not None and args_given.ddp_find_unused_parameters is None:
+            # Trainer's default for a PreTrainedModel is True; every loss here touches every
+            # parameter instead (compute_loss), and DDP neither walks the graph nor warns
+            args_given.ddp_find_unused_parameters = False
         if eval_loader is not None:
             # Trainer requires an eval set when eval_strategy is set; only evaluate() reads it
             kwargs["eval_dataset"] = self.eval_placeholder(eval_loader)
@@ -265,6 +278,17 @@ class MMDPTrainerMixin:
         return metrics
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The batch's loss (packed_loss); under DDP, with every trainable parameter in its
+        backward (mmdp.training.recipes.touch_every_parameter: a micro-batch without images
+        leaves the vision tower unused, and DDP would wait for its gradients)."""
+        result = self.packed_loss(model, inputs, return_outputs, num_items_in_batch)
+        if not isinstance(model, DistributedDataParallel):
+            return result
+        if return_outputs:
+            return touch_every_parameter(result[0], model), result[1]
+        return touch_every_parameter(result, model)
+
+    def packed_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss_weights = inputs.get("loss_weights")
         model_inputs = self.model_inputs(inputs, self.model)  # unwrapped: Gemma 3 reads its config
         if inputs.get("filler"):
@@ -272,7 +296,7 @@ class MMDPTrainerMixin:
                 model, model_inputs, return_outputs, inputs.get("forward", True)
             )
         if loss_weights is None:
-            return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
+            return self.model_loss(model, model_inputs, return_outputs, num_items_in_batch)
         if self.compute_loss_func is not token_loss:
             raise ValueError(
                 "the batch carries a mixture's loss_weights, which only "
@@ -280,9 +304,15 @@ class MMDPTrainerMixin:
             )
         self.compute_loss_func = lambda *a, **k: token_loss(*a, **k, loss_weights=loss_weights)
         try:
-            return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
+            return self.model_loss(model, model_inputs, return_outputs, num_items_in_batch)
         finally:
             self.compute_loss_func = token_loss
+
+    def model_loss(self, model, model_inputs, return_outputs=False, num_items_in_batch=None):
+        """Trainer.compute_loss itself (one forward, then compute_loss_func), whatever Trainer
+        subclass comes next: TRL's SFTTrainer.compute_loss would run a second forward, without
+        gradient, for its entropy and accuracy metrics (trl 1.16, sft_trainer.py)."""
+        return Trainer.compute_loss(self, model, model_inputs, return_outputs, num_items_in_batch)
 
     def filler_loss(self, model, model_inputs, return_outputs=False, forward=True):
         """A filler's loss: exactly 0, with a gradient of exactly 0 for every parameter the
@@ -413,7 +443,12 @@ def __getattr__(name: str):
         def __init__(self, *args, **kwargs):
             # SFTTrainer requires a dataset and looks at its first row; the batches are the loader's
             kwargs.setdefault("train_dataset", Dataset.from_dict({"input_ids": [[0]]}))
-            super().__init__(*args, **kwargs)
+            with warnings.catch_warnings():
+                # TRL warns that compute_loss_func costs a second forward: not here (model_loss)
+                warnings.filterwarnings(
+                    "ignore", "`compute_loss_func` is deprecated", FutureWarning
+                )
+                super().__init__(*args, **kwargs)
 
         def eval_placeholder(self, eval_loader):
             """SFTTrainer tokenizes an eval set it is given: a one-row placeholder, never read."""
