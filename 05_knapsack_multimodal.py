@@ -152,7 +152,7 @@ def parse_args():
         type=non_negative_int,
         default=config.DEFAULT_VIDEO_ROWS,
         help="synthetic video clips added to the embedded dataset for a --model that takes video "
-        f"(qwen2_5_vl, qwen3_vl; default: {config.DEFAULT_VIDEO_ROWS})",
+        f"(qwen2_5_vl, qwen3_vl, llava_onevision; default: {config.DEFAULT_VIDEO_ROWS})",
     )
     parser.add_argument(
         "--mixture",
