@@ -165,13 +165,13 @@ def make_loader(case: Case, rank: int, world_size: int) -> PackedDataLoader:
 
 def alone_inputs(case: Case, sample: dict) -> dict:
     """One sample as the model takes it unpacked: no positions (the model computes its own),
-    its images as the family collates them, no cache."""
+    its images and videos as the family collates them, no cache."""
     inputs = {"input_ids": sample["input_ids"][None]}
     if case.name == "tiny":
         return {**inputs, "pixel_values": sample["pixel_values"]}
     family = case.samples.family
     inputs.update({key: sample[key][None] for key in family.token_keys})
-    if sample["image_count"]:
+    if sample["image_count"] or sample.get("video_count"):
         inputs.update(family.collate_vision([sample]))
     return {**inputs, "use_cache": False}
 
