@@ -29,6 +29,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from mmdp.training.loss import label_tokens, summed_weighted_loss
 
@@ -122,8 +123,9 @@ def micro_batch_loss(
 
 
 def touch_every_parameter(loss: torch.Tensor, model) -> torch.Tensor:
-    """`loss` + 0 x one element of every parameter that trains: the same value and the same
-    gradient, but every such parameter takes part in every backward.
+    """Under DDP (`model` a DistributedDataParallel), `loss` + 0 x one element of every parameter
+    that trains: the same value and the same gradient, but every such parameter takes part in
+    every backward. Any other model (one process, FSDP2's sharded DTensors): `loss` as it is.
 
     DDP all-reduces a parameter's gradient when backward reaches it, and waits for every one: a
     parameter a micro-batch leaves unused (the vision tower, or its adapters, on a micro-batch
@@ -134,6 +136,8 @@ def touch_every_parameter(loss: torch.Tensor, model) -> torch.Tensor:
     to every trainable parameter once per micro-batch (LoRA: the adapters' only). FSDP and one
     process need none of it.
     """
+    if not isinstance(model, DistributedDataParallel):
+        return loss
     return loss + sum(p.view(-1)[0] for p in model.parameters() if p.requires_grad) * 0.0
 
 

@@ -92,7 +92,6 @@ import time
 import warnings
 
 import transformers.trainer as hf_trainer
-from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
@@ -282,8 +281,6 @@ class MMDPTrainerMixin:
         backward (mmdp.training.recipes.touch_every_parameter: a micro-batch without images
         leaves the vision tower unused, and DDP would wait for its gradients)."""
         result = self.packed_loss(model, inputs, return_outputs, num_items_in_batch)
-        if not isinstance(model, DistributedDataParallel):
-            return result
         if return_outputs:
             return touch_every_parameter(result[0], model), result[1]
         return touch_every_parameter(result, model)
