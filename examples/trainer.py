@@ -11,8 +11,8 @@ offline, on CPU or GPUs (`--model qwen2_5_vl`: a tiny random Qwen2.5-VL instead,
 family; `--model-path` a real checkpoint; `--num-train-epochs N` without `--max-steps`: N
 epochs); Trainer's checkpoints in DIR/checkpoint-STEP, each with every rank's loader state.
 Prints the final step's loss and a digest of the weights: a run stopped after a checkpoint and
-resumed prints the same as one that never stopped. The seed user's run, in one command (a few
-minutes on 2 CPU cores; every training row 3 times, the clips included, and eval_loss):
+resumed prints the same as one that never stopped. The seed user's run, in one command (6.5
+minutes on 2 busy CPU cores; every training row 3 times, the clips included, and eval_loss):
 
     uv run torchrun --nproc-per-node 2 examples/trainer.py --model qwen3_vl_moe --lora \
         --videos 24 --num-rows 120 --num-train-epochs 3 --grad-accum 16 --eval-ratio 0.1 \

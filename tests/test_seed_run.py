@@ -47,9 +47,13 @@ def launch(out, world_size: int, flags: list[str], timeout: int) -> dict:
 
 def planned_rows(flags: list[str], world_size: int, epochs: int) -> list[list[int]]:
     """Each epoch's usable training rows, from the plan (the same on every rank)."""
+    return [sorted(plan.rows.tolist()) for plan in plans(flags, world_size, epochs)]
+
+
+def plans(flags: list[str], world_size: int, epochs: int) -> list:
     args = training_flags("").parse_args([*flags, "--output-dir", "-", "--num-workers", "0"])
     dataset = make_loader(args, rank=0, world_size=world_size)[0].dataset
-    return [sorted(dataset.plan(epoch).rows.tolist()) for epoch in range(epochs)]
+    return [dataset.plan(epoch) for epoch in range(epochs)]
 
 
 def check_every_row_once_per_epoch(run: dict, planned: list[list[int]]) -> None:
@@ -70,11 +74,15 @@ def tiny_runs(tmp_path_factory) -> dict:
 def test_every_usable_row_is_trained_once_per_epoch_on_any_rank_count(tiny_runs, world_size):
     run = tiny_runs[world_size]
     planned = planned_rows(TINY, world_size, epochs=2)
-    assert len(planned[0]) == 30  # 40 rows, 10 held out, none over a budget
+    # 40 rows, 10 held out: 30 trained, or counted (over the examples' 256 tokens a pack)
+    dropped = plans(TINY, world_size, epochs=1)[0].dropped
+    assert len(planned[0]) + sum(dropped.values()) == 30 and set(dropped) <= {"too_long"}
     check_every_row_once_per_epoch(run, planned)
     steps = Counter((line["rank"], line["step"]) for line in run["lines"])
     assert len({rank for rank, _ in steps}) == world_size  # every rank trained
-    assert run["result"]["evaluation"]["eval_samples"] == 10
+    args = training_flags("").parse_args([*TINY, "--output-dir", "-", "--num-workers", "0"])
+    held_out = make_loader(args, rank=0, world_size=1)[0].dataset.eval_dataset().plan(0)
+    assert run["result"]["evaluation"]["eval_samples"] == len(held_out.rows)  # each once
 
 
 def test_the_initial_eval_loss_is_the_same_on_1_2_and_3_ranks(tiny_runs):
