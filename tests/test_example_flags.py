@@ -6,7 +6,6 @@ import importlib.util
 from collections import Counter
 
 import pytest
-import torch
 from conftest import REPO
 
 from mmdp.errors import exit_on_user_error
@@ -70,9 +69,6 @@ def test_lora_puts_adapters_on_the_language_model_the_vision_tower_and_the_exper
     assert trained and all("lora_" in name for name in trained)
     for part in ("language_model", "visual", "mlp.experts"):  # the experts' 3-D weights too
         assert any(part in name for name in trained), part
-    again, _ = make_model(args, make_processor(args))  # the same adapters on every rank
-    for (name, a), (_, b) in zip(model.named_parameters(), again.named_parameters()):
-        assert torch.equal(a, b), name
 
 
 @pytest.mark.parametrize(
