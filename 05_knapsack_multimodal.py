@@ -77,6 +77,7 @@ from mmdp.packing.batch import real_token_mask
 from mmdp.packing.mixture_plan import MixturePlan
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES
+from mmdp.packing.packing_config import default_config
 from mmdp.packing.planner import batch_loads
 from mmdp.packing.prepared import read_manifest
 from mmdp.packing.sharding import start_ranks
@@ -157,7 +158,7 @@ def parse_args():
         type=non_negative_int,
         default=config.DEFAULT_VIDEO_ROWS,
         help="synthetic video clips added to the embedded dataset for a --model that takes video "
-        f"(qwen2_5_vl, qwen3_vl; default: {config.DEFAULT_VIDEO_ROWS})",
+        f"(qwen2_5_vl, qwen3_vl, llava_onevision; default: {config.DEFAULT_VIDEO_ROWS})",
     )
     parser.add_argument(
         "--mixture",
@@ -342,10 +343,9 @@ def model_processor(args):
         manifest = read_manifest(args.prepared)
         args.max_length = args.max_length or manifest["max_length"]
         args.max_patches = args.max_patches or manifest["max_patches"]
-    if args.max_length is None:
-        args.max_length = family.default_max_length
-    if args.max_patches is None:
-        args.max_patches = family.default_max_patches
+    # the family's budgets, where no flag (or prepared manifest) gives one
+    budgets = default_config(family, max_length=args.max_length, max_patches=args.max_patches)
+    args.max_length, args.max_patches = budgets.max_length, budgets.max_patches
     return processor
 
 

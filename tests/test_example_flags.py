@@ -16,6 +16,7 @@ from mmdp.training.examples import (
     MODEL_PATH_HINT,
     make_loader,
     make_model,
+    make_processor,
     training_flags,
     training_steps,
 )
@@ -91,3 +92,29 @@ def test_a_name_missing_from_the_cache_under_hf_hub_offline_is_one_sentence(
     assert "\n" not in said and said.count(". ") == 0
     assert "not in the local Hugging Face cache, and HF_HUB_OFFLINE is set" in said
     assert said.endswith(hint) and f"run without {flag}" in said
+
+
+def test_lora_puts_adapters_on_the_language_model_the_vision_tower_and_the_experts():
+    args = flags("--model", "qwen3_vl_moe", "--lora", "--num-rows", "4")
+    model, _ = make_model(args, make_processor(args))
+    trained = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in name for name in trained)
+    for part in ("language_model", "visual", "mlp.experts"):  # the experts' 3-D weights too
+        assert any(part in name for name in trained), part
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (("--videos", "2"), "--videos: the tiny family takes no video"),
+        (("--lora",), "--lora needs a transformers model"),
+        (("--eval-ratio", "1"), "must be at least 0 and below 1"),
+    ],
+)
+def test_flags_that_cannot_apply_are_one_sentence(argv, says, capsys):
+    with pytest.raises(SystemExit) as exited, exit_on_user_error():
+        args = training_flags("").parse_args(["--output-dir", "-", "--num-rows", "4", *argv])
+        make_model(args, make_loader(args, rank=0, world_size=1)[1])
+    assert exited.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert says in said

@@ -168,9 +168,6 @@ def test_a_packed_batch_carries_the_keys_the_docs_list(tiny_family):
 
 
 @pytest.mark.docs
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="issue 45: one place for a family's default budgets"
-)
 def test_with_no_config_a_family_packs_to_the_default_budgets_the_docs_list(family):
     """docs/real-vlms.md: `PackedDataset(VQADataset(rows, processor))` with no config packs to the
     family's default budgets, which it lists (tests/doc_blocks.py reads them)."""

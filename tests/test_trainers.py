@@ -259,16 +259,15 @@ def test_the_loader_state_goes_to_one_file_per_rank_and_comes_back(samples, tmp_
 
 def test_a_resumed_sample_log_drops_the_steps_after_its_checkpoint(tmp_path):
     path = str(tmp_path / "samples.jsonl")
-    batch = {"sample_index": torch.tensor([3, 1])}
-    log = SampleLog(path, rank=0)
+    batch = {"sample_index": torch.tensor([3, 1]), "epoch": 4}
+    log = SampleLog(path, rank=0, video_rows={1, 7})
     for step in (1, 2, 3):
         log.write(step, 0, batch)
     SampleLog(path, rank=0, resumed_step=2)  # the run stopped after step 3, resumes from 2
     with open(path) as f:
         lines = [json.loads(line) for line in f]
-    assert lines == [
-        {"rank": 0, "step": step, "micro_step": 0, "sample_index": [3, 1]} for step in (1, 2)
-    ]
+    line = {"rank": 0, "micro_step": 0, "epoch": 4, "sample_index": [3, 1], "videos": 1}
+    assert lines == [{**line, "step": step} for step in (1, 2)]
 
 
 # What MMDPTrainer hands to Trainer ---------------------------------------------------------------

@@ -33,6 +33,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def ratio(text: str) -> float:
+    """An argparse type: a share in [0, 1), e.g. the rows held out for evaluation."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
+    return value
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

@@ -33,7 +33,8 @@ TOO_LONG = "too_long"  # more tokens than max_length
 TOO_MANY_IMAGES = "too_many_images"  # more images than max_images
 TOO_MANY_PATCHES = "too_many_patches"  # more vision-encoder patches than max_patches
 
-# Left out by stage 5 so that every rank yields the same number of batches (DDP would hang).
+# Left out by stage 3's modality-grouped batches so that every rank yields the same number of
+# batches (DDP would hang); stage 5 leaves none out: a rank short of a batch gets a filler.
 LEFT_OUT_TO_EQUALISE_RANKS = "left_out_to_equalise_ranks"
 
 # Read from a stream by one rank but not yielded, because another rank's share ran out first and

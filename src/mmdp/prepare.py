@@ -28,6 +28,7 @@ from mmdp.data.families import MODELS, family_for, offline_processor
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.errors import exit_on_user_error
+from mmdp.packing.packing_config import default_config
 from mmdp.packing.prepared import budget_report, describe, write_prepared
 from mmdp.packing.weighing import weigh_rows
 
@@ -75,8 +76,8 @@ def main(argv=None):
         get_tokenizer(args.tokenizer) if args.model == "tiny" else offline_processor(args.model)
     )
     family = family_for(processor)
-    args.max_length = args.max_length or family.default_max_length
-    args.max_patches = args.max_patches or family.default_max_patches
+    budgets = default_config(family, max_length=args.max_length, max_patches=args.max_patches)
+    args.max_length, args.max_patches = budgets.max_length, budgets.max_patches
     print_settings(args)
 
     # Weigh every row (and keep its tokens): the same pass a training run would make

@@ -28,10 +28,15 @@ A batch of B packs, each a row of L = max_length tokens:
     pixel_values_videos, video_grid_thw, second_per_grid_ts   every video, in sample order (a
                              family that takes video: Qwen-VL), each whole in one pack; its
                              patches count in patches_per_row
-    batch_index, dropped, converted   where the batch is in the epoch; rows dropped while it was
-                             built, by reason; images converted to RGB, by mode
+    batch_index, epoch       where the batch is: its number in the epoch (set by the dataset)
+                             and the epoch (set by the loader, PackedDataLoader)
+    dropped, converted       rows dropped while the batch was built, by reason; images
+                             converted to RGB, by mode
     dropped_rows             [(row, reason)]: which rows those were (a planned loader's rows;
                              the epoch report counts them per source of a mixture)
+    filler                   True only in a batch that trains nothing (`filler_batch`): a rank's
+                             batch in a last step of fewer packs than ranks, or what pads an
+                             epoch's last optimizer step under Trainer
     model_family, model_settings   (a real family) its name, and what the batch assumes of the
                              model's config ({"vision_config.tokens_per_second": 2, ...}), which
                              model_inputs checks
@@ -168,7 +173,14 @@ def collate_packs(packs: list[dict], family=None) -> dict:
     `family` (a mmdp.data.families.base.ModelFamily) collates the vision inputs its model takes, and
     names itself in the batch (`model_family`); without one, each vision input is concatenated
     along its first dimension, which is what TinyVLM, Qwen-VL, LLaVA-OneVision and Gemma 3 take.
+    Packs marked `filler` (a rank's filler batch, mmdp.packing.planner) make a `filler_batch`.
     """
+    batch = stack_packs(packs, family)
+    return filler_batch(batch) if packs[0].get("filler") else batch
+
+
+def stack_packs(packs: list[dict], family=None) -> dict:
+    """collate_packs, before a filler's labels are masked."""
     batch_indices = {p["batch_index"] for p in packs}
     assert len(batch_indices) == 1, f"packs of several planned batches collated: {batch_indices}"
     max_length = len(packs[0]["input_ids"])
@@ -225,6 +237,29 @@ def collate_packs(packs: list[dict], family=None) -> dict:
             else {}
         ),
     }
+
+
+def filler_batch(batch: dict) -> dict:
+    """A copy of `batch` that trains nothing: every label -100 and no sample, `filler` True.
+
+    Its loss and gradient are exactly 0 and it counts no label token, yet the model runs it as
+    any batch: a rank that has no batch of its own at a step (the last step of an epoch with
+    fewer packs than ranks; mmdp.packing.planner) runs it while the other ranks train, so that
+    DDP's and FSDP's collectives meet, and Trainer pads an epoch's short last optimizer step
+    with it (mmdp.training.trainer_epochs)."""
+    out = dict(batch, filler=True)
+    out["labels"] = torch.full_like(batch["labels"], config.IGNORE_INDEX)
+    out["sample_index"] = batch["sample_index"][:0]
+    out["samples_per_row"] = torch.zeros_like(batch["samples_per_row"])
+    out["real_token_mask"] = torch.zeros_like(batch["real_token_mask"])
+    # no sample, so no image or patch of one (the vision inputs stay: the model runs them)
+    out["sample_of_image"] = batch["sample_of_image"][:0]
+    out["patches_per_row"] = torch.zeros_like(batch["patches_per_row"])
+    out["dropped"], out["converted"] = {}, {}  # counted with the batch it copies
+    out["dropped_rows"] = []
+    if "loss_weights" in batch:
+        out["loss_weights"] = torch.zeros_like(batch["loss_weights"])
+    return out
 
 
 def real_token_mask(batch: dict) -> torch.Tensor:

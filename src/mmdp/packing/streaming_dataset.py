@@ -33,7 +33,8 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
     `iter()` and gives the same rows in the same order (a list, a reader of files): not an
     iterator, which can be read only once. `processor`: a tokenizer (mmdp's TinyVLM) or a
     transformers processor of a supported family, as for VQADataset. `config`: a PackingConfig
-    (the loose keywords max_length=..., seed=... still work for one release). Under torchrun,
+    (default: the family's budgets, `default_config(family)`; the loose keywords max_length=...,
+    seed=... still work for one release). Under torchrun,
     rank and world size come from torch.distributed; with tensor or pipeline parallelism, pass
     the data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`.
     """
@@ -61,7 +62,7 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
         self.family = family_for(
             processor, image_size=image_size, image_token_length=image_token_length
         )
-        self.config = with_old_keywords(config, old_keywords, "StreamingPackedDataset")
+        self.config = with_old_keywords(config, old_keywords, "StreamingPackedDataset", self.family)
         self.max_queued_batches = max_queued_batches
         self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
         self.total_shards = None  # a plain iterable has none

@@ -47,7 +47,7 @@ from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.metrics import write_json
 from mmdp.training.loss import label_tokens, summed_loss
-from mmdp.training.recipes import all_reduced, collective_device
+from mmdp.training.recipes import all_reduced, collective_device, touch_every_parameter
 
 
 def parse_args(argv=None):
@@ -104,7 +104,9 @@ def ddp_gradient(model, batches: list[dict], normalisation: str) -> torch.Tensor
                 loss = summed_loss(output.logits, batch["labels"]) * world_size / tokens
             else:
                 loss = output.loss / len(batches)
-            loss.backward()
+            # every parameter in every backward: a text-only micro-batch leaves the vision
+            # encoder unused, and DDP (without find_unused_parameters) waits for it
+            touch_every_parameter(loss, model).backward()
     return flat_gradient(model.module)
 
 
@@ -153,8 +155,9 @@ def compare_gradients(args) -> dict | None:
     vlm_config = TinyVLMConfig(vocab_size=len(tokenizer), image_token_id=tokenizer.image_token_id)
     model = TinyVLM(vlm_config).train()
     reference = copy.deepcopy(model)
-    # find_unused_parameters: a micro-batch of text-only samples leaves the vision encoder unused
-    ddp_model = DistributedDataParallel(model, find_unused_parameters=True)
+    # no find_unused_parameters (it warns whenever a step uses every parameter): every loss
+    # touches every parameter instead (ddp_gradient)
+    ddp_model = DistributedDataParallel(model)
 
     mine = rank_batches(samples, args, rank, world_size)
     gradients = {

@@ -146,8 +146,9 @@ class ModelFamily:
     # None: the model masks each sample of a pack from its restarting position_ids; else the
     # name of the attention mask mmdp builds for it instead (mmdp.models.inputs.PACKED_MASKS)
     packed_mask: str | None = None
-    # stage 5's budgets for the family when none is given: tokens a pack holds, and patches
-    # (None: no patch budget); each family sets them for a few images a pack
+    # the family's budgets when none is given: tokens a pack holds, and patches (None: no patch
+    # budget); each family sets them for a few images a pack. Read only by
+    # mmdp.packing.packing_config.default_config, the one place that resolves them
     default_max_length = config.MAX_LENGTH
     default_max_patches: int | None = None
 
