@@ -17,6 +17,7 @@ from mmdp.drop_reasons import (
 from mmdp.packing.batch import collate_packs, sample_ids
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
+from mmdp.report.metrics import PackReport
 
 IMAGE_SIZE = 16  # tiny images keep these tests fast; nothing here depends on the size
 
@@ -107,6 +108,18 @@ def test_ranks_get_equal_batches_and_every_usable_row_exactly_once(
     for filler in fillers:  # a copy of another rank's pack that trains nothing
         assert (filler["labels"] == -100).all() and len(filler["sample_index"]) == 0
         assert not filler["real_token_mask"].any() and filler["batch_index"] == len(batches[0]) - 1
+        assert not filler["dropped"] and not filler["dropped_rows"]  # the copied batch counts them
+    # each rank's epoch report, merged, holds rows read == samples + dropped (a filler adds none)
+    reports = []
+    for dataset, mine in zip(ranks, batches):
+        report = PackReport()
+        for batch in mine:
+            report.add_batch(batch)
+        report.add_loader(PackedDataLoader(dataset, num_workers=0))
+        reports.append(report)
+    merged = PackReport.merged(reports)
+    assert merged.samples + sum(merged.dropped.values()) == len(samples)
+    assert sum(merged.images_per_row) == sum(samples.dataset[r]["images"].__len__() for r in rows)
 
 
 def test_filtered_and_broken_samples_are_counted(tokenizer):
