@@ -89,6 +89,12 @@ UNCHECKED = {
         "2 ranks x 2 workers over 2,000 rows; test_streaming.py runs stage 5 --streaming under "
         "torchrun on unequal shards of 152 rows (-m slow)"
     ),
+    "uv run torchrun --nproc-per-node 2 examples/trainer.py --model qwen3_vl_moe --lora "
+    "--videos 24 --num-rows 120 --num-train-epochs 3 --grad-accum 16 --eval-ratio 0.1 "
+    "--output-dir /tmp/seed --log-samples /tmp/seed/samples.jsonl": (
+        "a 6.5-minute torchrun run of Qwen3-VL-MoE; test_seed_run.py runs the same flags "
+        "(tests/torchrun_seed.py) and checks its log and eval split (-m slow)"
+    ),
 }
 
 

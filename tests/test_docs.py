@@ -236,10 +236,11 @@ def test_the_batch_contract_says_which_keys_only_some_batches_carry():
     """The keys every batch carries are held to real batches (tests/test_families.py, each
     family; tests/test_stage_scripts.py, TinyVLM's; tests/test_streaming.py, a stream's). Those
     only some carry: a real family's name and settings (tests/test_families.py), a stream's reader
-    state (tests/test_streaming.py) and a mixture's loss weights (tests/test_stage_scripts.py,
-    slow)."""
+    state (tests/test_streaming.py), a mixture's loss weights (tests/test_stage_scripts.py,
+    slow) and a filler's flag (tests/test_packed_dataset.py)."""
     only_some = contract_keys(every_batch=False) - contract_keys(every_batch=True)
-    assert only_some == {"model_family", "model_settings", "reader_state", "loss_weights"}
+    expected = {"model_family", "model_settings", "reader_state", "loss_weights", "filler"}
+    assert only_some == expected
 
 
 # Repository paths ------------------------------------------------------------------------------

@@ -252,11 +252,14 @@ def filler_batch(batch: dict) -> dict:
     out["sample_index"] = batch["sample_index"][:0]
     out["samples_per_row"] = torch.zeros_like(batch["samples_per_row"])
     out["real_token_mask"] = torch.zeros_like(batch["real_token_mask"])
-    # no sample, so no image or patch of one (the vision inputs stay: the model runs them)
-    out["sample_of_image"] = batch["sample_of_image"][:0]
-    out["patches_per_row"] = torch.zeros_like(batch["patches_per_row"])
     out["dropped"], out["converted"] = {}, {}  # counted with the batch it copies
     out["dropped_rows"] = []
+    # no sample, so no image or patch of one (the vision inputs stay: the model runs them);
+    # keys a hand-built batch may leave out stay out
+    if "sample_of_image" in batch:
+        out["sample_of_image"] = batch["sample_of_image"][:0]
+    if "patches_per_row" in batch:
+        out["patches_per_row"] = torch.zeros_like(batch["patches_per_row"])
     if "loss_weights" in batch:
         out["loss_weights"] = torch.zeros_like(batch["loss_weights"])
     return out
