@@ -3,24 +3,33 @@
     uv run 01_check_dataset.py            # a random sample of the embedded synthetic dataset
     uv run 01_check_dataset.py --seed 3   # the same sample every time
     uv run 01_check_dataset.py --dataset HuggingFaceM4/the_cauldron --subset ai2d   # needs a network
+    uv run 01_check_dataset.py --dataset train.jsonl --row 0       # your own rows (README, "Your own data")
+    uv run 01_check_dataset.py --dataset llava.json --image-root /data/coco --format llava
 
-Shows the sample's image(s) beside its conversation and saves the figure to assets/01.png.
-The first run generates and caches the synthetic dataset (a few seconds); later runs load it.
+Shows the sample's image(s) beside its conversation, each image's place in the text marked
+([image 1] where the model will see it), and saves the figure to assets/01.png. A row the
+loaders would drop for its text (a tag without its file...) or an image that does not open is
+shown with its reason. The first run generates and caches the synthetic dataset (a few
+seconds); later runs load it.
 """
 
 import argparse
 import random
 
-from mmdp.cli import add_data_args, description, display_path
-from mmdp.data.images import BadImage, open_image
+from mmdp.cli import add_data_args, description, display_path, non_negative_int
+from mmdp.data.conversation import marked_turns, system_prompt
+from mmdp.data.images import BadImage, decode_image
 from mmdp.data.sources import load_vqa_dataset
-from mmdp.errors import exit_on_user_error
+from mmdp.errors import UserError, exit_on_user_error
 from mmdp.report.plots import plot_sample, save_figure
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=description(__doc__))
     add_data_args(parser)
+    parser.add_argument(
+        "--row", type=non_negative_int, default=None, help="the row to show (default: a random one)"
+    )
     parser.set_defaults(seed=None)  # no --seed: a new random sample on every run, as in the blog
     return parser.parse_args()
 
@@ -29,30 +38,62 @@ def main():
     args = parse_args()
 
     # Load the dataset (the embedded synthetic one unless --dataset says otherwise)
-    dataset = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
-
-    # Pick a random sample
-    index = random.Random(args.seed).randrange(len(dataset))
-    row = dataset[index]
-    try:
-        images = [open_image(image).convert("RGB") for image in row["images"]]
-    except (BadImage, OSError) as error:
-        raise SystemExit(f"row {index} has an image that does not decode: {error}") from error
-
-    # Show its image(s) beside the conversation
-    sources = sorted({turn["source"] for turn in row["texts"]})
-    print(
-        f"row {index:,} of {len(dataset):,}: {len(images)} image(s), {len(row['texts'])} turn(s), "
-        f"source: {', '.join(sources)}"
+    dataset = load_vqa_dataset(
+        args.dataset,
+        args.subset,
+        args.split,
+        args.num_rows,
+        image_root=args.image_root,
+        format=args.format,
     )
-    for turn in row["texts"]:
-        print(f"  User:      {turn['user']}")
-        print(f"  Assistant: {turn['assistant']}")
+
+    # Pick a sample: the one asked for, or a random one
+    if args.row is not None and args.row >= len(dataset):
+        raise UserError(f"--row {args.row}: the dataset has {len(dataset):,} rows")
+    index = random.Random(args.seed).randrange(len(dataset)) if args.row is None else args.row
+    row = dataset[index]
+    files = [(f"image {k}", image) for k, image in enumerate(row["images"] or [], 1)]
+    files += [(f"video {k}", video) for k, video in enumerate(row.get("videos") or [], 1)]
+    images = [shown(image) for image in row["images"] or []]
+
+    # Show its image(s) beside the conversation, each file's place in the text marked
+    turns, dropped = marked_turns(
+        row["texts"], len(row["images"] or []), len(row.get("videos") or [])
+    )
+    sources = sorted({turn["source"] for turn in row["texts"] or [] if turn and turn["source"]})
+    videos = f"{len(files) - len(images)} video(s), " if len(files) > len(images) else ""
+    print(
+        f"row {index:,} of {len(dataset):,}: {len(images)} image(s), {videos}{len(turns)} turn(s), "
+        f"source: {', '.join(sources) or '-'}"
+    )
+    system = system_prompt(row["texts"]) if turns else None
+    if system is not None:
+        print(f"  System:    {system}")
+    for user, assistant in turns:  # a newline of the text shown as \n: one line a turn
+        print(f"  User:      {user}".replace("\n", "\\n"))
+        print(f"  Assistant: {assistant}".replace("\n", "\\n"))
+    for (name, cell), image in zip(files, images + [None] * len(files)):
+        if isinstance(image, str) or (cell or {}).get("path"):  # a file's path, or why it failed
+            size = f"{image.width}x{image.height}" if hasattr(image, "width") else image
+            print(f"  {name}: {(cell or {}).get('path') or 'in the row'} ({size or 'a video'})")
+    if dropped:
+        print(f"The loaders drop this row: {dropped} (mmdp.drop_reasons)")
     fig = plot_sample(
-        images, row["texts"], title=f"Dataset sample: row {index} ({', '.join(sources)})"
+        images,
+        [{"user": user, "assistant": assistant} for user, assistant in turns],
+        title=f"Dataset sample: row {index} ({', '.join(sources) or 'no source'})",
+        system=system,
     )
     path = save_figure(fig, args.out_dir, "01.png")
     print(f"Saved the sample to {display_path(path)}")
+
+
+def shown(image):
+    """The image upright in RGB, as a model gets it; or, when it does not open, why."""
+    try:
+        return decode_image(image)[0]
+    except BadImage as error:
+        return str(error)  # "reason: detail"
 
 
 if __name__ == "__main__":

@@ -81,7 +81,14 @@ def main():
 
     # Get the text tokenizer (SmolLM2's, shipped in the repo) and the dataset
     tokenizer = get_tokenizer(args.tokenizer)
-    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
+    rows = load_vqa_dataset(
+        args.dataset,
+        args.subset,
+        args.split,
+        args.num_rows,
+        image_root=args.image_root,
+        format=args.format,
+    )
 
     # Wrap it: each item is tokenized with the chat template, 64 image tokens per image
     train_dataset = VQADataset(rows, tokenizer)

@@ -8,6 +8,7 @@ image budget, each pack padded to a fixed length, ready for a trainer.
     uv run 05_knapsack_multimodal.py --prepared s3://bucket/prepared   # from uv run -m mmdp.prepare
     uv run 05_knapsack_multimodal.py --model qwen2_5_vl     # or qwen3_vl, smolvlm, llava_onevision, gemma3
     uv run 05_knapsack_multimodal.py --mixture examples/mixture.json
+    uv run 05_knapsack_multimodal.py --dataset train.jsonl --model qwen2_5_vl   # your own rows
 
 Prints the shapes of one batch and the epoch report (utilization, dropped samples by reason,
 tokens / images / samples per pack), and saves assets/05.png (the blog's figure),
@@ -20,6 +21,10 @@ and vision-encoder patches its processor gives it (mmdp.models), a pack has a to
 patch budget (--max-length, --max-patches; each family has defaults), and the batches carry what
 that model takes. Offline, the family's processor is built in code; --processor NAME_OR_PATH loads
 a Hub or local one. It also prints the tokens per image and saves assets/05_MODEL.png.
+
+With --dataset (your own rows: messages, LLaVA or the_cauldron files, local or remote; --image-root,
+--format: docs/your-own-data.md), the report adds what it would drop, by reason, and the tokens,
+images and patches of a sample of your usable rows by percentile, against the budgets.
 
 With --mixture FILE.json, the rows come from several sources, each with its share of the epoch
 (by tokens by default), a loss weight and a label policy (mmdp.data.mixture; the embedded
@@ -52,6 +57,7 @@ from mmdp.cli import (
     positive_int,
     print_batch,
     print_settings,
+    print_table,
     run_epoch,
 )
 from mmdp.data.families import MODELS, OFFLINE, family_for, load_processor, offline_processor
@@ -71,6 +77,7 @@ from mmdp.packing.batch import real_token_mask
 from mmdp.packing.mixture_plan import MixturePlan
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES
+from mmdp.packing.packing_config import default_config
 from mmdp.packing.planner import batch_loads
 from mmdp.packing.prepared import read_manifest
 from mmdp.packing.sharding import start_ranks
@@ -151,7 +158,7 @@ def parse_args():
         type=non_negative_int,
         default=config.DEFAULT_VIDEO_ROWS,
         help="synthetic video clips added to the embedded dataset for a --model that takes video "
-        f"(qwen2_5_vl, qwen3_vl; default: {config.DEFAULT_VIDEO_ROWS})",
+        f"(qwen2_5_vl, qwen3_vl, llava_onevision; default: {config.DEFAULT_VIDEO_ROWS})",
     )
     parser.add_argument(
         "--mixture",
@@ -188,7 +195,14 @@ def main():
         rows = (
             mixed.dataset
             if mixed
-            else load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
+            else load_vqa_dataset(
+                args.dataset,
+                args.subset,
+                args.split,
+                args.num_rows,
+                image_root=args.image_root,
+                format=args.format,
+            )
         )
         if takes_synthetic_videos(processor, args, mixed):
             # A family that takes video packs the synthetic clips with the rows
@@ -212,6 +226,7 @@ def main():
         if mixed:
             epoch["sources"] = report_sources(mixed, packed, epoch["reports"], args)
             epoch["share_by"] = mixed.mixture.share_by
+        epoch["weights"] = packed.weights
     if rank != 0:
         dist.destroy_process_group()
         return
@@ -220,6 +235,9 @@ def main():
     print_report(epoch, args)
     if not args.streaming:
         print_videos(epoch["report"], samples, args)
+    if args.dataset and not args.streaming:
+        # Your own rows: what would be dropped and why, and what a sample of them weighs
+        print_your_rows(epoch["report"], epoch["weights"], args)
     write_outputs(epoch, args)
 
     if args.model == "tiny":
@@ -257,6 +275,34 @@ def print_videos(report: PackReport, samples: VQADataset, args) -> None:
     )
 
 
+def print_your_rows(report: PackReport, weights, args) -> None:
+    """--dataset: the rows used and dropped, by reason (read from the headers and the text when
+    weighed, or found when a pack was built), and the tokens, images and patches of a sample of
+    the usable rows, by percentile: what a user needs to know before spending GPU hours."""
+    print(f"\nYour rows ({args.dataset}):")
+    counts = [["used (samples)", report.samples]]
+    counts += [[reason, n] for reason, n in sorted(report.dropped.items(), key=lambda kv: -kv[1])]
+    print_table(["rows", "count"], counts, ["", ","])
+    usable = weights.reasons == 0
+    if not usable.any():
+        return
+    quantiles = (0, 50, 90, 99, 100)
+    columns = {"tokens": weights.lengths, "images": weights.image_counts}
+    if args.max_patches:
+        columns["patches"] = weights.patch_counts
+    table = [
+        [f"{name} per sample", *np.percentile(values[usable], quantiles, method="lower")]
+        for name, values in columns.items()
+    ]
+    print_table(
+        ["usable rows", "min", "p50", "p90", "p99", "max"], table, ["", ",.0f"] + [",.0f"] * 4
+    )
+    budgets = f"max_length {args.max_length:,}" + (
+        f", max_patches {args.max_patches:,}" if args.max_patches else ""
+    )
+    print(f"   budgets: {budgets}, max_images {args.max_images} (a sample over one is dropped)")
+
+
 def load_sources(args) -> MixedRows | None:
     """--mixture: every source's rows one after the other (None without a mixture)."""
     if not args.mixture:
@@ -278,6 +324,7 @@ def report_sources(mixed: MixedRows, packed: PackedDataset, reports: list, args)
         [report.sample_index for report in reports],
         budgets=budgets,
         epoch=packed.epoch,
+        report_by_source=PackReport.merged(reports).by_source(),
     )
 
 
@@ -296,10 +343,9 @@ def model_processor(args):
         manifest = read_manifest(args.prepared)
         args.max_length = args.max_length or manifest["max_length"]
         args.max_patches = args.max_patches or manifest["max_patches"]
-    if args.max_length is None:
-        args.max_length = family.default_max_length
-    if args.max_patches is None:
-        args.max_patches = family.default_max_patches
+    # the family's budgets, where no flag (or prepared manifest) gives one
+    budgets = default_config(family, max_length=args.max_length, max_patches=args.max_patches)
+    args.max_length, args.max_patches = budgets.max_length, budgets.max_patches
     return processor
 
 
@@ -329,6 +375,7 @@ def run_packed_epoch(packed: PackedDataset, args) -> dict:
     loader = PackedDataLoader(packed, num_workers=args.num_workers)
     report = PackReport()
     first_batch, seconds = run_epoch(loader, report, hint=hint)
+    report.add_loader(loader)  # the plan's drops (and, for a mixture, of each source)
     reports, weighed = [report], [packed.weighing.rows_weighed_here]
     if dist.is_initialized():
         reports = [None] * dist.get_world_size()
@@ -336,7 +383,6 @@ def run_packed_epoch(packed: PackedDataset, args) -> dict:
         weighed = [None] * dist.get_world_size()
         dist.all_gather_object(weighed, packed.weighing.rows_weighed_here)
     merged = PackReport.merged(reports)
-    merged.dropped.update(packed.plan(packed.epoch).dropped)
     return {
         "report": merged,
         "reports": reports,
@@ -354,7 +400,14 @@ def run_streaming_epoch(processor, args) -> tuple[dict, VQADataset]:
     """--streaming: one epoch over the dataset read as a stream, on this rank (every rank stops
     at the same step); on rank 0, the report merged over ranks. Also returns rows from the head
     of the stream, for the figure beside constrained padding."""
-    stream = load_vqa_stream(args.dataset, args.subset, args.split, args.num_rows)
+    stream = load_vqa_stream(
+        args.dataset,
+        args.subset,
+        args.split,
+        args.num_rows,
+        image_root=args.image_root,
+        format=args.format,
+    )
     packed = StreamingPackedDataset(stream, processor, packing_config(args))
     loader = StreamingDataLoader(packed, num_workers=args.num_workers)
     loader.set_epoch(args.epoch)
@@ -369,7 +422,7 @@ def run_streaming_epoch(processor, args) -> tuple[dict, VQADataset]:
             )
             steps.append(tuple(int(load) for load in loads))
             yield batch
-        report.dropped.update(loader.dropped_at_end)  # read after the last batch, or held
+        report.add_loader(loader)  # rows read after the last batch, or held
 
     hint = "raise --max-length or --max-images, or use more --num-rows"
     first_batch, seconds = run_epoch(batches(), report, hint=hint)

@@ -4,7 +4,7 @@
     uv run bench/bench_bad_rows.py --num-rows 10000 --repeats 3
 
 The same rows twice: the embedded dataset's first 2,000 rows (repeated, for more), and a
-copy with every 10th row broken by mmdp.data.bad_rows (its 20 ways in turn: dropped with a
+copy with every 10th row broken by mmdp.data.bad_rows (its 23 ways in turn: dropped with a
 reason, converted, or trained on as they are). For each, alternating clean and bad, --repeats
 times: weighing every row (without the cache) and one planned epoch (512 tokens, 8 packs per
 batch, images_first_bfd), in this process (no DataLoader workers: the figure is the work itself,

@@ -68,7 +68,6 @@ from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing.packing_config import PackingConfig
 
 
 class ImagesOnly(Dataset):
@@ -159,11 +158,8 @@ def tensors_in(value) -> int:
 
 
 def packed_dataset(rows, processor, pretokenize=False) -> PackedDataset:
-    family = family_for(processor)
-    config = PackingConfig(
-        max_length=family.default_max_length, max_patches=family.default_max_patches
-    )
-    return PackedDataset(VQADataset(rows, processor), config, pretokenize=pretokenize)
+    samples = VQADataset(rows, processor)  # no config: the family's budgets
+    return PackedDataset(samples, pretokenize=pretokenize)
 
 
 def loader_epoch(dataset: PackedDataset, workers: int) -> tuple[float, list]:

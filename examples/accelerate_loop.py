@@ -23,30 +23,35 @@ What the recipe does:
 2. Each optimizer step takes --grad-accum micro-batches; all but the last run under
    accelerator.no_sync. Not accelerator.accumulate(): it learns where an epoch ends only from
    prepared loaders (accelerate/accelerator.py:1230-1237), so an epoch's short last step would
-   never be taken.
+   never be taken. Each loss touches every trainable parameter (touch_every_parameter): a
+   micro-batch without images still gives DDP every gradient, with no find_unused_parameters
+   (and none of its warnings).
 3. Each micro-batch's loss is its summed token loss x processes / the step's label tokens on
    every rank (mmdp.training.recipes): one process's gradient.
 4. accelerator.save_state / load_state, with the loader's state of every rank
    (mmdp.training.recipes.checkpoint_loader_with).
+5. With --eval-ratio, the held-out rows' exact eval_loss at the end
+   (mmdp.training.evaluation.evaluate: summed losses and label tokens, all-reduced once).
 """
 
 import contextlib
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs
 
 from mmdp.cli import description
-from mmdp.errors import exit_on_user_error
+from mmdp.errors import exit_on_user_error, require_extra
+from mmdp.training.evaluation import evaluate
 from mmdp.training.examples import (
     SampleLog,
     checkpoint_folder,
     checkpoint_step,
+    make_eval_loader,
     make_loader,
     make_model,
     print_result,
     training_flags,
     training_steps,
+    video_rows,
     weights_digest,
 )
 from mmdp.training.loop import to_device
@@ -56,7 +61,12 @@ from mmdp.training.recipes import (
     micro_batch_loss,
     optimizer_steps,
     step_label_tokens,
+    touch_every_parameter,
 )
+
+with exit_on_user_error():  # without accelerate: one sentence naming the extra that installs it
+    require_extra("accelerate", "accelerate", "examples/accelerate_loop.py")
+    from accelerate import Accelerator
 
 
 def train_step(accelerator, model, optimizer, micro_batches, inputs) -> torch.Tensor:
@@ -71,7 +81,8 @@ def train_step(accelerator, model, optimizer, micro_batches, inputs) -> torch.Te
         with contextlib.nullcontext() if last else accelerator.no_sync(model):
             # the logits of the trained positions only; the batch: labels, loss weights
             loss = micro_batch_loss(model, inputs(batch, unwrapped), batch, tokens, processes)
-            accelerator.backward(loss)
+            # a micro-batch without images leaves the vision tower unused: DDP would wait for it
+            accelerator.backward(touch_every_parameter(loss, model))
         loss_share += loss.detach() / processes
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -80,12 +91,9 @@ def train_step(accelerator, model, optimizer, micro_batches, inputs) -> torch.Te
 
 def main(argv=None) -> dict | None:
     args = training_flags(description(__doc__)).parse_args(argv)
-    accelerator = Accelerator(
-        # without cpu=True on a machine with no GPU, each process would train alone
-        cpu=not torch.cuda.is_available(),
-        # a micro-batch without images leaves the vision encoder unused
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
-    )
+    # without cpu=True on a machine with no GPU, each process would train alone; DDP's
+    # find_unused_parameters stays False: every loss touches every parameter (train_step)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
     check_launched_processes(accelerator.num_processes)  # ... and that says so if it happens
     # the loader shards by rank itself: it is not prepared
     rank, world_size = accelerator.process_index, accelerator.num_processes
@@ -99,7 +107,7 @@ def main(argv=None) -> dict | None:
         accelerator.load_state(args.resume_from_checkpoint)
         step = checkpoint_step(args.resume_from_checkpoint)
     resumed_step = step if args.resume_from_checkpoint else None
-    log = SampleLog(args.log_samples, accelerator.process_index, resumed_step)
+    log = SampleLog(args.log_samples, accelerator.process_index, resumed_step, video_rows(loader))
 
     steps = optimizer_steps(loader, args.grad_accum)
     loss = torch.zeros((), device=accelerator.device)
@@ -114,10 +122,14 @@ def main(argv=None) -> dict | None:
             accelerator.save_state(checkpoint_folder(args.output_dir, step))
 
     loss = accelerator.reduce(loss, reduction="sum")  # the step's mean over every label token
+    evaluation = None
+    eval_loader = make_eval_loader(loader, args)  # --eval-ratio's held-out rows, every rank's
+    if eval_loader is not None:  # every held-out token's mean over all ranks: one all-reduce
+        evaluation = evaluate(model, eval_loader, inputs, device=accelerator.device)
     result = None
     if accelerator.is_main_process:
         state = accelerator.unwrap_model(model).state_dict()
-        result = print_result(float(loss), step, weights_digest(state))
+        result = print_result(float(loss), step, weights_digest(state), evaluation)
     accelerator.wait_for_everyone()  # (with trackers, accelerator.end_training() here)
     return result
 

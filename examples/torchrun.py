@@ -16,11 +16,15 @@ after a checkpoint and resumed prints the same as one that never stopped.
 What the recipe does (mmdp.training.recipes):
 1. The loader shards by rank itself: no DistributedSampler, and it is not wrapped.
 2. Each optimizer step takes --grad-accum micro-batches; all but the last skip the gradient
-   all-reduce (DDP's no_sync, FSDP2's set_requires_gradient_sync).
+   all-reduce (DDP's no_sync, FSDP2's set_requires_gradient_sync). Each loss touches every
+   trainable parameter (touch_every_parameter): a micro-batch without images still gives DDP
+   every gradient, with no find_unused_parameters (and none of its warnings).
 3. Each micro-batch's loss is its summed token loss x world size / the step's label tokens on
    every rank (all-reduced): one process's gradient, whatever the ranks' token counts. The
    logits are computed for the trained positions only (micro_batch_loss runs the model).
 4. A checkpoint holds the model and optimizer (written by rank 0) and one loader state per rank.
+5. With --eval-ratio, the held-out rows' exact eval_loss at the end
+   (mmdp.training.evaluation.evaluate: summed losses and label tokens, all-reduced once).
 """
 
 import os
@@ -33,15 +37,18 @@ from torch.nn.parallel import DistributedDataParallel
 from mmdp.cli import description
 from mmdp.errors import exit_on_user_error
 from mmdp.models.tiny_vlm import TinyVLM
+from mmdp.training.evaluation import evaluate
 from mmdp.training.examples import (
     SampleLog,
     checkpoint_folder,
     checkpoint_step,
+    make_eval_loader,
     make_loader,
     make_model,
     print_result,
     training_flags,
     training_steps,
+    video_rows,
     weights_digest,
 )
 from mmdp.training.loop import to_device
@@ -52,6 +59,7 @@ from mmdp.training.recipes import (
     optimizer_steps,
     save_loader_state,
     step_label_tokens,
+    touch_every_parameter,
 )
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on the CPU
@@ -61,8 +69,8 @@ def wrap(model, fsdp2: bool, device):
     """DDP, or FSDP2 with each language-model layer sharded on its own and the rest at the top."""
     model.to(device)
     if not fsdp2:
-        # find_unused_parameters: a micro-batch without images leaves the vision encoder unused
-        return DistributedDataParallel(model, find_unused_parameters=True)
+        # no find_unused_parameters: every loss touches every parameter (train_step)
+        return DistributedDataParallel(model)
     from torch.distributed.fsdp import fully_shard
 
     for layer in language_model_layers(model):
@@ -114,7 +122,8 @@ def train_step(model, optimizer, micro_batches, inputs, device) -> torch.Tensor:
         with gradient_sync(model, sync=i == len(micro_batches) - 1):
             # the logits of the trained positions only; the batch: labels, loss weights
             loss = micro_batch_loss(model, inputs(batch, unwrapped), batch, tokens, world_size)
-            loss.backward()
+            # a micro-batch without images leaves the vision tower unused: DDP would wait for it
+            touch_every_parameter(loss, model).backward()
         loss_share += loss.detach() / world_size
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -145,7 +154,8 @@ def main(argv=None) -> dict | None:
     step = 0
     if args.resume_from_checkpoint:
         step = load_checkpoint(args.resume_from_checkpoint, model, optimizer, loader)
-    log = SampleLog(args.log_samples, rank, step if args.resume_from_checkpoint else None)
+    resumed_step = step if args.resume_from_checkpoint else None
+    log = SampleLog(args.log_samples, rank, resumed_step, video_rows(loader))
 
     steps = optimizer_steps(loader, args.grad_accum)
     loss = torch.zeros(())
@@ -160,8 +170,13 @@ def main(argv=None) -> dict | None:
             save_checkpoint(checkpoint_folder(args.output_dir, step), model, optimizer, loader)
 
     dist.all_reduce(loss)  # the step's mean over every label token of every rank
+    evaluation = None
+    eval_loader = make_eval_loader(loader, args)  # --eval-ratio's held-out rows, every rank's
+    if eval_loader is not None:  # every held-out token's mean over all ranks: one all-reduce
+        evaluation = evaluate(model, eval_loader, inputs, device=device)
     model_state, _ = get_state_dict(model, optimizer, options=FULL)
-    result = print_result(float(loss), step, weights_digest(model_state)) if rank == 0 else None
+    digest = weights_digest(model_state)
+    result = print_result(float(loss), step, digest, evaluation) if rank == 0 else None
     if started_here:
         dist.destroy_process_group()
     return result

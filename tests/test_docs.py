@@ -1,6 +1,10 @@
-"""The README and docs/ stay true to the repository: every relative link and anchor resolves, and
-every `uv run SCRIPT --flag` they quote names a script that exists and flags its parser defines.
-Read statically (the scripts are not started), so this costs well under a second."""
+"""The README and docs/ stay true to the repository: every relative link and anchor resolves;
+every `uv run SCRIPT --flag` they quote names a script that exists and flags its parser defines;
+every quoted output is checked by a test (tests/doc_blocks.py); the tables of drop reasons and
+batch keys list exactly what the code has; every repository path named in the docs, the
+docstrings and the comments exists; every Python snippet compiles and imports what exists (and,
+with -m slow, runs), unless marked `<!-- fragment -->`. Read statically, this costs about a
+second. `uv run pytest -k docs` runs these and every test that holds a doc to a run."""
 
 import ast
 import functools
@@ -8,9 +12,17 @@ import re
 from pathlib import Path
 
 import pytest
+from doc_blocks import (
+    CHECKED,
+    DOCS,
+    ROOT,
+    UNCHECKED,
+    blocks,
+    contract_keys,
+    output_blocks,
+    quoted_drop_reasons,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 UV_RUN = re.compile(r"uv run ([^`\n]*)")
 UV_OPTIONS_WITH_VALUE = {"--extra", "--group", "--with", "--python", "--project"}
@@ -191,3 +203,195 @@ def test_the_readmes_names_are_the_codes_names():
                     if not re.search(rf"\b{re.escape(word)}\b", SOURCE):
                         wrong.append(f"{idea}: {name} is not in src/")
     assert not wrong, "\n".join(wrong)
+
+
+# Quoted outputs and tables ---------------------------------------------------------------------
+
+
+def test_every_quoted_output_is_checked_by_a_test_or_says_why():
+    quoted = {block.command: block.where() for block in output_blocks()}
+    unknown = {command: where for command, where in quoted.items() if command not in CHECKED}
+    unknown = {command: where for command, where in unknown.items() if command not in UNCHECKED}
+    assert not unknown, (
+        "quoted outputs no test checks: add a check_output call (tests/doc_blocks.py) to the "
+        f"test that runs each, and the command to CHECKED, or say why not in UNCHECKED: {unknown}"
+    )
+    stale = (set(CHECKED) | set(UNCHECKED)) - set(quoted)
+    assert not stale, f"no doc quotes these outputs any more: {stale}"
+
+
+def test_the_bad_input_table_lists_every_drop_reason_once():
+    from mmdp.drop_reasons import REASONS
+
+    quoted, reasons = quoted_drop_reasons(), [reason for reason in REASONS if reason]
+    assert len(quoted) == len(set(quoted)), f"a reason twice: {quoted}"
+    assert set(quoted) == set(reasons), (
+        "docs/use-in-your-trainer.md, Bad input: the table's reasons differ from "
+        f"mmdp.drop_reasons; missing: {sorted(set(reasons) - set(quoted))}, not a reason: "
+        f"{sorted(set(quoted) - set(reasons))}"
+    )
+
+
+def test_the_batch_contract_says_which_keys_only_some_batches_carry():
+    """The keys every batch carries are held to real batches (tests/test_families.py, each
+    family; tests/test_stage_scripts.py, TinyVLM's; tests/test_streaming.py, a stream's). Those
+    only some carry: a real family's name and settings (tests/test_families.py), a stream's reader
+    state (tests/test_streaming.py), a mixture's loss weights (tests/test_stage_scripts.py,
+    slow) and a filler's flag (tests/test_packed_dataset.py)."""
+    only_some = contract_keys(every_batch=False) - contract_keys(every_batch=True)
+    expected = {"model_family", "model_settings", "reader_state", "loss_weights", "filler"}
+    assert only_some == expected
+
+
+# Repository paths ------------------------------------------------------------------------------
+
+# A path in the repository: under one of its folders, or a stage script. A name in capitals stands
+# for any (assets/05_MODEL.png), braces list alternatives (examples/{trainer,torchrun}.py).
+REPO_PATH = re.compile(
+    r"(?<![\w/.~-])((?:src|tests|docs|assets|bench|tools|examples|\.ci)/[\w./{},*-]*[\w/}*]"
+    r"|\b0[1-6]_\w+\.py)"
+)
+# Not this repository's: transformers' own test files, which the family modules cite.
+THIRD_PARTY = ("tests/models/",)
+# Paths of the repository's past that a text names as such: bench_packing.py --before loads the
+# packers from git revisions before the package layout.
+PAST = {"src/mmdp/packing.py"}
+TEXTS = [
+    *DOCS,
+    *sorted((ROOT / "src").rglob("*.py")),
+    *sorted(ROOT.glob("0[1-6]_*.py")),
+    *(
+        p
+        for folder in ("examples", "bench", "tools", "tests")
+        for p in sorted((ROOT / folder).glob("*.py"))
+    ),
+]
+
+
+def alternatives(path: str) -> list[str]:
+    """examples/{trainer,torchrun}.py -> examples/trainer.py, examples/torchrun.py."""
+    brace = re.search(r"\{([^}]*)\}", path)
+    if not brace:
+        return [path]
+    before, after = path[: brace.start()], path[brace.end() :]
+    return [p for option in brace[1].split(",") for p in alternatives(before + option + after)]
+
+
+def named_paths(text: str) -> list[tuple[int, str]]:
+    """(line, path) of every repository path a text names."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for match in REPO_PATH.finditer(line):
+            path = match[1].rstrip(".")
+            if path.startswith(THIRD_PARTY) or path in PAST:
+                continue
+            found += [(number, re.sub(r"[A-Z][A-Z_]+", "*", p)) for p in alternatives(path)]
+    return found
+
+
+def exists(path: str) -> bool:
+    return any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()
+
+
+def test_every_repository_path_the_docs_and_docstrings_name_exists():
+    missing = [
+        f"{text.relative_to(ROOT)}:{line}: {path}"
+        for text in TEXTS
+        for line, path in named_paths(text.read_text())
+        if not exists(path)
+    ]
+    assert not missing, "no such file or folder:\n" + "\n".join(missing)
+
+
+def test_the_path_check_catches_a_moved_file():
+    """Negative control: the tokenizer's old place is reported, its place and a pattern are not;
+    transformers' test files are not ours. (The old place is built from two strings, or this
+    file would name it.)"""
+    gone = "src/mmdp/" + "smollm2_tokenizer"
+    text = (
+        f"shipped in {gone} (gone); src/mmdp/data/smollm2_tokenizer/, assets/05_MODEL.png, "
+        "examples/{trainer,accelerate_loop}.py and transformers' "
+        "tests/models/smolvlm/test_processor_smolvlm.py."
+    )
+    assert [path for _, path in named_paths(text) if not exists(path)] == [gone]
+
+
+# Python snippets -------------------------------------------------------------------------------
+
+FRAGMENT = "<!-- fragment"  # the line before a ```python fence: not a whole program
+
+
+def snippets(fragments: bool) -> list:
+    found = []
+    for doc in DOCS:
+        lines = doc.read_text().splitlines()
+        for block in blocks(doc):
+            if block.language != "python":
+                continue
+            fragment = lines[block.line - 2].startswith(FRAGMENT)
+            if fragment == fragments or fragments is None:
+                found.append(block)
+    return found
+
+
+@pytest.mark.parametrize("block", snippets(fragments=None), ids=lambda b: b.where())
+def test_every_python_snippet_compiles_and_imports_what_exists(block):
+    """Its imports run; a fragment's other names come from around it in the doc."""
+    code = "\n".join(block.lines)
+    tree = ast.parse(code, filename=block.where())
+    imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    exec(compile(ast.Module(imports, type_ignores=[]), block.where(), "exec"), {})
+
+
+class FirstStepDone(Exception):
+    """The snippet computed its first loss: it runs."""
+
+
+@pytest.mark.slow  # weighs 2,000 rows and runs TinyVLM's first step on a batch of 8 packs
+@pytest.mark.parametrize("block", snippets(fragments=False), ids=lambda b: b.where())
+def test_every_whole_python_snippet_runs_to_its_first_loss(block):
+    """`model`: TinyVLM (stage 6's tiny model) for the shipped tokenizer; the snippet runs to the
+    loss of its first batch, which must be a number."""
+    import torch
+
+    from mmdp.data.tokenizer import get_tokenizer
+    from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig
+
+    tokenizer = get_tokenizer()
+    tiny_vlm = TinyVLM(TinyVLMConfig(len(tokenizer), tokenizer.image_token_id)).eval()
+    losses = []
+
+    def model(**inputs):
+        if losses:
+            raise FirstStepDone
+        with torch.no_grad():
+            output = tiny_vlm(**inputs)
+        losses.append(float(output.loss))
+        return output
+
+    with pytest.raises(FirstStepDone):
+        exec(compile("\n".join(block.lines), block.where(), "exec"), {"model": model})
+    assert losses and losses[0] == losses[0] and losses[0] > 0
+
+
+def test_the_output_check_catches_a_changed_line_and_skips_only_marked_numbers(tmp_path):
+    """Negative control for tests/doc_blocks.py: a quoted block against printed outputs."""
+    from doc_blocks import Block, compare
+
+    quoted = Block(tmp_path / "doc.md", 1, "", ("settings: num_rows=2000, seed=0", "...",
+                   "batches:  62", "Over the epoch (~10.8 s, ~184 samples/s):"))  # fmt: skip
+    printed = "settings: num_rows=2000, seed=0\nmore\nbatches:  62\nOver the epoch (7.4 s, 268 samples/s):"
+
+    def differs(out: str, template: bool = False) -> bool:
+        return bool(compare(quoted, out, template=template, masked_settings=set()))
+
+    assert not differs(printed)  # `~` numbers may differ, `...` skips lines
+    assert differs(printed.replace("62", "63"))  # any other number may not
+    assert differs(printed.replace("batches:", "packs:"))
+    assert differs(printed.replace("seed=0", "seed=0, video_rows=100"))
+    assert not differs(printed.replace("\nmore", ""))  # ... may skip no line at all
+    # a template (a smaller run): numbers and settings values aside, the same words and names
+    smaller = printed.replace("2000", "400").replace("62", "13").replace("seed=0", "seed=1")
+    assert differs(smaller) and not differs(smaller, template=True)
+    assert differs(smaller.replace("seed=1", "seed=1, video_rows=100"), template=True)
+    assert differs(smaller.replace("Over the epoch", "Over an epoch"), template=True)

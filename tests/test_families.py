@@ -13,6 +13,8 @@ import io
 import pytest
 import torch
 from conftest import two_packs_of_three
+from datasets import Dataset
+from doc_blocks import quoted_batch_keys, quoted_default_budgets
 from PIL import Image
 from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
 
@@ -23,12 +25,15 @@ from mmdp.data.families import (
     offline_processor,
     tiny_processor,
 )
+from mmdp.data.sources import FEATURES
 from mmdp.data.synthetic import encode_png
+from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import IMAGE_SIZE_REFUSED, UNDECODABLE_IMAGE
 from mmdp.models.attention import use_attention
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
 from mmdp.packing.batch import sample_ids
+from mmdp.packing.packed_dataset import PackedDataset
 from mmdp.training.loss import summed_loss, token_losses
 
 FAMILIES = tuple(OFFLINE)
@@ -148,6 +153,28 @@ def packed_batch(family) -> tuple[dict, list[dict]]:
     """ROWS in two packs of 3, a padding tail in each, and their samples."""
     samples = [family.make_sample(row, i) for i, row in enumerate(ROWS)]
     return two_packs_of_three(family, samples), samples
+
+
+@pytest.mark.docs
+def test_a_packed_batch_carries_the_keys_the_docs_list(tiny_family):
+    """docs/use-in-your-trainer.md's batch contract and docs/real-vlms.md's table of families
+    together list exactly the keys of the family's packed batch (tests/doc_blocks.py reads them;
+    TinyVLM's batch: tests/test_stage_scripts.py)."""
+    keys = set(packed_batch(tiny_family)[0]) | {"epoch"}  # the loader adds the batch's epoch
+    quoted = quoted_batch_keys(tiny_family.name)
+    assert keys == quoted, (
+        f"{tiny_family.name}: in the batch, not in the docs: {sorted(keys - quoted)}; in the "
+        f"docs, not in the batch: {sorted(quoted - keys)}"
+    )
+
+
+@pytest.mark.docs
+def test_with_no_config_a_family_packs_to_the_default_budgets_the_docs_list(family):
+    """docs/real-vlms.md: `PackedDataset(VQADataset(rows, processor))` with no config packs to the
+    family's default budgets, which it lists (tests/doc_blocks.py reads them)."""
+    samples = VQADataset(Dataset.from_list(ROWS, features=FEATURES), family.processor)
+    config = PackedDataset(samples, rank=0, world_size=1).config
+    assert (config.max_length, config.max_patches) == quoted_default_budgets()[family.name]
 
 
 def alone_inputs(family, sample: dict) -> dict:

@@ -19,11 +19,16 @@ from mmdp.data.families import (
 )
 from mmdp.data.families.base import VISION_INPUTS
 from mmdp.data.families.tiny import TinyFamily
+from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.synthetic import encode_png
+from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
 from mmdp.models.inputs import PACKED_MASKS, model_inputs
 from mmdp.models.tiny import BUILDERS
 from mmdp.packing.batch import TOKEN_INPUTS, build_pack, collate_packs
+from mmdp.packing.packed_dataset import PackedDataset
+from mmdp.packing.packing_config import PackingConfig, default_config
+from mmdp.packing.streaming import StreamingPackedDataset
 
 REGISTERED = sorted(
     {family_class(where) for where in (*FAMILIES.values(), *NAMED.values())} | {TinyFamily},
@@ -96,3 +101,22 @@ def test_the_dispatch_follows_the_declaration_not_the_name(monkeypatch):
     monkeypatch.setattr(type(family), "packed_mask", "gemma3")
     monkeypatch.setitem(PACKED_MASKS, "gemma3", lambda batch, model: "built")
     assert model_inputs(batch)["attention_mask"] == "built"
+
+
+def test_without_a_config_a_loader_packs_under_its_familys_budgets(tokenizer):
+    """docs/real-vlms.md's `PackedDataset(VQADataset(rows, processor))  # the family's budgets`:
+    default_config(family) is the one place a family's budgets are resolved, and both loaders
+    take it when no config is given (before, a real family got PackingConfig()'s 512 tokens and
+    no patch budget, and most real Qwen rows were dropped as too long)."""
+    rows = load_vqa_dataset(None, num_rows=4)
+    processor = tiny_processor("qwen2_5_vl")
+    qwen = PackedDataset(VQADataset(rows, processor), rank=0, world_size=1)
+    assert (qwen.max_length, qwen.max_patches) == (2048, 8192)  # Qwen-VL's, not 512 and none
+    assert qwen.config == default_config(family_for(processor))
+    stream = StreamingPackedDataset(rows.to_iterable_dataset(), processor, rank=0, world_size=1)
+    assert stream.config == qwen.config
+    # TinyVLM's family keeps PackingConfig()'s; settings given (not None) override the family's
+    tiny = PackedDataset(VQADataset(rows, tokenizer), rank=0, world_size=1)
+    assert tiny.config == PackingConfig() == default_config(tiny.dataset.family)
+    given = default_config(qwen.dataset.family, max_length=4096, max_patches=None, seed=5)
+    assert (given.max_length, given.max_patches, given.seed) == (4096, 8192, 5)

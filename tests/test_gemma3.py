@@ -32,6 +32,7 @@ from mmdp.data.families.gemma3 import (
     pan_and_scan_crops,
     tiny_processor,
 )
+from mmdp.errors import UserError
 from mmdp.models.attention import flash_attention_on_cpu, use_attention
 from mmdp.models.gemma3_masks import packed_attention_masks
 from mmdp.models.inputs import model_inputs
@@ -119,7 +120,10 @@ def test_pan_and_scan_is_the_familys_setting_and_in_the_weights_cache_key():
     assert len(processor(text="<start_of_image>", images=[image])["pixel_values"]) == 1  # ignored
     family = Gemma3(processor, do_pan_and_scan=True)
     assert len(family.vision_inputs([image])["pixel_values"]) == 3  # the image and 2 crops
-    assert family.fingerprint() != family_for(processor).fingerprint()
+    assert family.fingerprint() != family_for(tiny_processor()).fingerprint()
+    # a family that would silently not apply the image processor's setting is refused
+    with pytest.raises(UserError, match=r"do_pan_and_scan=True, which Gemma3Processor"):
+        family_for(processor)
 
 
 def test_packed_rows_with_pan_and_scan_crops_give_each_sample_its_loss_alone(model):

@@ -14,9 +14,12 @@ import dataclasses
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from torchrun_matrix import TOLERANCE, family_case, make_loader, measure_case
+from torchrun_matrix import TOLERANCE, Case, family_case, make_loader, measure_case
 from transformers import TrainingArguments
 
+from mmdp.data.sources import FEATURES, load_synthetic_videos, with_videos
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.training.examples import EXPERT_PARAMETERS
 from mmdp.training.trainer import MMDPTrainer
 
 # The language model's query and value projections and the vision tower's fused qkv
@@ -104,3 +107,30 @@ def test_a_resumed_lora_run_restores_the_adapter_and_the_loader(lora_case, tmp_p
     # and not by chance: the adapter did move from its initial weights
     initial = adapter_weights(lora_case.model)
     assert any(not torch.equal(initial[name], expected[name]) for name in expected)
+
+
+@pytest.mark.slow  # the tiny mixture of experts, each sample alone and packed: about a minute
+def test_a_lora_moe_step_with_videos_is_the_unpacked_gradient(tmp_path):
+    """The seed user's model, as examples/trainer.py --lora builds it (adapters on every linear
+    layer and on the experts' 3-D weights), on images and videos: one MMDPTrainer step over the
+    whole epoch equals each sample run alone for every adapter weight (the experts' and the
+    vision tower's included), and a per-micro-batch mean does not."""
+    matrix = family_case("qwen3_vl_moe")
+    images = matrix.samples.dataset.select(range(8)).cast(FEATURES)  # the synthetic rows' types
+    rows = with_videos(images, load_synthetic_videos(4))
+    samples = VQADataset(rows, matrix.samples.family.processor)
+    lengths = samples.family.weigh(rows["texts"], rows["images"], rows["videos"])[0]
+    torch.manual_seed(0)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                        target_parameters=EXPERT_PARAMETERS, init_lora_weights=False)  # fmt: skip
+    model = get_peft_model(copy.deepcopy(matrix.model), config)
+    case = Case("qwen3_vl_moe_lora_videos", samples, model, matrix.inputs, 2 * max(lengths))
+    trained = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert any("experts" in name for name in trained) and any("visual" in name for name in trained)
+    batches = list(make_loader(case, 0, 1))
+    assert sum(len(b.get("video_grid_thw", ())) for b in batches) == 4  # every clip in the step
+    result = measure_case("trainer", case, grad_accum=len(batches), out=str(tmp_path))
+    print(f"LoRA'd MoE with videos: {result['exact']:.1e}, control {result['control']:.1e}")
+    assert result["samples"] == len(rows)
+    assert result["exact"] <= TOLERANCE and result["exact_vision"] <= TOLERANCE
+    assert result["control"] > 1e-4

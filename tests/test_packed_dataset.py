@@ -17,6 +17,7 @@ from mmdp.drop_reasons import (
 from mmdp.packing.batch import collate_packs, sample_ids
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
+from mmdp.report.metrics import PackReport
 
 IMAGE_SIZE = 16  # tiny images keep these tests fast; nothing here depends on the size
 
@@ -85,23 +86,40 @@ def test_resume_mid_epoch_yields_exactly_the_rest(samples):
     assert len(epoch_rows(resumed)) == len(full)
 
 
-def test_ranks_get_equal_batches_and_disjoint_rows(samples):
-    rows_read = len(samples)
-    for world_size in (2, 3):
-        ranks = [
-            packed(samples, packs_per_batch=3, rank=r, world_size=world_size)
-            for r in range(world_size)
-        ]
-        per_rank = [epoch_rows(PackedDataLoader(d, num_workers=2)) for d in ranks]
-        assert len({len(batches) for batches in per_rank}) == 1
-        rows = [row for batches in per_rank for batch in batches for row in batch]
-        assert len(rows) == len(set(rows))
-        dropped = ranks[0].plan(0).dropped
-        assert len(rows) + sum(dropped.values()) == rows_read
-        assert ranks[0].num_batches() == len(per_rank[0])
-    assert (
-        packed(samples).plan(0).dropped.get(LEFT_OUT_TO_EQUALISE_RANKS, 0) == 0
-    )  # one rank: nothing left
+@pytest.mark.parametrize(("world_size", "packs_per_batch"), [(2, 3), (3, 2)])
+def test_ranks_get_equal_batches_and_every_usable_row_exactly_once(
+    samples, world_size, packs_per_batch
+):
+    # 120 rows make 32 packs: 2 ranks x 3 leave 2 for the last step (one each); 3 ranks x 2
+    # leave 2 for 3 ranks, and the third rank's last batch is its filler
+    ranks = [
+        packed(samples, packs_per_batch=packs_per_batch, rank=r, world_size=world_size)
+        for r in range(world_size)
+    ]
+    batches = [list(PackedDataLoader(d, num_workers=2)) for d in ranks]
+    assert len({len(mine) for mine in batches}) == 1  # no rank waits for another at the end
+    rows = [row for mine in batches for b in mine for row in b["sample_index"].tolist()]
+    dropped = ranks[0].plan(0).dropped
+    assert sorted(rows) == sorted(ranks[0].plan(0).rows.tolist())  # every planned row once
+    assert len(rows) + sum(dropped.values()) == len(samples)  # the rest counted, by reason
+    assert LEFT_OUT_TO_EQUALISE_RANKS not in dropped
+    fillers = [b for mine in batches for b in mine if b.get("filler")]
+    assert len(fillers) == (world_size == 3)
+    for filler in fillers:  # a copy of another rank's pack that trains nothing
+        assert (filler["labels"] == -100).all() and len(filler["sample_index"]) == 0
+        assert not filler["real_token_mask"].any() and filler["batch_index"] == len(batches[0]) - 1
+        assert not filler["dropped"] and not filler["dropped_rows"]  # the copied batch counts them
+    # each rank's epoch report, merged, holds rows read == samples + dropped (a filler adds none)
+    reports = []
+    for dataset, mine in zip(ranks, batches):
+        report = PackReport()
+        for batch in mine:
+            report.add_batch(batch)
+        report.add_loader(PackedDataLoader(dataset, num_workers=0))
+        reports.append(report)
+    merged = PackReport.merged(reports)
+    assert merged.samples + sum(merged.dropped.values()) == len(samples)
+    assert sum(merged.images_per_row) == sum(samples.dataset[r]["images"].__len__() for r in rows)
 
 
 def test_filtered_and_broken_samples_are_counted(tokenizer):

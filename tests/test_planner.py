@@ -6,7 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS, NO_TEXTS, TOO_LONG, TOO_MANY_IMAGES
+from mmdp.drop_reasons import NO_TEXTS, TOO_LONG, TOO_MANY_IMAGES
 from mmdp.packing import planner, planning_processes
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planner import (
@@ -50,10 +50,9 @@ def test_dealing_evens_out_images_between_ranks():
     # Heaviest first: pack 0 (3 images) -> rank 0 (both empty: lowest rank);
     # pack 2 (2) -> rank 1 (0 < 3 images); pack 3 (1) -> rank 1 (2 < 3); rank 1 is full,
     # pack 1 (0) -> rank 0. Each rank ends with 3 images.
-    order, batch_starts, left_out = deal_steps(np.array([3, 0, 2, 1]), np.full(4, 8), 2, 2)
+    order, batch_starts = deal_steps(np.array([3, 0, 2, 1]), np.full(4, 8), 2, 2)
     assert order.tolist() == [0, 1, 2, 3]  # batch (step 0, rank 0): packs 0, 1; rank 1: 2, 3
     assert batch_starts.tolist() == [0, 2, 4]
-    assert left_out == 0
 
 
 def test_dealing_breaks_image_ties_by_tokens_then_rank():
@@ -61,51 +60,77 @@ def test_dealing_breaks_image_ties_by_tokens_then_rank():
     # position in the step: pack 1 -> rank 0; pack 2 -> rank 1 (0 < 8 tokens); pack 0 -> both
     # ranks hold 8 tokens: the lower, rank 0 (now full); pack 3 -> rank 1. Within a batch, packs
     # stay in the order they were dealt: rank 0 holds packs 1, 0.
-    order, _, _ = deal_steps(np.zeros(4, int), np.array([5, 8, 8, 2]), 2, 2)
+    order, _ = deal_steps(np.zeros(4, int), np.array([5, 8, 8, 2]), 2, 2)
     assert order.tolist() == [1, 0, 2, 3]
 
 
 @pytest.mark.parametrize(
-    ("packs", "world_size", "per_batch", "batch_sizes", "left_out"),
+    ("packs", "world_size", "per_batch", "order", "batch_sizes"),
     [
-        # 5 packs, 2 ranks x 2: one full step (4), then 1 pack that 2 ranks cannot share
-        (5, 2, 2, [2, 2], 1),
-        # 7 packs, 2 ranks x 2: one full step, then 3 packs: 2 shared (1 each), 1 left out
-        (7, 2, 2, [2, 2, 1, 1], 1),
-        # 8 packs, 3 ranks x 2: one full step of 6, then 2 packs for 3 ranks: both left out
-        (8, 3, 2, [2, 2, 2], 2),
-        # one rank never leaves a pack out: the last batch is just shorter
-        (5, 1, 2, [2, 2, 1], 0),
+        # 5 packs, 2 ranks x 2: one full step (4), then 1 pack for 2 ranks: rank 0 trains it,
+        # rank 1 gets a batch of no pack (its filler)
+        (5, 2, 2, [0, 2, 1, 3, 4], [2, 2, 1, 0]),
+        # 7 packs, 2 ranks x 2: one full step, then 3 packs: 1 each (4 to rank 0, 5 to rank 1),
+        # and the one left over (6) to the lighter rank: equal loads, the lower number, rank 0
+        (7, 2, 2, [0, 2, 1, 3, 4, 6, 5], [2, 2, 2, 1]),
+        # 8 packs, 3 ranks x 2: one full step of 6, then 2 packs for 3 ranks: ranks 0 and 1
+        # train one each, rank 2 gets its filler
+        (8, 3, 2, [0, 3, 1, 4, 2, 5, 6, 7], [2, 2, 2, 1, 1, 0]),
+        # one rank: the last batch is just shorter
+        (5, 1, 2, [0, 1, 2, 3, 4], [2, 2, 1]),
+        # fewer packs than ranks in the whole epoch: one step, one pack
+        (1, 3, 2, [0], [1, 0, 0]),
     ],
 )
-def test_every_rank_gets_the_same_number_of_batches(
-    packs, world_size, per_batch, batch_sizes, left_out
+def test_every_rank_gets_the_same_number_of_batches_and_no_pack_is_left_out(
+    packs, world_size, per_batch, order, batch_sizes
 ):
-    order, batch_starts, left = deal_steps(
-        np.zeros(packs, int), np.ones(packs), world_size, per_batch
-    )
+    # equal weights: within a step, packs go to ranks in turn, the lowest rank first
+    dealt, batch_starts = deal_steps(np.zeros(packs, int), np.ones(packs), world_size, per_batch)
+    assert dealt.tolist() == order
     assert np.diff(batch_starts).tolist() == batch_sizes
-    assert left == left_out
-    assert sorted(order.tolist()) == list(range(packs - left_out))  # the last ones are left out
+    assert len(batch_sizes) % world_size == 0  # whole steps: the same batches on every rank
+
+
+def test_the_packs_left_over_go_to_the_lightest_ranks_of_the_last_step():
+    # 2 ranks x 2 packs; 7 packs: a full step (0-3), then packs 4, 5, 6 of 3, 1, 2 patches.
+    # The last step's even share is its first 2 packs, one each, heaviest first: pack 4 (3
+    # patches) -> rank 0, pack 5 (1) -> rank 1. The pack left over, 6, goes to the lighter
+    # rank of the step: rank 1 (1 patch against 3).
+    patches = np.array([0, 0, 0, 0, 3, 1, 2])
+    order, batch_starts = deal_steps(patches, np.ones(7), 2, 2)
+    assert order[4:].tolist() == [4, 5, 6]  # rank 0: [4]; rank 1: [5, 6]
+    assert np.diff(batch_starts).tolist() == [2, 2, 1, 2]
 
 
 def test_plan_accounts_for_every_row_and_ranks_get_equal_batches():
     # 11 rows: 9 of 4 tokens (packs of 2), one too long, one with no texts; max_length 8,
-    # 2 ranks, 1 pack per batch: 5 packs (4 of 2 rows, 1 of 1 row) -> 2 steps of 2 packs, and
-    # the 5th pack left out (1 or 2 rows, depending on the shuffle)
+    # 2 ranks, 1 pack per batch: 5 packs (4 of 2 rows, 1 of 1 row) -> 3 steps of 2 batches, the
+    # last one a pack on one rank and a filler on the other: no row left out
     lengths = [4] * 9 + [9, 0]
     weights = Weights.from_lists(lengths, [0] * 11, [None] * 10 + [NO_TEXTS])
     plan = plan_epoch(
         weights, PackingConfig(max_length=8, max_images=1, packs_per_batch=1), world_size=2
     )
-    assert plan.num_steps() == 2
+    assert plan.num_steps() == 3
     used = [
-        row for step in range(2) for rank in range(2) for p in plan.batch(step, rank) for row in p
+        row
+        for step in range(3)
+        for rank in range(2)
+        for p in plan.batch(step, rank)
+        for row in p.tolist()
     ]
-    assert len(used) == len(set(used))
-    assert plan.dropped[TOO_LONG] == plan.dropped[NO_TEXTS] == 1
-    assert len(used) + sum(plan.dropped.values()) == 11
-    assert plan.dropped[LEFT_OUT_TO_EQUALISE_RANKS] in (1, 2)
+    assert sorted(used) == list(range(9))  # every usable row once
+    assert plan.dropped == {TOO_LONG: 1, NO_TEXTS: 1}
+    # each rank's plan: 3 batches; the rank without a pack in step 2 gets a copy of the other's,
+    # marked as its filler
+    ranks = [plan.for_rank(rank) for rank in range(2)]
+    assert [mine.num_steps() for mine in ranks] == [3, 3]
+    fillers = [[mine.is_filler(step) for step in range(3)] for mine in ranks]
+    assert sorted(fillers) == [[False, False, False], [False, False, True]]
+    rank_with_filler = fillers.index([False, False, True])
+    copied = ranks[rank_with_filler].batch(2)[0].tolist()
+    assert copied == ranks[1 - rank_with_filler].batch(2)[0].tolist()
 
 
 def test_same_seed_same_plan_another_epoch_another_order():

@@ -1,6 +1,12 @@
+"""The stage scripts, run as a user runs them (in this process): what they print, write and
+report; and what they print is what the README and docs/ quote (tests/doc_blocks.py: exactly
+when a test runs the quoted command, else as a template; the `docs` marker: -k docs)."""
+
 import json
+import socket
 
 import pytest
+from doc_blocks import check_output, quoted_batch_keys
 
 from mmdp import config
 from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS, TOO_LONG
@@ -8,11 +14,19 @@ from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS, TOO_LONG
 KEYS = {"samples", "dropped", "batches", "real_tokens", "computed_tokens", "utilization"}
 
 
+@pytest.mark.docs
 def test_stage1_saves_the_sample_figure(run_main, tmp_path):
-    status, out, err = run_main("01_check_dataset.py", "--seed", "3", "--out-dir", str(tmp_path))
+    argv = ["01_check_dataset.py", "--seed", "5", "--out-dir", str(tmp_path)]
+    status, out, err = run_main(*argv)
     assert status == 0, err
     assert (tmp_path / "01.png").stat().st_size > 10_000
     assert f"Saved the sample to {tmp_path / '01.png'}" in out
+    assert check_output("uv run 01_check_dataset.py --seed 5", argv, out, paths=assets(tmp_path))
+
+
+def assets(tmp_path) -> dict:
+    """A test's output folder, read as the docs' `assets` (the scripts' default)."""
+    return {str(tmp_path): "assets"}
 
 
 @pytest.mark.parametrize(
@@ -22,21 +36,14 @@ def test_stage1_saves_the_sample_figure(run_main, tmp_path):
         ("03_constrained_pad_dataloader.py", ["--max-length", "256"]),
     ],
 )
+@pytest.mark.docs
 def test_padding_stages_write_figure_and_consistent_metrics(run_main, tmp_path, script, extra):
     metrics = tmp_path / "m.json"
-    status, _, err = run_main(
-        script,
-        "--num-rows",
-        "96",
-        "--batch-size",
-        "8",
-        "--out-dir",
-        str(tmp_path),
-        "--metrics-json",
-        str(metrics),
-        *extra,
-    )
+    argv = [script, "--num-rows", "96", "--batch-size", "8", "--out-dir", str(tmp_path),
+            "--metrics-json", str(metrics), *extra]  # fmt: skip
+    status, out, err = run_main(*argv)
     assert status == 0, err
+    check_output(f"uv run {script}", argv, out, paths=assets(tmp_path))  # as a template
     figure = tmp_path / f"{script[:2]}.png"
     assert figure.stat().st_size > 10_000
     report = json.loads(metrics.read_text())
@@ -54,9 +61,12 @@ def test_padding_stages_write_figure_and_consistent_metrics(run_main, tmp_path, 
         assert report["batches"] == 12 and report["dropped"] == {}
 
 
+@pytest.mark.docs
 def test_stage4_prints_the_blogs_packs_and_saves_both_figures(run_main, tmp_path):
-    status, out, err = run_main("04_knapsack_toy.py", "--out-dir", str(tmp_path))
+    argv = ["04_knapsack_toy.py", "--out-dir", str(tmp_path)]
+    status, out, err = run_main(*argv)
     assert status == 0, err
+    assert check_output("uv run 04_knapsack_toy.py", argv, out, paths=assets(tmp_path)) == "exact"
     lines = out.splitlines()
     greedy = lines[lines.index("=== Strategy: GREEDY ===") + 1 :][:4]
     binpack = lines[lines.index("=== Strategy: BINPACK ===") + 1 :][:3]
@@ -77,23 +87,20 @@ def test_stage4_prints_the_blogs_packs_and_saves_both_figures(run_main, tmp_path
 
 # The README's run, the default 2,000 rows, with the slow group (uv run pytest -m slow): its epoch
 # decodes every image in 2 workers, about 16 s of CPU; the default suite runs the same on 400 rows.
+# The README quotes the 2,000-row run: checked exactly in the slow group, as a template on 400.
+@pytest.mark.docs
 @pytest.mark.parametrize(
     "num_rows", [pytest.param(None, marks=pytest.mark.slow, id="default-2000-rows"), 400]
 )
 def test_stage5_default_run_packs_at_least_98_percent(run_main, tmp_path, num_rows):
     metrics = tmp_path / "m.json"
     batch = tmp_path / "batch.pt"
-    status, _, err = run_main(
-        "05_knapsack_multimodal.py",
-        *(["--num-rows", str(num_rows)] if num_rows else []),
-        "--out-dir",
-        str(tmp_path),
-        "--metrics-json",
-        str(metrics),
-        "--save-batch",
-        str(batch),
-    )
+    argv = ["05_knapsack_multimodal.py", *(["--num-rows", str(num_rows)] if num_rows else []),
+            "--out-dir", str(tmp_path), "--metrics-json", str(metrics), "--save-batch", str(batch)]  # fmt: skip
+    status, out, err = run_main(*argv)
     assert status == 0, err
+    how = check_output("uv run 05_knapsack_multimodal.py", argv, out, paths=assets(tmp_path))
+    assert how == ("template" if num_rows else "exact")
     report = json.loads(metrics.read_text())
     assert KEYS <= set(report)
     rows = num_rows or config.DEFAULT_NUM_ROWS
@@ -110,7 +117,7 @@ def test_stage5_default_run_packs_at_least_98_percent(run_main, tmp_path, num_ro
     from mmdp.models.inputs import model_inputs
 
     saved = torch.load(batch)
-    assert {"real_token_mask", "sample_index", "pixel_values", "sample_of_image"} <= set(saved)
+    assert set(saved) == quoted_batch_keys("tiny")  # what the docs' batch contract lists
     inputs = model_inputs(saved)
     assert inputs["input_ids"].shape == (8, 512)
     # the four FlashAttention kwargs, as transformers takes them
@@ -121,32 +128,27 @@ def test_stage5_default_run_packs_at_least_98_percent(run_main, tmp_path, num_ro
     )
 
 
+TORCHRUN_2 = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+
+
 # a torchrun job of 3 processes, each importing torch: 90 s on a loaded 2-core machine. The default
 # suite checks two ranks' step in one process (tests/test_ddp.py); equal batches per rank:
 # tests/test_planner.py
 @pytest.mark.slow
+@pytest.mark.docs
 def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
-    metrics = tmp_path / "m.json"
-    result = run_script(
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "05_knapsack_multimodal.py",
-        "--num-rows",
-        "300",
-        "--num-workers",
-        "2",
-        "--pretokenize",
-        "--out-dir",
-        str(tmp_path),
-        "--metrics-json",
-        str(metrics),
-        python_args=True,
-        env={"MMDP_CACHE": str(tmp_path / "fresh-cache")},
-    )
+    metrics, cache = tmp_path / "m.json", tmp_path / "fresh-cache"
+    argv = ["05_knapsack_multimodal.py", "--num-rows", "300", "--num-workers", "2",
+            "--pretokenize", "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
+    result = run_script(*TORCHRUN_2, *argv, python_args=True, env={"MMDP_CACHE": str(cache)})
     assert result.returncode == 0, result.stderr[-3000:]
+    check_output(
+        "uv run torchrun --standalone --nproc_per_node 2 05_knapsack_multimodal.py "
+        "--metrics-json /tmp/05.json",
+        argv,
+        result.stdout,
+        paths={**assets(tmp_path), str(metrics): "/tmp/05.json", str(cache): "~/.cache/mmdp"},
+    )
     report = json.loads(metrics.read_text())
     # every rank yielded the same number of batches: no DDP hang at the end of the epoch
     yielded = report["batches_per_rank_yielded"]
@@ -161,24 +163,17 @@ def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
     assert report["weighing"]["rows_weighed_per_rank"] == [300, 0]
 
 
+@pytest.mark.docs
 def test_stage3_grouped_by_modality_length_pads_little_and_puts_the_heaviest_batch_first(
     run_main, tmp_path
 ):
     metrics = tmp_path / "m.json"
-    status, out, err = run_main(
-        "03_constrained_pad_dataloader.py",
-        "--group-by",
-        "modality_length",
-        "--num-rows",
-        "300",
-        "--num-workers",
-        "1",
-        "--out-dir",
-        str(tmp_path),
-        "--metrics-json",
-        str(metrics),
-    )
+    argv = ["03_constrained_pad_dataloader.py", "--group-by", "modality_length", "--num-rows",
+            "300", "--num-workers", "1", "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
+    status, out, err = run_main(*argv)
     assert status == 0, err
+    command = "uv run 03_constrained_pad_dataloader.py --group-by modality_length"
+    check_output(command, argv, out, paths=assets(tmp_path))  # as a template
     report = json.loads(metrics.read_text())
     assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"] == 300
     waste = {name: 1 - r["utilization"] for name, r in report["comparison"].items()}
@@ -191,28 +186,20 @@ def test_stage3_grouped_by_modality_length_pads_little_and_puts_the_heaviest_bat
 
 
 @pytest.mark.slow  # two processes, each weighing and loading a whole epoch
+@pytest.mark.docs
 def test_stage3_grouped_under_torchrun_two_ranks(run_script, tmp_path):
     metrics = tmp_path / "m.json"
-    result = run_script(
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "03_constrained_pad_dataloader.py",
-        "--group-by",
-        "modality_length",
-        "--num-rows",
-        "300",
-        "--num-workers",
-        "1",
-        "--out-dir",
-        str(tmp_path),
-        "--metrics-json",
-        str(metrics),
-        python_args=True,
-    )
+    argv = ["03_constrained_pad_dataloader.py", "--group-by", "modality_length", "--num-rows",
+            "300", "--num-workers", "1", "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
+    result = run_script(*TORCHRUN_2, *argv, python_args=True)
     assert result.returncode == 0, result.stderr[-3000:]
+    check_output(
+        "uv run torchrun --standalone --nproc_per_node 2 03_constrained_pad_dataloader.py "
+        "--group-by modality_length",
+        argv,
+        result.stdout,
+        paths=assets(tmp_path),
+    )
     report = json.loads(metrics.read_text())
     # every rank yielded the same number of batches: no DDP hang at the end of the epoch
     yielded = report["batches_per_rank_yielded"]
@@ -280,6 +267,30 @@ def test_impossible_settings_get_one_sentence_and_status_2(run_main, tmp_path, s
     assert "Traceback" not in stderr
 
 
+@pytest.mark.docs
+def test_without_a_network_a_hub_dataset_is_the_sentence_the_docs_quote(run_main, monkeypatch):
+    """No name resolves (a machine without a network): stage 2 ends in the one sentence
+    docs/use-in-your-trainer.md quotes, word for word (tests/doc_blocks.py)."""
+
+    def no_name_resolves(address, *args, **kwargs):
+        raise socket.gaierror(-3, "Temporary failure in name resolution")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.setattr(socket, "create_connection", no_name_resolves)
+    argv = [
+        "02_naive_pad_dataloader.py",
+        "--dataset",
+        "HuggingFaceM4/the_cauldron",
+        "--subset",
+        "ai2d",
+    ]
+    status, _, err = run_main(*argv)
+    assert status == 2
+    command = "uv run 02_naive_pad_dataloader.py --dataset HuggingFaceM4/the_cauldron --subset ai2d"
+    assert check_output(command, argv, err) == "exact"
+
+
 @pytest.mark.slow  # two processes, each loading and packing a whole epoch
 def test_stage5_mixture_under_torchrun_realises_the_asked_token_shares(run_script, tmp_path):
     metrics = tmp_path / "m.json"
@@ -308,3 +319,32 @@ def test_stage5_mixture_under_torchrun_realises_the_asked_token_shares(run_scrip
         for share in source["realised_share_per_rank"]:
             assert abs(share - source["asked_share"]) < 0.01
     assert "The mixture (tokens):" in result.stdout
+
+
+# The README's runs of stages 2, 3 and 5 at their full 2,000 rows, in the README's order (stage 3
+# grouped weighs the rows that stage 5 then loads), each output held exactly to the README's
+# block: the default suite holds smaller runs to the same blocks as templates (above). About
+# 15 s of CPU each (stage 5's own run: test_stage5_default_run_packs_at_least_98_percent).
+@pytest.mark.slow
+@pytest.mark.docs
+@pytest.mark.parametrize(
+    "command",
+    [
+        "uv run 02_naive_pad_dataloader.py",
+        "uv run 03_constrained_pad_dataloader.py",
+        "uv run 03_constrained_pad_dataloader.py --group-by modality_length",
+        "uv run 05_knapsack_multimodal.py --mixture examples/mixture.json",
+    ],
+)
+def test_the_readmes_runs_print_what_it_quotes(run_main, tmp_path, command):
+    mixture = "--mixture" in command
+    batch = tmp_path / "batch.pt"
+    argv = [*command.split()[2:], "--out-dir", str(tmp_path)]
+    argv += ["--save-batch", str(batch)] if mixture else []
+    status, out, err = run_main(*argv)
+    assert status == 0, err
+    assert check_output(command, argv, out, paths=assets(tmp_path)) == "exact"
+    if mixture:  # the contract's keys, and a mixture's loss weights
+        import torch
+
+        assert set(torch.load(batch)) == quoted_batch_keys("tiny") | {"loss_weights"}

@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import config_and_rest, tiny_vlm_losses
 from datasets import Dataset, load_dataset
+from doc_blocks import quoted_batch_keys
 
 from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.sources import FEATURES, load_vqa_dataset
@@ -206,6 +207,7 @@ def test_workers_take_turns_and_resume_in_the_same_order():
     ("source", "workers"),
     [("list", 0), ("list", 2), ("to_iterable_dataset", 2), ("parquet", 2)],
 )
+@pytest.mark.docs  # its batches carry the keys the docs list
 def test_epoch_yields_every_row_once_or_counts_it(
     source, workers, rows, table, expected, tokenizer, tmp_path
 ):
@@ -227,6 +229,10 @@ def test_epoch_yields_every_row_once_or_counts_it(
     for worker in range(max(workers, 1)):  # only a worker's last batch may be short
         mine = [b for b in batches if b["reader_state"].worker == worker]
         assert all(len(b["samples_per_row"]) == 3 for b in mine[:-1])
+    # the keys of the docs' batch contract, and the streamed batches' own (tests/doc_blocks.py)
+    quoted = quoted_batch_keys("tiny") | {"reader_state"}
+    differ = sorted({key for b in batches for key in set(b) ^ quoted})
+    assert not differ, f"a streamed batch and the docs' batch contract differ in {differ}"
 
 
 def test_buffers_without_a_pack_still_report_their_drops(rows, tokenizer):

@@ -8,6 +8,7 @@ loader that behaves as PackedDataLoader (position, set_epoch, state_dict) around
 called as Trainer calls it: `model(**inputs)`.
 """
 
+import itertools
 import math
 import os
 from types import SimpleNamespace
@@ -219,6 +220,33 @@ def test_the_fillers_train_nothing_the_weights_are_those_of_the_recipes_short_st
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_fillers_before_a_steps_last_micro_batch_run_no_forward_and_train_nothing(tmp_path):
+    """grad-accum 4 on epochs of 6, 5, 7 batches: the short steps end with 2, 3 and 1 fillers;
+    all but the last of them skip the model (no forward: filler_loss), and the weights are still
+    those of the recipe's short steps."""
+    trainer = train(tmp_path, gradient_accumulation_steps=4, **THREE_EPOCHS)
+    model, loader = TinyLM(), EpochsLoader([6, 5, 7])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _, micro_batches in zip(range(trainer.args.max_steps), optimizer_steps(loader, 4)):
+        tokens = step_label_tokens(micro_batches)
+        for batch in micro_batches:
+            micro_batch_loss(model, tiny_inputs(batch), batch, tokens, 1).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for a, b in zip(model.parameters(), trainer.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    # the three epochs as Trainer iterates them: 6 + 2, 5 + 3 and 7 + 1 micro-batches
+    view = list(itertools.islice(LoaderForTrainer(EpochsLoader([6, 5, 7]), 4), 24))
+    fillers = [batch for batch in view if batch.get("filler")]
+    assert [b["forward"] for b in fillers] == [False, True, False, False, True, True]
+    ran = []
+    trainer.model.register_forward_hook(lambda *_: ran.append(1))
+    for batch in fillers:
+        loss = trainer.compute_loss(trainer.model, batch)
+        assert loss.item() == 0.0
+    assert len(ran) == 3  # only the fillers that end a step ran the model
+
+
 class FixedLengthView(LoaderForTrainer):
     """The trap: Trainer's own epochs, with len() read once (transformers/trainer.py:2504)."""
 
@@ -369,16 +397,6 @@ def test_one_process_on_several_gpus_is_refused():
     assert str(error.value).count(". ") == 0  # one sentence
 
 
-def test_evaluation_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="does not evaluate"):
-        check_arguments(arguments(eval_strategy="steps"), EpochsLoader([4]), replicas=1)
-    with pytest.raises(ValueError, match="does not evaluate"):
-        MMDPTrainer(
-            model=TinyLM(), args=training_args(tmp_path, max_steps=1),
-            train_loader=EpochsLoader([4]), model_inputs=tiny_inputs, eval_dataset=[{}],
-        )  # fmt: skip
-
-
 # 6. A mixture's loss weights ----------------------------------------------------------------------
 
 
@@ -519,16 +537,21 @@ def test_mmdp_sft_trainer_trains_every_epoch_as_mmdptrainer(tmp_path, tokenizer)
     pytest.importorskip("trl")
     from mmdp.training.trainer import MMDPSFTTrainer
 
-    runs = {}
+    runs, forwards = {}, {}
     for name, trainer_class in {"sft": MMDPSFTTrainer, "trainer": MMDPTrainer}.items():
         extra = {"processing_class": tokenizer} if name == "sft" else {}
+        model = tiny_llama()
+        forwards[name] = []
+        model.register_forward_hook(lambda *_, seen=forwards[name]: seen.append(1))
         trainer = trainer_class(
-            model=tiny_llama(), args=training_args(tmp_path / name, num_train_epochs=3),
+            model=model, args=training_args(tmp_path / name, num_train_epochs=3),
             train_loader=EpochsLoader([6, 5, 7]), model_inputs=llama_inputs, **extra,
         )  # fmt: skip
         trainer.train()
         runs[name] = trainer
     assert runs["sft"].state.global_step == runs["trainer"].state.global_step == 10
+    # one forward per micro-batch (18 batches and 2 fillers): TRL's own compute_loss ran two
+    assert len(forwards["sft"]) == len(forwards["trainer"]) == 20
     for a, b in zip(runs["sft"].model.parameters(), runs["trainer"].model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 

@@ -14,8 +14,10 @@ uninterrupted run's checkpoint in epoch 1 (saved while 2 workers read ahead), wi
 workers, equal to the run that never stopped.
 """
 
+import importlib
 import json
 import os
+import sys
 from argparse import Namespace
 from types import SimpleNamespace
 
@@ -30,6 +32,7 @@ from transformers import Trainer, TrainingArguments
 
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.errors import MissingExtra
 from mmdp.packing.batch import collate_packs
 from mmdp.packing.guards import PREPARE_REFUSED, STATEFUL_REFUSED
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
@@ -256,16 +259,15 @@ def test_the_loader_state_goes_to_one_file_per_rank_and_comes_back(samples, tmp_
 
 def test_a_resumed_sample_log_drops_the_steps_after_its_checkpoint(tmp_path):
     path = str(tmp_path / "samples.jsonl")
-    batch = {"sample_index": torch.tensor([3, 1])}
-    log = SampleLog(path, rank=0)
+    batch = {"sample_index": torch.tensor([3, 1]), "epoch": 4}
+    log = SampleLog(path, rank=0, video_rows={1, 7})
     for step in (1, 2, 3):
         log.write(step, 0, batch)
     SampleLog(path, rank=0, resumed_step=2)  # the run stopped after step 3, resumes from 2
     with open(path) as f:
         lines = [json.loads(line) for line in f]
-    assert lines == [
-        {"rank": 0, "step": step, "micro_step": 0, "sample_index": [3, 1]} for step in (1, 2)
-    ]
+    line = {"rank": 0, "micro_step": 0, "epoch": 4, "sample_index": [3, 1], "videos": 1}
+    assert lines == [{**line, "step": step} for step in (1, 2)]
 
 
 # What MMDPTrainer hands to Trainer ---------------------------------------------------------------
@@ -430,3 +432,15 @@ def test_trainer_on_a_stream_resumes_exactly_across_stream_epochs(checked):
         # resumed at step 5: the micro-batches of steps 6-8, exactly
         assert resumed["seen"] == uninterrupted["seen"][2 * stream["resumed_at"] :]
         assert resumed["digest"] == uninterrupted["digest"]
+
+
+def test_mmdp_trainer_without_accelerate_is_one_sentence_at_its_import(monkeypatch):
+    """Without accelerate, transformers' Trainer imports, and fails later in TrainingArguments
+    with its own install line; mmdp.training.trainer says which extra, when imported. (Here
+    transformers.trainer was imported with accelerate, as this file's imports show; in a fresh
+    process where accelerate is not installed, the same sentence ends examples/trainer.py.)"""
+    monkeypatch.setitem(sys.modules, "accelerate", None)  # import accelerate fails
+    monkeypatch.delitem(sys.modules, "mmdp.training.trainer", raising=False)  # imported again
+    with pytest.raises(MissingExtra, match="MMDPTrainer .* needs accelerate, which mmdp's "
+                       "accelerate extra installs"):  # fmt: skip
+        importlib.import_module("mmdp.training.trainer")

@@ -35,6 +35,7 @@ from mmdp.data.synthetic_videos import encode_mp4, generate_video_row, moving_sh
 from mmdp.data.videos import decode_frames, video_metadata
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import UNDECODABLE_VIDEO, VIDEO_REFUSED
+from mmdp.errors import UserError
 from mmdp.models.attention import use_attention
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
@@ -171,7 +172,7 @@ def test_without_pyav_a_video_is_one_sentence(monkeypatch):
     from mmdp.errors import UserError
 
     monkeypatch.setitem(sys.modules, "av", None)  # import av raises ImportError
-    with pytest.raises(UserError, match=r"mmdp\[video\]"):
+    with pytest.raises(UserError, match=r"video extra installs: uv sync --extra video"):
         require_av()
 
 
@@ -458,10 +459,13 @@ def test_qwen2_5_vl_positions_need_the_models_tokens_per_second(tiny_family, mod
         tokens_per_second = None  # transformers' default vision config: 4
 
     batch, _ = packed_batch(DefaultConfig(tiny_family.processor))
-    losses = summed_losses_packed(model, batch)
+    losses = summed_losses_packed(model, batch, model_inputs(batch))  # the model not checked
     worst = max(abs(p - a) / a for p, a in zip(losses, alone_eager))
     print(f"qwen2_5_vl, another tokens_per_second: worst relative error {worst:.1e}")
     assert worst > 1e-4
+    # so model_inputs, given the model, refuses the batch in one sentence
+    with pytest.raises(UserError, match="tokens_per_second = 2, but this qwen2_5_vl batch was"):
+        model_inputs(batch, model)
 
 
 def test_the_video_inputs_a_batch_may_carry_are_the_families_video_keys():

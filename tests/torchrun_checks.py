@@ -39,6 +39,7 @@ from mmdp.data.sources import load_vqa_dataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.training.ddp import flat_gradient, one_process_gradient, relative_difference
 from mmdp.training.examples import make_loader, training_flags
+from mmdp.training.recipes import touch_every_parameter
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = {"trainer": "trainer.py", "accelerate": "accelerate_loop.py", "torchrun": "torchrun.py"}
@@ -235,11 +236,8 @@ def loop_gradients(module, way: str) -> dict:
 
     if way == "accelerate":
         from accelerate import Accelerator
-        from accelerate.utils import DistributedDataParallelKwargs
 
-        accelerator = Accelerator(
-            cpu=True, kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)]
-        )
+        accelerator = Accelerator(cpu=True)  # as the example: every loss touches every parameter
         wrapped = accelerator.prepare(copy.deepcopy(model))
         recorder = GradientRecorder(wrapped.parameters())
         module.train_step(accelerator, wrapped, recorder, batches, inputs)
@@ -254,7 +252,7 @@ def loop_gradients(module, way: str) -> dict:
     for i, batch in enumerate(batches):
         sync = contextlib.nullcontext() if i == len(batches) - 1 else wrapped.no_sync()
         with sync:
-            (wrapped(**inputs(batch)).loss / len(batches)).backward()
+            touch_every_parameter(wrapped(**inputs(batch)).loss / len(batches), wrapped).backward()
     results["per_micro_batch_mean"] = compare(flat_gradient(wrapped), expected)
     if way == "torchrun":
         results.update(torchrun_extras(module, model, batches, inputs, expected))

@@ -48,6 +48,7 @@ from mmdp.training.recipes import (
     mixed_precision,
     optimizer_steps,
     step_label_tokens,
+    touch_every_parameter,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,13 +165,13 @@ def make_loader(case: Case, rank: int, world_size: int) -> PackedDataLoader:
 
 def alone_inputs(case: Case, sample: dict) -> dict:
     """One sample as the model takes it unpacked: no positions (the model computes its own),
-    its images as the family collates them, no cache."""
+    its images and videos as the family collates them, no cache."""
     inputs = {"input_ids": sample["input_ids"][None]}
     if case.name == "tiny":
         return {**inputs, "pixel_values": sample["pixel_values"]}
     family = case.samples.family
     inputs.update({key: sample[key][None] for key in family.token_keys})
-    if sample["image_count"]:
+    if sample["image_count"] or sample.get("video_count"):
         inputs.update(family.collate_vision([sample]))
     return {**inputs, "use_cache": False}
 
@@ -313,7 +314,8 @@ def per_micro_batch_mean(model, unwrapped, micro_batches, inputs) -> None:
     """The usual mistake: each micro-batch's own mean loss, divided by the micro-batches."""
     for i, batch in enumerate(micro_batches):
         with gradient_sync(model, sync=i == len(micro_batches) - 1):
-            (model(**inputs(batch, unwrapped)).loss / len(micro_batches)).backward()
+            loss = model(**inputs(batch, unwrapped)).loss / len(micro_batches)
+            touch_every_parameter(loss, model).backward()  # DDP: no unused parameter
 
 
 def first_step(case: Case, grad_accum: int) -> list[dict]:
@@ -324,11 +326,8 @@ def first_step(case: Case, grad_accum: int) -> list[dict]:
 def accelerate_step(case: Case, grad_accum: int, control: bool, out: str):
     """examples/accelerate_loop.py's train_step."""
     from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs
 
-    accelerator = Accelerator(
-        cpu=True, kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)]
-    )
+    accelerator = Accelerator(cpu=True)  # as the example: every loss touches every parameter
     model = copy.deepcopy(case.model)
     wrapped = accelerator.prepare(model)
     recorder = GradientRecorder(model)
@@ -367,7 +366,7 @@ def own_loop_step(case: Case, grad_accum: int, control: bool, out: str):
     rank, world_size = rank_and_world()
     wrapped = model
     if world_size > 1:
-        wrapped = DistributedDataParallel(model, find_unused_parameters=True)
+        wrapped = DistributedDataParallel(model)
     optimizer = GradientRecorder(model)
     loader = make_loader(case, rank, world_size)
     inputs = case.inputs
@@ -382,7 +381,7 @@ def own_loop_step(case: Case, grad_accum: int, control: bool, out: str):
                         loss = micro_batch_loss(
                             wrapped, inputs(batch, model), batch, tokens, world_size
                         )
-                    loss.backward()
+                    touch_every_parameter(loss, wrapped).backward()
         optimizer.step()
         optimizer.zero_grad()
         return optimizer.gradients, rows_of(micro_batches)

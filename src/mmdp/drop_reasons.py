@@ -8,12 +8,20 @@ samples + sum(dropped.values()) == rows read. A new reason belongs here, nowhere
 NO_TEXTS = "no_texts"  # the row has no conversation
 EMPTY_REPLY = "empty_reply"  # an assistant reply is empty: nothing to learn from
 IMAGE_TOKEN_IN_TEXT = "image_token_in_text"  # the text holds <|image|> itself: images would shift
+# The <image>/<video> tags of the user turns are not one per image/video file of the row
+# (mmdp.data.conversation.placed_at_tags): where would the extra file, or the extra tag, go?
+MEDIA_TAG_MISMATCH = "media_tag_mismatch"
 
 # An image cannot be used (mmdp.data.images); found when the image is decoded.
 UNDECODABLE_IMAGE = "undecodable_image"
 IMAGE_TOO_LARGE = "image_too_large"  # over config.MAX_IMAGE_PIXELS, read from the header
 # The model's processor refuses the image's width and height (Qwen-VL: an aspect ratio over 200).
 IMAGE_SIZE_REFUSED = "image_size_refused"
+
+# A remote image or video (s3://, gs://, hf://, https://) that still failed to read after
+# mmdp.data.files.READ_ATTEMPTS tries: the network or the store, not the file (a missing file is
+# undecodable, as a missing local one is).
+UNREACHABLE_FILE = "unreachable_file"
 
 # A video cannot be used (mmdp.data.videos): its container does not open or decode, or the model's
 # processor refuses it (Qwen3-VL: fewer frames than its temporal patch), or the family takes no video.
@@ -25,7 +33,8 @@ TOO_LONG = "too_long"  # more tokens than max_length
 TOO_MANY_IMAGES = "too_many_images"  # more images than max_images
 TOO_MANY_PATCHES = "too_many_patches"  # more vision-encoder patches than max_patches
 
-# Left out by stage 5 so that every rank yields the same number of batches (DDP would hang).
+# Left out by stage 3's modality-grouped batches so that every rank yields the same number of
+# batches (DDP would hang); stage 5 leaves none out: a rank short of a batch gets a filler.
 LEFT_OUT_TO_EQUALISE_RANKS = "left_out_to_equalise_ranks"
 
 # Read from a stream by one rank but not yielded, because another rank's share ran out first and
@@ -54,5 +63,7 @@ REASONS = (
     LEFT_OUT_BY_MIXTURE,
     UNDECODABLE_VIDEO,
     VIDEO_REFUSED,
+    MEDIA_TAG_MISMATCH,
+    UNREACHABLE_FILE,
 )
 CODE = {reason: code for code, reason in enumerate(REASONS)}

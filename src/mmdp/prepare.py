@@ -17,6 +17,7 @@ import time
 
 from mmdp import config
 from mmdp.cli import (
+    add_dataset_args,
     add_model_and_budget_args,
     description,
     packing_config,
@@ -27,6 +28,7 @@ from mmdp.data.families import MODELS, family_for, offline_processor
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.errors import exit_on_user_error
+from mmdp.packing.packing_config import default_config
 from mmdp.packing.prepared import budget_report, describe, write_prepared
 from mmdp.packing.weighing import weigh_rows
 
@@ -40,11 +42,7 @@ def parse_args(argv=None):
         required=True,
         help="where to write: a path or an fsspec URL (s3://, gs://, hf://, ...)",
     )
-    parser.add_argument(
-        "--dataset",
-        default=None,
-        help="a Hub name or a local path in the_cauldron's schema (default: the embedded synthetic dataset)",
-    )
+    add_dataset_args(parser)
     parser.add_argument("--subset", default=None, help="Hub subset (config), e.g. ai2d")
     parser.add_argument("--split", default="train", help="dataset split (default: train)")
     parser.add_argument(
@@ -78,12 +76,19 @@ def main(argv=None):
         get_tokenizer(args.tokenizer) if args.model == "tiny" else offline_processor(args.model)
     )
     family = family_for(processor)
-    args.max_length = args.max_length or family.default_max_length
-    args.max_patches = args.max_patches or family.default_max_patches
+    budgets = default_config(family, max_length=args.max_length, max_patches=args.max_patches)
+    args.max_length, args.max_patches = budgets.max_length, budgets.max_patches
     print_settings(args)
 
     # Weigh every row (and keep its tokens): the same pass a training run would make
-    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
+    rows = load_vqa_dataset(
+        args.dataset,
+        args.subset,
+        args.split,
+        args.num_rows,
+        image_root=args.image_root,
+        format=args.format,
+    )
     weighing = weigh_rows(rows, family, pretokenize=args.pretokenize, num_proc=args.num_proc)
 
     # Describe what the weights depend on, check them against the budgets, write them

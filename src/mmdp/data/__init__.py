@@ -1,6 +1,10 @@
-"""Stages 1-3: rows in the_cauldron's schema, turned into tokenized samples with their images.
+"""Stages 1-3: rows in the_cauldron's schema (yours read into it), turned into tokenized samples with
+their images.
 
-sources       load_vqa_dataset(): the synthetic default, a local copy, or the Hub
+sources       load_vqa_dataset(): the synthetic default, your own files (JSON, JSON Lines,
+              save_to_disk, parquet; local or remote), or the Hub
+formats       the formats users keep rows in (the_cauldron, messages, LLaVA), into one schema
+files         local and remote files (s3://, gs://, hf://, https://): ranged reads, retries
 stream        load_vqa_stream(): the same sources, read as a stream (stage 5 --streaming)
 synthetic     the generator behind the default dataset
 hub           is the Hub reachable? (one sentence, not minutes of retries)

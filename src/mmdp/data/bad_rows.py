@@ -15,6 +15,7 @@ import struct
 import zlib
 from collections import Counter
 
+import numpy as np
 from datasets import Dataset
 from PIL import Image
 
@@ -55,6 +56,27 @@ def animated_gif() -> dict:
 def truncated_jpeg() -> dict:
     whole = encoded(Image.new("RGB", (64, 48), (10, 200, 10)), "JPEG")["bytes"]
     return {"bytes": whole[: len(whole) // 2], "path": None}
+
+
+def png_with_broken_data(width: int, height: int) -> dict:
+    """A PNG whose header reads (so it is weighed and planned by its size) and whose pixel data
+    does not decode: bytes inside its IDAT chunk flipped. Found only while its pack is built."""
+    noise = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    whole = encoded(Image.fromarray(noise), "PNG")["bytes"]
+    start = whole.find(b"IDAT") + 8 + len(whole) // 8
+    flipped = bytes(b ^ 0xFF for b in whole[start : start + 64])
+    return {"bytes": whole[:start] + flipped + whole[start + 64 :], "path": None}
+
+
+def mp4_with_broken_data(frames: int = 8, fps: int = 4, kept: int = 40) -> dict:
+    """An MP4 whose container header reads (frames, rate and size: weighed and planned) and whose
+    frames do not decode: its media data zeroed after the first `kept` bytes (FFmpeg reads the
+    frame size there). kept=0: no size either (a 0x0 stream). Needs PyAV (the video extra)."""
+    from mmdp.data.synthetic_videos import encode_mp4, moving_shape
+
+    whole = encode_mp4(moving_shape("circle", "red", "left to right", frames, 48, 32), fps)
+    start, end = whole.find(b"mdat") + 4 + kept, whole.find(b"moov") - 4
+    return {"bytes": whole[:start] + bytes(end - start) + whole[end:], "path": None}
 
 
 def with_images(*cells):
@@ -100,6 +122,18 @@ BAD_ROWS = {
         with_images(*[encoded(Image.new("RGB", (8, 8)), "PNG")] * 20),
         drop_reasons.TOO_MANY_IMAGES,
     ),
+    "more_image_tags_than_images": (
+        lambda row: with_reply("<image> or <image>: which is red?", "The first.")(
+            with_images(encoded(Image.new("RGB", (30, 30), (200, 0, 0)), "PNG"))(row)
+        ),
+        drop_reasons.MEDIA_TAG_MISMATCH,
+    ),
+    "fewer_image_tags_than_images": (
+        lambda row: with_reply("Is <image> red?", "Yes.")(
+            with_images(*[encoded(Image.new("RGB", (30, 30), (200, 0, 0)), "PNG")] * 2)(row)
+        ),
+        drop_reasons.MEDIA_TAG_MISMATCH,
+    ),
     # trained on, converted to RGB (counted by mode)
     "cmyk_jpeg": (
         with_images(encoded(Image.new("CMYK", (30, 30), (0, 50, 100, 0)), "JPEG")),
@@ -108,6 +142,12 @@ BAD_ROWS = {
     "png_of_16_bits": (with_images(encoded(Image.new("I;16", (30, 30), 40000), "PNG")), "I;16"),
     "animated_gif": (with_images(animated_gif()), "P"),  # its first frame
     # trained on as they are
+    "image_between_text": (
+        lambda row: with_reply("Here: <image> What colour is it?", "Red.")(
+            with_images(encoded(Image.new("RGB", (30, 30), (200, 0, 0)), "PNG"))(row)
+        ),
+        None,
+    ),
     "exif_rotated_jpeg": (with_images(exif_rotated_jpeg()), None),
     "null_images": (lambda row: {**row, "images": None}, None),  # a text-only row
     "null_question": (with_reply(None, "A square."), None),

@@ -1,5 +1,12 @@
 """Turn one sample's conversation into `input_ids` and `labels` with the chat template.
 
+Where the images go. A row's user turns may hold `<image>` and `<video>` tags (the messages and
+LLaVA formats keep them: mmdp.data.formats): each file then stands where its tag stands, the
+k-th `<image>` tag for the row's k-th image. A row with no tag at all (the_cauldron's) has its
+images, then its videos, first in the first user turn. A row whose tags do not match its files in
+number is dropped (MEDIA_TAG_MISMATCH): mmdp never guesses where an image goes. Only the user
+turns' tags stand for files; a reply's or a system prompt's text is text.
+
 Two ways to find the replies, the tokens that get labels:
 - mmdp's own ChatML template (TinyVLM, the default) marks them with {% generation %}, and
   `tokenize_conversation` reads transformers' assistant mask;
@@ -18,12 +25,19 @@ where no loss is taken. The reply's closing `<|im_end|>` is trained, so the mode
 assistant mask, never from comparing ids with pad_token_id.
 """
 
+import re
+
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from mmdp import config
-from mmdp.drop_reasons import EMPTY_REPLY, IMAGE_TOKEN_IN_TEXT, NO_TEXTS
+from mmdp.drop_reasons import EMPTY_REPLY, IMAGE_TOKEN_IN_TEXT, MEDIA_TAG_MISMATCH, NO_TEXTS
 from mmdp.errors import UserError
+
+# The tags that say where a file stands in a user turn (ms-swift's, LLaMA-Factory's and LLaVA's).
+IMAGE_TAG = "<image>"
+VIDEO_TAG = "<video>"
+TAGS = re.compile(f"({re.escape(IMAGE_TAG)}|{re.escape(VIDEO_TAG)})")
 
 
 class BadConversation(Exception):
@@ -44,25 +58,23 @@ def normalize_texts(texts) -> list[dict]:
 
 
 def build_messages(texts, num_images: int, tokenizer, image_token_length: int) -> list[dict]:
-    """Chat messages for the template; every image becomes `image_token_length` image tokens.
-
-    All image tokens go in front of the first user message, one block per image, in image order
-    (the blog's code expanded only the first image).
+    """Chat messages for the template; every image becomes `image_token_length` image tokens,
+    where its tag stands, or (a row without tags) in front of the first user message, one block
+    per image, in image order (the blog's code expanded only the first image). The system
+    prompt, if the row has one, comes first.
     """
-    turns = normalize_texts(texts)
-    if not turns:
-        raise BadConversation(NO_TEXTS, "the sample has no conversation")
-    messages = []
-    for turn in turns:
-        user, assistant = turn.get("user") or "", turn.get("assistant") or ""
-        if not assistant.strip():
-            raise BadConversation(EMPTY_REPLY, f"empty reply to {user[:40]!r}")
-        if tokenizer.image_token in user or tokenizer.image_token in assistant:
-            raise BadConversation(IMAGE_TOKEN_IN_TEXT, "the text contains the image token itself")
+    turns = chat_turns(texts, (tokenizer.image_token,))
+    tagged = placed_at_tags(turns, num_images, 0)
+    image_tokens = tokenizer.image_token * image_token_length
+    system = system_prompt(texts)
+    messages = [] if system is None else [{"role": "system", "content": system}]
+    for user, assistant in turns:
+        user = user.replace(IMAGE_TAG, image_tokens) if tagged else user
         messages.append({"role": "user", "content": user})
         messages.append({"role": "assistant", "content": assistant})
-    image_tokens = tokenizer.image_token * (image_token_length * num_images)
-    messages[0]["content"] = image_tokens + messages[0]["content"]
+    if not tagged:
+        first_user = messages[len(messages) - 2 * len(turns)]
+        first_user["content"] = image_tokens * num_images + first_user["content"]
     return messages
 
 
@@ -131,32 +143,141 @@ def count_tokens(texts, num_images: int, tokenizer, image_token_length: int) -> 
 
 def chat_turns(texts, reserved: tuple[str, ...]) -> list[tuple[str, str]]:
     """The (user, assistant) turns of a row, checked: a row with no turns, an empty reply, or a
-    `reserved` string (a model's image or turn tokens) in its text raises BadConversation."""
+    `reserved` string (a model's image or turn tokens) in its text raises BadConversation. A user
+    turn's tags are not its text (they stand for files), the system prompt is."""
     turns = normalize_texts(texts)
     if not turns:
         raise BadConversation(NO_TEXTS, "the sample has no conversation")
     checked = []
+    system = turns[0].get("system") or ""
     for turn in turns:
         user, assistant = turn.get("user") or "", turn.get("assistant") or ""
         if not assistant.strip():
             raise BadConversation(EMPTY_REPLY, f"empty reply to {user[:40]!r}")
         for token in reserved:
-            if token in user or token in assistant:
+            if token in TAGS.sub("", user) or token in assistant or token in system:
                 raise BadConversation(IMAGE_TOKEN_IN_TEXT, f"the text contains {token!r} itself")
         checked.append((user, assistant))
     return checked
 
 
-def chat_messages(turns: list[tuple[str, str]], num_images: int, num_videos: int = 0) -> list[dict]:
-    """Messages in the structured form real chat templates take: the images first in the first
-    user message, then the videos, then its text (the_cauldron's rows give no image positions)."""
+def system_prompt(texts) -> str | None:
+    """The row's system prompt (its first turn's "system"), or None: the_cauldron's rows have none.
+
+    >>> system_prompt([{"user": "Hi", "assistant": "Hello.", "system": "Be brief."}])
+    'Be brief.'
+    """
+    turns = normalize_texts(texts)
+    return turns[0].get("system") if turns else None
+
+
+def placed_at_tags(turns: list[tuple[str, str]], num_images: int, num_videos: int) -> bool:
+    """Whether the row's files stand where its user turns' tags say (True), or, with no tag at
+    all, first in the first user turn (False: the_cauldron's rows). Tags that do not match the
+    files in number raise BadConversation(MEDIA_TAG_MISMATCH).
+
+    >>> placed_at_tags([("What is in <image>?", "A cat.")], 1, 0)
+    True
+    >>> placed_at_tags([("What is in it?", "A cat.")], 1, 0)
+    False
+    >>> placed_at_tags([("<image> vs <image>?", "The left.")], 1, 0)
+    Traceback (most recent call last):
+    ...
+    mmdp.data.conversation.BadConversation: media_tag_mismatch: 2 <image> and 0 <video> tags for 1 image(s) and 0 video(s)
+    """
+    tags = [tag for user, _ in turns for tag in TAGS.findall(user)]
+    images, videos = tags.count(IMAGE_TAG), tags.count(VIDEO_TAG)
+    if not tags:
+        return False
+    if (images, videos) != (num_images, num_videos):
+        raise BadConversation(
+            MEDIA_TAG_MISMATCH,
+            f"{images} {IMAGE_TAG} and {videos} {VIDEO_TAG} tags for {num_images} image(s) and "
+            f"{num_videos} video(s)",
+        )
+    return True
+
+
+def user_content(text: str) -> list[dict]:
+    """A tagged user turn as content items in text order: its text cut at each tag.
+
+    >>> user_content("Compare <image> with <image>.")  # doctest: +NORMALIZE_WHITESPACE
+    [{'type': 'text', 'text': 'Compare '}, {'type': 'image'}, {'type': 'text', 'text': ' with '},
+     {'type': 'image'}, {'type': 'text', 'text': '.'}]
+    """
+    items = []
+    for k, piece in enumerate(TAGS.split(text)):
+        if k % 2:
+            items.append({"type": "image" if piece == IMAGE_TAG else "video"})
+        elif piece:  # no empty text between two tags: some templates render a newline for it
+            items.append({"type": "text", "text": piece})
+    return items or [{"type": "text", "text": ""}]
+
+
+def chat_messages(
+    turns: list[tuple[str, str]], num_images: int, num_videos: int = 0, system: str | None = None
+) -> list[dict]:
+    """Messages in the structured form real chat templates take: each image or video where its
+    tag stands, or (a row without tags: the_cauldron's rows give no positions) the images first
+    in the first user message, then the videos, then its text. The system prompt, if any, first.
+    """
+    tagged = placed_at_tags(turns, num_images, num_videos)
     messages = []
+    if system is not None:
+        messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
     for user, assistant in turns:
-        messages.append({"role": "user", "content": [{"type": "text", "text": user}]})
+        content = user_content(user) if tagged else [{"type": "text", "text": user}]
+        messages.append({"role": "user", "content": content})
         messages.append({"role": "assistant", "content": [{"type": "text", "text": assistant}]})
-    media = [{"type": "image"}] * num_images + [{"type": "video"}] * num_videos
-    messages[0]["content"] = media + messages[0]["content"]
+    if not tagged:
+        media = [{"type": "image"}] * num_images + [{"type": "video"}] * num_videos
+        first_user = messages[len(messages) - 2 * len(turns)]
+        first_user["content"] = media + first_user["content"]
     return messages
+
+
+def marked_turns(
+    texts, num_images: int, num_videos: int = 0
+) -> tuple[list[tuple[str, str]], str | None]:
+    """The (user, reply) turns with each file's place marked as the families place it ("[image 1]",
+    "[video 1]"), and None; or, when the row cannot place them (no turns, tags that do not match
+    the files), the turns as they are and the drop reason. For people (stage 1), not models.
+
+    >>> marked_turns([{"user": "Is <image> or <image> larger?", "assistant": "The first."}], 2)
+    ([('Is [image 1] or [image 2] larger?', 'The first.')], None)
+    >>> marked_turns([{"user": "Which is larger?", "assistant": "The first."}], 2)
+    ([('[image 1] [image 2] Which is larger?', 'The first.')], None)
+    """
+    try:
+        turns = [(user or "", assistant or "") for user, assistant in chat_turns(texts, ())]
+        tagged = placed_at_tags(turns, num_images, num_videos)
+    except BadConversation as error:
+        turns = [
+            (t.get("user") or "", t.get("assistant") or "") for t in normalize_texts_or_none(texts)
+        ]
+        return turns, error.reason
+    counters = {
+        IMAGE_TAG: iter(range(1, num_images + 1)),
+        VIDEO_TAG: iter(range(1, num_videos + 1)),
+    }
+
+    def mark(tag: str) -> str:
+        return f"[{tag.strip('<>')} {next(counters[tag])}]"
+
+    if tagged:
+        return [(TAGS.sub(lambda m: mark(m.group()), user), reply) for user, reply in turns], None
+    marks = [mark(IMAGE_TAG) for _ in range(num_images)] + [
+        mark(VIDEO_TAG) for _ in range(num_videos)
+    ]
+    first_user, first_reply = turns[0]
+    return [(" ".join([*marks, first_user]), first_reply), *turns[1:]], None
+
+
+def normalize_texts_or_none(texts) -> list[dict]:
+    try:
+        return normalize_texts(texts)
+    except BadConversation:
+        return []
 
 
 def reply_spans(

@@ -13,8 +13,13 @@ Three steps, each usable alone:
 
 A file that does not decode, or one larger than config.MAX_IMAGE_PIXELS (checked from the header,
 before any pixel is decoded) raises BadImage with its reason from mmdp.drop_reasons.
+
+An image cell without bytes is read from its path: a local one, or a remote one through fsspec
+(mmdp.data.files): image_size then reads only the first KBs of the file, in ranged requests,
+decode_image the whole file in one; a remote file that does not answer is `unreachable_file`.
 """
 
+import functools
 import io
 import warnings
 
@@ -23,7 +28,8 @@ import torch
 from PIL import Image
 
 from mmdp import config
-from mmdp.drop_reasons import IMAGE_TOO_LARGE, UNDECODABLE_IMAGE
+from mmdp.data import files
+from mmdp.drop_reasons import IMAGE_TOO_LARGE, UNDECODABLE_IMAGE, UNREACHABLE_FILE
 
 # The EXIF orientation tag, and how each value turns the stored pixels upright (the table of
 # PIL.ImageOps.exif_transpose). Orientations 5 to 8 turn by 90 degrees: width and height swap.
@@ -50,15 +56,26 @@ class BadImage(Exception):
         self.reason = reason
 
 
-def open_image(image) -> Image.Image:
-    """Open an image from a PIL image or a `datasets` {"bytes", "path"} dict, without decoding pixels."""
+def open_image(image, header_only: bool = False) -> Image.Image:
+    """Open an image from a PIL image or a `datasets` {"bytes", "path"} dict, without decoding pixels.
+
+    A path is local (or file://), or remote (s3://, https://...: mmdp.data.files); with
+    `header_only`, a remote file is read only as far as its header (what image_size needs).
+    """
     if isinstance(image, Image.Image):
         return image
     try:
         if isinstance(image, dict) and image.get("bytes") is not None:
             return Image.open(io.BytesIO(image["bytes"]))
         if isinstance(image, dict) and image.get("path"):
-            return Image.open(image["path"])
+            path = image["path"]
+            if not files.is_remote(path):
+                return Image.open(files.local_path(path))
+            if header_only:
+                return files.read_header(path, lambda data: Image.open(io.BytesIO(data)))
+            return Image.open(io.BytesIO(files.read_whole(path)))
+    except files.UnreachableFile as error:
+        raise BadImage(UNREACHABLE_FILE, str(error)) from error
     except (OSError, ValueError, Image.DecompressionBombError) as error:
         raise BadImage(UNDECODABLE_IMAGE, f"{error.__class__.__name__}: {error}") from error
     raise BadImage(UNDECODABLE_IMAGE, f"no image data in {type(image).__name__}")
@@ -69,7 +86,20 @@ def image_size(image) -> tuple[int, int]:
 
     Raises BadImage for a header that does not parse and for an image over MAX_IMAGE_PIXELS.
     """
-    pil = open_image(image)
+    if isinstance(image, dict) and image.get("bytes") is None and image.get("path"):
+        if files.is_remote(image["path"]):
+            return remote_image_size(image["path"])
+    return upright_size(open_image(image, header_only=True))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def remote_image_size(path: str) -> tuple[int, int]:
+    """image_size of a remote file, its header read once in this process: stage 5 weighs a row,
+    then reports what its images cost every family (a file that raises is read again)."""
+    return upright_size(open_image({"bytes": None, "path": path}, header_only=True))
+
+
+def upright_size(pil: Image.Image) -> tuple[int, int]:
     width, height = pil.size
     if width * height > config.MAX_IMAGE_PIXELS:
         raise BadImage(IMAGE_TOO_LARGE, f"{width}x{height} pixels")

@@ -11,8 +11,9 @@ A mixture file (JSON; `05_knapsack_multimodal.py --mixture FILE.json`):
        {"name": "chat", "dataset": "synthetic:multiturn", "share": 0.2, "labels": "last_turn"}]}
 
 - `dataset`: `synthetic:TASK` (the rows of one task of the embedded synthetic data: count,
-  colour, chart, diagram, describe, compare, multiturn, text_only), a local save_to_disk
-  directory or parquet file(s), or a Hub name (`subset`, `split`, `num_rows` as for one dataset).
+  colour, chart, diagram, describe, compare, multiturn, text_only), a user's files (JSON, JSON
+  Lines, save_to_disk, parquet; local or remote) or a Hub name (`subset`, `split`, `num_rows`,
+  `image_root`, `format` as for one dataset: mmdp.data.sources.load_vqa_dataset).
 - `share`: the source's part of the epoch; shares are normalised to sum to 1.
 - `share_by`: "tokens" (default) or "rows". Tokens, because a step costs tokens, not rows: with
   packing a step is a fixed token budget, so a token share is that share of the compute and of
@@ -57,6 +58,8 @@ class Source:
     subset: str | None = None
     split: str = "train"
     num_rows: int | None = None
+    image_root: str | None = None  # where the files its rows name by a relative path are
+    format: str | None = None  # its rows' format (mmdp.data.formats; default: from its columns)
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,13 @@ class MixedRows:
 def load_mixture(mixture: Mixture, num_rows: int, seed: int = 0) -> MixedRows:
     """Load every source (`num_rows`: the synthetic data's size, and the default cap of each
     other source) and put them one after the other."""
-    from mmdp.data.sources import FEATURES, load_vqa_dataset, no_progress_bars
+    from mmdp.data.sources import (
+        CONVERSATION_FEATURES,
+        FEATURES,
+        VIDEOS,
+        load_vqa_dataset,
+        no_progress_bars,
+    )
 
     parts = []
     for source in mixture.sources:
@@ -146,10 +155,31 @@ def load_mixture(mixture: Mixture, num_rows: int, seed: int = 0) -> MixedRows:
             part = part.select(range(min(len(part), source.num_rows or len(part))))
         else:
             part = load_vqa_dataset(
-                source.dataset, source.subset, source.split, source.num_rows or num_rows
+                source.dataset,
+                source.subset,
+                source.split,
+                source.num_rows or num_rows,
+                image_root=source.image_root,
+                format=source.format,
             )
-        with no_progress_bars():  # a cast of a few thousand rows: its bar would only clutter
-            parts.append(part.select_columns(["images", "texts"]).cast(FEATURES))
+        parts.append(part)
+    # every source's rows in one schema: the_cauldron's, with the system prompts and the videos
+    # of the sources that have them (the others' empty)
+    columns = ["images", "texts"]
+    if any("system" in part.features["texts"].feature for part in parts):
+        features = datasets.Features({key: CONVERSATION_FEATURES[key] for key in columns})
+    else:
+        features = FEATURES
+    if any("videos" in part.column_names for part in parts):
+        parts = [
+            part
+            if "videos" in part.column_names
+            else part.add_column("videos", [[]] * len(part), feature=VIDEOS)
+            for part in parts
+        ]
+        columns, features = [*columns, "videos"], datasets.Features({**features, "videos": VIDEOS})
+    with no_progress_bars():  # a cast of a few thousand rows: its bar would only clutter
+        parts = [part.select_columns(columns).cast(features) for part in parts]
     sizes = [len(part) for part in parts]
     source_of_row = np.repeat(np.arange(len(parts), dtype=np.int16), sizes)
     return MixedRows(datasets.concatenate_datasets(parts), source_of_row, mixture, sizes)

@@ -1,25 +1,33 @@
-"""Load a VQA dataset in the_cauldron's schema: the embedded synthetic default, a local copy, or the Hub.
+"""Load a VQA dataset in the_cauldron's schema: the embedded synthetic default, a user's files
+(the_cauldron's, ms-swift / LLaMA-Factory messages, LLaVA: mmdp.data.formats), or the Hub.
 
 Schema (one row = one training sample):
     images: list of images          (a `datasets` Image feature per element)
-    texts:  list of {"user": str, "assistant": str, "source": str}   (one dict per turn)
+    texts:  list of {"user": str, "assistant": str, "source": str}   (one dict per turn; rows
+            read from another format add "system", the system prompt, on the first turn, and
+            keep <image>/<video> tags where the text put the files)
     videos: list of {"bytes", "path"} video files (optional; the families that take video)
 
 Every loader returns a `datasets.Dataset` whose images are NOT decoded (`Image(decode=False)`):
-rows carry the encoded bytes, so counting images costs nothing, and decoding happens in one
-place (`mmdp.data.images.load_image`) where a broken file becomes a counted skip instead of a crash.
+rows carry the encoded bytes, or a file's path (local or remote: mmdp.data.files), so counting
+images costs nothing, and decoding happens in one place (`mmdp.data.images.load_image`) where a
+broken file becomes a counted skip instead of a crash.
 """
 
 import contextlib
+import dataclasses
 import os
 import shutil
 from pathlib import Path
 
 import datasets
+import pyarrow.compute as pc
 from datasets import Dataset, Features, List, Value, load_dataset, load_from_disk
 from tqdm.auto import tqdm
 
 from mmdp import config
+from mmdp.data import formats
+from mmdp.data.files import is_remote, require_protocol
 from mmdp.data.hub import looks_like_a_path, require_hub
 from mmdp.data.synthetic import encode_png, generate_row
 from mmdp.errors import UserError
@@ -39,6 +47,23 @@ FEATURES = Features(
 # A row's videos (mmdp.data.videos): the encoded files, as images are stored, never decoded here.
 VIDEOS = List({"bytes": Value("binary"), "path": Value("string")})
 VIDEO_FEATURES = Features({**FEATURES, "videos": VIDEOS})
+# Rows read from a user's files (mmdp.data.formats): the same, with each row's system prompt.
+CONVERSATION_FEATURES = Features(
+    {
+        "images": UNDECODED_IMAGES,
+        "videos": VIDEOS,
+        "texts": List(
+            {
+                "user": Value("string"),
+                "assistant": Value("string"),
+                "source": Value("string"),
+                "system": Value("string"),
+            }
+        ),
+    }
+)
+# The files a dataset of rows may be, beside a save_to_disk folder and parquet files.
+JSON_SUFFIXES = (".json", ".jsonl")
 SYNTHETIC_VIDEOS_VERSION = 1  # bump when generate_video_row changes
 
 
@@ -64,30 +89,163 @@ def load_vqa_dataset(
     split: str = "train",
     num_rows: int | None = None,
     seed: int = 0,
+    *,
+    image_root: str | None = None,
+    format: str | None = None,
 ) -> Dataset:
-    """Load the dataset a stage runs on.
+    """Load the dataset a stage runs on, in the_cauldron's schema, its images undecoded.
 
     - `None`: the embedded synthetic dataset (`num_rows` rows, generated once and cached);
-    - an existing local path: a directory written by `Dataset.save_to_disk`, or parquet file(s)
-      (a .parquet file, or a directory of them);
+    - a local path: a .json or .jsonl file, a folder of them, a directory written by
+      `Dataset.save_to_disk`, or parquet file(s) (a .parquet file, or a directory of them);
+    - a remote .json, .jsonl or .parquet file (s3://, gs://, hf://, https://: fsspec);
     - anything else: a Hub name for `datasets.load_dataset`, e.g. "HuggingFaceM4/the_cauldron"
       with subset "ai2d".
+    The rows may be in any format of mmdp.data.formats (the_cauldron, messages, llava), told
+    from their columns unless `format` names it. Files named by a relative path are looked for
+    under `image_root` (a folder or a remote prefix), else beside the file that names them.
     When `num_rows` is given, only the first `num_rows` rows are kept.
     """
+    formats.check_format(format)
+    image_root = absolute_root(image_root)
     if name_or_path is None:
         dataset = load_synthetic(max(num_rows or 0, config.DEFAULT_NUM_ROWS), seed=seed)
-    elif Path(name_or_path).exists():
-        dataset = load_local(Path(name_or_path), split)
+    elif is_remote(name_or_path):
+        dataset = load_remote(name_or_path, image_root, format)
+    elif Path(name_or_path).expanduser().exists():
+        path = Path(name_or_path).expanduser().resolve()
+        if json_files(path):
+            dataset = load_json(json_files(path), image_root, format)
+        else:
+            base = image_root or str(path if path.is_dir() else path.parent)
+            dataset = as_cauldron(load_local(path, split), format, base, path.name)
     elif looks_like_a_path(name_or_path):
         raise UserError(f"dataset {name_or_path!r}: no such file or directory")
     else:
-        dataset = load_hub(name_or_path, subset, split)
+        dataset = as_cauldron(
+            load_hub(name_or_path, subset, split), format, image_root, name_or_path
+        )
     check_schema(dataset, name_or_path)
     if dataset.features["images"] != UNDECODED_IMAGES:
         dataset = dataset.cast_column("images", UNDECODED_IMAGES)
+    if name_or_path is not None:
+        for name in remote_protocols(dataset):
+            require_protocol(name)
     if num_rows is not None and num_rows < len(dataset):
         dataset = dataset.select(range(num_rows))
     return dataset
+
+
+def absolute_root(image_root: str | None) -> str | None:
+    """A local image root as an absolute path (the rows keep it: a DataLoader worker, a later run
+    may start elsewhere); a remote one as it is."""
+    if image_root is None or is_remote(image_root):
+        return image_root
+    return str(Path(image_root.removeprefix("file://")).expanduser().resolve())
+
+
+def json_files(path: Path) -> list[str]:
+    """The JSON and JSON Lines files of a dataset at `path` (a file, or a folder of them, not a
+    save_to_disk folder, whose JSON files describe it): none when it is not one."""
+    if path.is_file():
+        return [str(path)] if path.suffix in JSON_SUFFIXES else []
+    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+        return []
+    return sorted(str(f) for suffix in JSON_SUFFIXES for f in path.glob(f"**/*{suffix}"))
+
+
+def load_json(files: list[str], image_root: str | None, format: str | None) -> Dataset:
+    """Rows of JSON / JSON Lines files, in the_cauldron's schema (mmdp.data.formats.json_rows).
+
+    Read by Python's json, not pyarrow's: real files mix types in a column (LLaVA-665k's "id" is a
+    string in most rows and a number in others; "image" one path or a list) that a table cannot
+    hold, and only the converted rows become one. Cached by `datasets` under MMDP_CACHE, keyed by
+    the files with their sizes and times of change, the format and the image root: a second run
+    reads the table."""
+    stamps = [file_stamp(name) for name in files]
+    try:
+        with no_progress_bars():
+            return Dataset.from_generator(
+                formats.json_rows,
+                features=CONVERSATION_FEATURES,
+                gen_kwargs={
+                    "files": files,
+                    "format": format,
+                    "image_root": image_root,
+                    "stamps": stamps,
+                },
+                cache_dir=str(cache_dir() / "rows"),
+            )
+    except datasets.exceptions.DatasetGenerationError as error:
+        # datasets wraps what the rows' reader raised: the sentence it raised, not a traceback
+        cause = error.__cause__
+        while cause is not None and not isinstance(cause, UserError):
+            cause = cause.__cause__
+        if cause is None:
+            raise
+        raise cause from None
+
+
+def file_stamp(name: str) -> str:
+    """What changes when a data file does: its size and time of change (a remote one: its ETag)."""
+    import fsspec
+
+    fs, inner = fsspec.core.url_to_fs(name)
+    info = fs.info(inner)
+    return str(
+        info.get("ETag") or (info.get("size"), info.get("mtime") or info.get("LastModified"))
+    )
+
+
+def load_remote(url: str, image_root: str | None, format: str | None) -> Dataset:
+    """A remote .json, .jsonl or .parquet file of rows (fsspec)."""
+    require_protocol(url.split("://", 1)[0])
+    base = image_root or url.rsplit("/", 1)[0]
+    if url.endswith(JSON_SUFFIXES):
+        return load_json([url], image_root, format)
+    if url.endswith(".parquet"):
+        rows = load_dataset("parquet", data_files=[url], split="train")
+        return as_cauldron(rows, format, base, url.rsplit("/", 1)[-1])
+    raise UserError(f"dataset {url!r}: a remote dataset is a .json, .jsonl or .parquet file")
+
+
+def as_cauldron(rows: Dataset, format: str | None, base: str | None, source: str) -> Dataset:
+    """`rows` in the_cauldron's schema (mmdp.data.formats), converted by one cached
+    `datasets.map` unless they are in it already, their images never decoded."""
+    format = format or formats.detect_format(rows.column_names)
+    rows = undecoded(rows)  # the features only: no row is rewritten
+    if format == "the_cauldron" and not names_files(rows.features):
+        return rows
+    return rows.map(
+        formats.convert_batch,
+        batched=True,
+        fn_kwargs={"format": format, "base": base, "source": source},
+        features=CONVERSATION_FEATURES,
+        remove_columns=rows.column_names,
+        desc=f"Reading the {format} rows",
+    )
+
+
+def names_files(features) -> bool:
+    """Whether the_cauldron rows name their images or videos as strings (paths to resolve)."""
+    return any(
+        isinstance(features.get(column), List) and features[column].feature == Value("string")
+        for column in ("images", "videos")
+    )
+
+
+def remote_protocols(dataset: Dataset) -> set[str]:
+    """The protocols of the remote files the rows name (s3, https...), read from the path column."""
+    found = set()
+    for column in ("images", "videos"):
+        if column not in dataset.column_names:
+            continue
+        cells = pc.list_flatten(dataset.data.column(column))
+        if len(cells) == 0:
+            continue
+        scheme = pc.extract_regex(pc.struct_field(cells, "path"), r"^(?P<name>[a-zA-Z0-9+.-]+)://")
+        found |= {name for name in pc.unique(pc.struct_field(scheme, "name")).to_pylist() if name}
+    return found - {"file"}
 
 
 def load_synthetic(num_rows: int, seed: int = 0) -> Dataset:
@@ -228,3 +386,31 @@ def check_schema(dataset: Dataset, source: str | None) -> None:
             f"dataset {source!r} lacks the column(s) {', '.join(sorted(missing))}: mmdp expects "
             "the_cauldron's schema, images (list of images) and texts (list of {user, assistant})"
         )
+
+
+def undecoded(rows):
+    """`rows` (a datasets.Dataset or IterableDataset) with its images and videos kept encoded:
+    every Image or Video feature of its columns cast to decode=False (datasets' default Image()
+    decodes each image as the row is read, where a truncated file raises inside a DataLoader
+    worker, outside mmdp's one decoding place). Only the features change, no row is rewritten;
+    anything else, and a dataset already undecoded, comes back as it is (the same object, the
+    same fingerprint)."""
+    features = getattr(rows, "features", None)
+    if features is None:
+        return rows
+    for column, feature in features.items():
+        if (encoded := kept_encoded(feature)) != feature:
+            rows = rows.cast_column(column, encoded)
+    return rows
+
+
+def kept_encoded(feature):
+    """A feature with its Image and Video parts set to decode=False (nested in lists and
+    dicts too)."""
+    if isinstance(feature, (datasets.Image, datasets.Video)):
+        return dataclasses.replace(feature, decode=False)
+    if isinstance(feature, (List, datasets.LargeList)):
+        return dataclasses.replace(feature, feature=kept_encoded(feature.feature))
+    if isinstance(feature, dict):
+        return type(feature)({key: kept_encoded(value) for key, value in feature.items()})
+    return feature

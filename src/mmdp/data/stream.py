@@ -11,8 +11,20 @@ from pathlib import Path
 import datasets
 from datasets import load_dataset
 
+from mmdp.data import formats
+from mmdp.data.files import is_remote
 from mmdp.data.hub import looks_like_a_path, require_hub
-from mmdp.data.sources import check_schema, load_local, load_vqa_dataset, with_undecoded_images
+from mmdp.data.sources import (
+    CONVERSATION_FEATURES,
+    absolute_root,
+    check_schema,
+    json_files,
+    load_local,
+    load_vqa_dataset,
+    names_files,
+    undecoded,
+    with_undecoded_images,
+)
 from mmdp.errors import UserError
 
 # Shards the embedded dataset is cut into when read as a stream: enough for 2 ranks x 4 workers.
@@ -25,20 +37,30 @@ def load_vqa_stream(
     split: str = "train",
     num_rows: int | None = None,
     num_shards: int = EMBEDDED_SHARDS,
+    *,
+    image_root: str | None = None,
+    format: str | None = None,
 ) -> datasets.IterableDataset:
     """The dataset a stage runs on (see mmdp.data.sources.load_vqa_dataset), as a datasets.IterableDataset.
 
     - `None`: the embedded synthetic dataset (`num_rows` rows), in `num_shards` shards;
     - a local path: parquet file(s), streamed from disk, one shard per file; or a folder written
       by `Dataset.save_to_disk`, in `num_shards` shards;
-    - anything else: a Hub name, read with `load_dataset(..., streaming=True)`.
+    - a user's JSON / JSON Lines file(s), or a remote file: read as load_vqa_dataset reads them
+      (converted and cached once), in `num_shards` shards;
+    - anything else: a Hub name, read with `load_dataset(..., streaming=True)`, its rows
+      converted to the_cauldron's schema as they come when they are in another format.
     With `num_rows`, at most that many rows are read (`IterableDataset.take`: with several shards,
     not necessarily the first ones).
     """
-    if name_or_path is None:
-        rows = load_vqa_dataset(None, num_rows=num_rows)
+    formats.check_format(format)
+    image_root = absolute_root(image_root)
+    path = Path(name_or_path).expanduser() if name_or_path is not None else None
+    if path is None or is_remote(name_or_path) or (path.exists() and json_files(path)):
+        rows = load_vqa_dataset(
+            name_or_path, num_rows=num_rows, image_root=image_root, format=format
+        )
         return rows.to_iterable_dataset(num_shards=min(num_shards, max(len(rows), 1)))
-    path = Path(name_or_path)
     if path.exists():
         parquet_files = [path] if path.suffix == ".parquet" else sorted(path.glob("**/*.parquet"))
         if parquet_files and not (path / "dataset_info.json").exists():
@@ -51,10 +73,39 @@ def load_vqa_stream(
         raise UserError(f"dataset {name_or_path!r}: no such file or directory")
     else:
         stream = load_hub_stream(name_or_path, subset, split)
+    if path.exists():
+        base = image_root or str(path.resolve() if path.is_dir() else path.resolve().parent)
+        stream = as_cauldron_stream(stream, format, base, path.name)
+    else:
+        stream = as_cauldron_stream(stream, format, image_root, name_or_path)
     if stream.features is not None:
         check_schema(stream, name_or_path)
     stream = with_undecoded_images(stream)
     return stream if num_rows is None else stream.take(num_rows)
+
+
+def as_cauldron_stream(
+    stream: datasets.IterableDataset, format: str | None, base: str | None, source: str
+) -> datasets.IterableDataset:
+    """A stream's rows in the_cauldron's schema, converted as they are read (mmdp.data.formats)
+    when their columns say another format (or `format` does)."""
+    if stream.features is None:
+        if format in (None, "the_cauldron"):
+            return stream
+        columns = None
+    else:
+        columns = list(stream.features)
+        stream = undecoded(stream)
+    format = format or formats.detect_format(columns)
+    if format == "the_cauldron" and not (columns and names_files(stream.features)):
+        return stream
+    return stream.map(
+        formats.convert_batch,
+        batched=True,
+        fn_kwargs={"format": format, "base": base, "source": source},
+        features=CONVERSATION_FEATURES,
+        remove_columns=columns,
+    )
 
 
 def load_hub_stream(name: str, subset: str | None, split: str) -> datasets.IterableDataset:

@@ -94,3 +94,23 @@ def encode_mp4(clip: np.ndarray, fps: int) -> bytes:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode())
     return buffer.getvalue()
+
+
+# Containers whose header counts no frames (mmdp.data.videos counts their packets), and a codec
+# of each that PyAV's bundled FFmpeg writes.
+NO_FRAME_COUNT = {"webm": "libvpx-vp9", "matroska": "libx264"}
+
+
+def encode_clip(clip: np.ndarray, fps: int, container: str = "webm", codec: str | None = None):
+    """`clip` in another container than MP4 (WebM: VP8 or VP9; Matroska: H.264, MPEG-4...), as
+    video datasets often hold them: bytes whose header holds no frame count."""
+    av = require_av()
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format=container) as out:
+        stream = out.add_stream(codec or NO_FRAME_COUNT[container], rate=Fraction(fps))
+        stream.height, stream.width = clip.shape[1:3]
+        stream.pix_fmt = "yuv420p"
+        for frame in clip:
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        out.mux(stream.encode())
+    return buffer.getvalue()

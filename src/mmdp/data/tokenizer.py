@@ -15,7 +15,7 @@ GENERATION_MARKER = "{% generation %}"  # marks the assistant replies in a chat 
 def get_tokenizer(name_or_path: str | Path | None = None) -> PreTrainedTokenizerBase:
     """Load a tokenizer ready for VLM training data.
 
-    `None` loads the SmolLM2 tokenizer shipped in src/mmdp/smollm2_tokenizer (no network needed);
+    `None` loads the SmolLM2 tokenizer shipped in src/mmdp/data/smollm2_tokenizer (no network needed);
     a local directory or a Hub name (e.g. HuggingFaceTB/SmolLM2-360M-Instruct) loads that one.
     Either way, as in the blog:
     - `<|image|>` is added as a special token (`tokenizer.image_token`, `tokenizer.image_token_id`);

@@ -3,12 +3,15 @@
 A row's `videos` are {"bytes", "path"} dicts, like its `images`. Two steps, each usable alone:
 
     video_metadata(video)          frames, fps, width and height from the container's header (no
-                                   frame is decoded): what weighing reads
+                                   frame is decoded; WebM and Matroska: frames counted from the
+                                   packets): what weighing reads
     decode_frames(video, indices)  the frames at `indices`, RGB, [T, H, W, 3] uint8: only the
                                    frames the processor samples are converted
 
-A file that does not open, has no video stream or no frame count raises BadVideo with its reason
-from mmdp.drop_reasons.
+A file that does not open, has no video stream, no frames or frames of no size raises BadVideo
+with its reason from mmdp.drop_reasons. A video cell without bytes is read from its path, local or
+remote (mmdp.data.files): its header through a file object that fetches blocks as PyAV seeks, its
+frames from the whole file, read in one request.
 
 The decoder is PyAV (the `video` extra): transformers' own `load_video` defaults to it
 (transformers/video_utils.py:677, `backend="pyav"`) and reads its metadata the way
@@ -22,8 +25,9 @@ import io
 
 import numpy as np
 
-from mmdp.drop_reasons import UNDECODABLE_VIDEO
-from mmdp.errors import UserError
+from mmdp.data import files
+from mmdp.drop_reasons import UNDECODABLE_VIDEO, UNREACHABLE_FILE
+from mmdp.errors import require_extra
 
 
 class BadVideo(Exception):
@@ -35,34 +39,43 @@ class BadVideo(Exception):
 
 
 def require_av():
-    """PyAV, or one sentence saying how to install it."""
-    try:
-        import av
-    except ImportError as error:
-        raise UserError(
-            "rows with videos need PyAV: install mmdp with the video extra (pip install 'mmdp[video]')"
-        ) from error
-    return av
+    """PyAV, or one sentence naming the extra that installs it (mmdp.errors.MissingExtra)."""
+    return require_extra("av", "video", "a row with a video (PyAV)")
 
 
-def open_container(video):
-    """An open PyAV container of a {"bytes", "path"} video (close it after use)."""
+def open_container(video, whole: bool = False):
+    """An open PyAV container of a {"bytes", "path"} video (close it after use). A remote file is
+    read a block at a time as PyAV asks, or, with `whole`, at once (to decode its frames)."""
     av = require_av()
-    if isinstance(video, dict) and video.get("bytes") is not None:
-        source = io.BytesIO(video["bytes"])
-    elif isinstance(video, dict) and video.get("path"):
-        source = video["path"]
-    else:
-        raise BadVideo(UNDECODABLE_VIDEO, f"no video data in {type(video).__name__}")
     try:
+        if isinstance(video, dict) and video.get("bytes") is not None:
+            source = io.BytesIO(video["bytes"])
+        elif isinstance(video, dict) and video.get("path"):
+            path = video["path"]
+            if not files.is_remote(path):
+                source = files.local_path(path)
+            elif whole:
+                source = io.BytesIO(files.read_whole(path))
+            else:
+                source = files.open_remote(path)
+        else:
+            raise BadVideo(UNDECODABLE_VIDEO, f"no video data in {type(video).__name__}")
         return av.open(source)
+    except files.UnreachableFile as error:
+        raise BadVideo(UNREACHABLE_FILE, str(error)) from error
     except (av.FFmpegError, OSError, ValueError) as error:
         raise BadVideo(UNDECODABLE_VIDEO, f"{error.__class__.__name__}: {error}") from error
 
 
 def video_metadata(video):
     """The container's frames, fps, width and height, as transformers' PyAV reader reads them
-    (video_utils.py:499-510), without decoding a frame: a transformers VideoMetadata."""
+    (read_video_pyav, video_utils.py in transformers 5.23), without decoding a frame: a
+    transformers VideoMetadata.
+
+    MP4 and MOV headers hold the frame count. WebM and Matroska headers hold none (PyAV says 0
+    frames, and transformers' reader then samples nothing): their frames are counted from the
+    container's packets instead (`count_packets`: demuxed, never decoded), one packet per frame.
+    """
     # imported here: transformers.video_utils imports torchvision (seconds), which only rows
     # with videos need
     from transformers.video_utils import VideoMetadata
@@ -71,9 +84,13 @@ def video_metadata(video):
         if not container.streams.video:
             raise BadVideo(UNDECODABLE_VIDEO, "no video stream")
         stream = container.streams.video[0]
-        frames, rate = int(stream.frames), stream.average_rate
+        frames, rate = int(stream.frames), stream.average_rate or stream.guessed_rate
+        if frames <= 0 and rate:
+            frames = count_packets(container, stream)
         if frames <= 0 or not rate:
             raise BadVideo(UNDECODABLE_VIDEO, f"{frames} frames at {rate} fps in the header")
+        if not stream.width or not stream.height:  # a processor would divide by them
+            raise BadVideo(UNDECODABLE_VIDEO, f"{stream.width}x{stream.height} frames")
         return VideoMetadata(
             total_num_frames=frames,
             fps=float(rate),
@@ -84,13 +101,26 @@ def video_metadata(video):
         )
 
 
+def count_packets(container, stream) -> int:
+    """The frames of a stream whose header does not count them (WebM, Matroska): its packets
+    that carry data, read from the container without decoding them (the demuxer's last,
+    empty packet flushes the decoder and is no frame). VP8, VP9 and H.264 in WebM and Matroska
+    give one packet per frame shown, hidden reference frames included in their packet
+    (tests/test_never_a_crash.py holds the count to the frames decoded)."""
+    av = require_av()
+    try:
+        return sum(1 for packet in container.demux(stream) if packet.size)
+    except (av.FFmpegError, ValueError) as error:
+        raise BadVideo(UNDECODABLE_VIDEO, f"{error.__class__.__name__}: {error}") from error
+
+
 def decode_frames(video, indices) -> np.ndarray:
     """The frames at `indices`, RGB, [T, H, W, 3] uint8; BadVideo if the stream ends or breaks
     before the last of them."""
     av = require_av()
     wanted = set(int(i) for i in indices)
     frames = {}
-    with open_container(video) as container:
+    with open_container(video, whole=True) as container:
         try:
             for i, frame in enumerate(container.decode(video=0)):
                 if i in wanted:

@@ -5,6 +5,7 @@ from torch.utils.data import Dataset
 from mmdp import config
 from mmdp.data.families import family_for
 from mmdp.data.mixture import apply_source_rules
+from mmdp.data.sources import undecoded
 
 
 class VQADataset(Dataset):
@@ -39,7 +40,9 @@ class VQADataset(Dataset):
         image_token_length: int = config.IMAGE_TOKEN_LENGTH,
         mixture=None,
     ):
-        self.dataset = dataset
+        # its images and videos stay encoded: decoded only by the family, where a broken file
+        # is a counted drop (datasets' default Image() would decode, and raise, reading the row)
+        self.dataset = undecoded(dataset)
         # a mmdp.data.mixture.MixedRows: each row's source sets its labels and loss weight
         self.sources = None if mixture is None else mixture.mixture.sources
         self.source_of_row = None if mixture is None else mixture.source_of_row

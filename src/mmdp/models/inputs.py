@@ -8,6 +8,7 @@ from packaging.version import Version
 
 from mmdp.data.families import family_named
 from mmdp.data.families.base import VIDEO_INPUTS, VISION_INPUTS
+from mmdp.errors import UserError
 from mmdp.packing.batch import TOKEN_INPUTS
 
 # The keys of a packed batch that a Hugging Face causal LM takes, under every attention
@@ -58,9 +59,13 @@ def model_inputs(batch: dict, model=None) -> dict:
     sliding-window mask wrong in packed rows, and mmdp builds both masks itself:
     mmdp.models.gemma3_masks).
 
-    Raises on a transformers too old to build the per-sample mask from position_ids.
+    Raises on a transformers too old to build the per-sample mask from position_ids, and (a
+    UserError, one sentence) on a model whose config differs from what the batch was built for
+    (`check_model_settings`).
     """
     check_transformers()
+    if model is not None:
+        check_model_settings(batch, model)
     inputs = {key: batch[key] for key in MODEL_INPUTS}
     inputs["use_cache"] = False
     # the family that collated the batch says what its model takes; a batch collated without one
@@ -77,6 +82,45 @@ def model_inputs(batch: dict, model=None) -> dict:
     if family and family.packed_mask:
         inputs["attention_mask"] = PACKED_MASKS[family.packed_mask](batch, model)
     return inputs
+
+
+# What to do when a model's config differs from what the batches were built for, by setting.
+SETTING_HINTS = {
+    "vision_config.tokens_per_second": (
+        "it spaces a video's temporal positions; build the batches with "
+        "Qwen2_5_VL(processor, tokens_per_second={model}) to match this model"
+    ),
+}
+DEFAULT_HINT = "use the model made for this processor, or the processor made for this model"
+
+
+def check_model_settings(batch: dict, model) -> None:
+    """Refuse, in one sentence, a model whose config says otherwise than the settings the batch
+    was built with (`batch["model_settings"]`, the family's model_settings(): Qwen2.5-VL's
+    tokens_per_second, the feature tokens' ids...). With another tokens_per_second the model
+    would train on other temporal positions than the batch's, silently (tests/test_video.py
+    measures it); a setting the model's config does not have is not checked. A DDP-wrapped
+    model's config is its module's."""
+    config = getattr(model, "config", None) or getattr(
+        getattr(model, "module", None), "config", None
+    )
+    for path, built in batch.get("model_settings", {}).items():
+        value = config
+        for name in path.split("."):
+            value = getattr(value, name, None)
+        if value is not None and plain(value) != plain(built):
+            hint = SETTING_HINTS.get(path, DEFAULT_HINT).format(model=value)
+            raise UserError(
+                f"the model's config has {path} = {value!r}, but this {batch['model_family']} "
+                f"batch was built for {built!r}; {hint}"
+            )
+
+
+def plain(value):
+    """Lists for tuples, all the way down (a config's pinpoints come back as either)."""
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
 
 
 @functools.cache

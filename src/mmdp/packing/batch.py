@@ -28,8 +28,18 @@ A batch of B packs, each a row of L = max_length tokens:
     pixel_values_videos, video_grid_thw, second_per_grid_ts   every video, in sample order (a
                              family that takes video: Qwen-VL), each whole in one pack; its
                              patches count in patches_per_row
-    batch_index, dropped, converted   where the batch is in the epoch; rows dropped while it was
-                             built, by reason; images converted to RGB, by mode
+    batch_index, epoch       where the batch is: its number in the epoch (set by the dataset)
+                             and the epoch (set by the loader, PackedDataLoader)
+    dropped, converted       rows dropped while the batch was built, by reason; images
+                             converted to RGB, by mode
+    dropped_rows             [(row, reason)]: which rows those were (a planned loader's rows;
+                             the epoch report counts them per source of a mixture)
+    filler                   True only in a batch that trains nothing (`filler_batch`): a rank's
+                             batch in a last step of fewer packs than ranks, or what pads an
+                             epoch's last optimizer step under Trainer
+    model_family, model_settings   (a real family) its name, and what the batch assumes of the
+                             model's config ({"vision_config.tokens_per_second": 2, ...}), which
+                             model_inputs checks
 
 Example: two packs of 8 tokens, samples of 3 and 4 tokens in the first, of 6 in the second
 (tests/test_batch.py builds it from fake samples):
@@ -64,12 +74,15 @@ def build_pack(
     max_length: int,
     pad_token_id: int,
     batch_index: int,
+    family=None,
 ) -> dict:
     """One planned pack, from its samples (VQADataset items): the usable ones laid out in a row,
     the others counted in `dropped` by reason (a broken image is found only now).
 
     `planned_lengths` are the tokens the plan gave each sample; a sample built with another
-    length would break the plan's budget, so it is an error, not a drop.
+    length would break the plan's budget, so it is an error, not a drop. `family` (the
+    ModelFamily that built the samples) gives the pack its keys and shapes even when no sample
+    is usable: see layout_pack.
     """
     for sample, planned in zip(samples, planned_lengths):
         if sample["drop_reason"] is None and len(sample["input_ids"]) != planned:
@@ -77,18 +90,29 @@ def build_pack(
                 f"row {sample['row']}: planned {planned} tokens, tokenized "
                 f"{len(sample['input_ids'])}; the tokenizer is not deterministic"
             )
-    dropped = Counter(s["drop_reason"] for s in samples if s["drop_reason"] is not None)
+    dropped_rows = [(s["row"], s["drop_reason"]) for s in samples if s["drop_reason"] is not None]
     usable = [s for s in samples if s["drop_reason"] is None]
-    pack = layout_pack(usable, max_length, pad_token_id)
-    return {**pack, "batch_index": batch_index, "dropped": dropped}
+    pack = layout_pack(usable, max_length, pad_token_id, family)
+    return {
+        **pack,
+        "batch_index": batch_index,
+        "dropped": Counter(reason for _, reason in dropped_rows),
+        "dropped_rows": dropped_rows,
+    }
 
 
-def layout_pack(samples: list[dict], max_length: int, pad_token_id: int) -> dict:
+def layout_pack(samples: list[dict], max_length: int, pad_token_id: int, family=None) -> dict:
     """Lay out usable samples (VQADataset items) one after the other in a row of max_length tokens.
 
     Returns one pack: the [L] tensors of the batch above (position_ids [4, L] for a model with
     4-row positions), plus `seq_lens` (the segments' lengths, the padding run included) and
     each sample's vision inputs, which the collator concatenates once per batch.
+
+    The pack's shapes and per-token keys come from `family` (its `position_rows` and
+    `token_keys`), not from the samples: a pack whose samples all failed while built (a large
+    image with a sound header and broken data is often alone in its pack) is then one run of
+    padding with the same keys and shapes as its neighbours, and stacks with them. Without a
+    family (tests of fake samples) they come from the first sample.
     """
     seq_lens = [len(s["input_ids"]) for s in samples]
     used = sum(seq_lens)
@@ -99,8 +123,13 @@ def layout_pack(samples: list[dict], max_length: int, pad_token_id: int) -> dict
     for sample_labels in labels:
         sample_labels[0] = config.IGNORE_INDEX  # never predict a sample from the one before
     positions = [s.get("position_ids", torch.arange(n)) for s, n in zip(samples, seq_lens)]
-    rows = positions[0].shape[:-1] if positions else ()  # () for [L], (4,) for Qwen's [4, L]
-    positions.append(torch.arange(pad).expand(*rows, pad))  # the padding run: its own segment
+    if family is not None:
+        rows, token_keys = family.position_rows, family.token_keys
+    else:
+        rows = positions[0].shape[:-1] if positions else ()
+        token_keys = [key for key in TOKEN_INPUTS if samples and key in samples[0]]
+    # the padding run, its own segment: [pad], or [4, pad] for Qwen-VL's 4-row positions
+    positions.append(torch.arange(pad).expand(*rows, pad))
     converted = Counter()
     for s in samples:
         converted.update(s["converted"])
@@ -112,8 +141,7 @@ def layout_pack(samples: list[dict], max_length: int, pad_token_id: int) -> dict
         "position_ids": torch.cat(positions, dim=-1),
         **{
             key: torch.cat([*(s[key] for s in samples), torch.zeros(pad, dtype=torch.long)])
-            for key in TOKEN_INPUTS
-            if samples and key in samples[0]
+            for key in token_keys
         },
         "real_token_mask": torch.arange(max_length) < used,
         **token_loss_weights(samples, seq_lens, pad),
@@ -145,7 +173,14 @@ def collate_packs(packs: list[dict], family=None) -> dict:
     `family` (a mmdp.data.families.base.ModelFamily) collates the vision inputs its model takes, and
     names itself in the batch (`model_family`); without one, each vision input is concatenated
     along its first dimension, which is what TinyVLM, Qwen-VL, LLaVA-OneVision and Gemma 3 take.
+    Packs marked `filler` (a rank's filler batch, mmdp.packing.planner) make a `filler_batch`.
     """
+    batch = stack_packs(packs, family)
+    return filler_batch(batch) if packs[0].get("filler") else batch
+
+
+def stack_packs(packs: list[dict], family=None) -> dict:
+    """collate_packs, before a filler's labels are masked."""
     batch_indices = {p["batch_index"] for p in packs}
     assert len(batch_indices) == 1, f"packs of several planned batches collated: {batch_indices}"
     max_length = len(packs[0]["input_ids"])
@@ -194,9 +229,40 @@ def collate_packs(packs: list[dict], family=None) -> dict:
         "sample_of_image": torch.tensor(sample_of_image, dtype=torch.long),
         "batch_index": batch_indices.pop(),
         "dropped": dict(dropped),
+        "dropped_rows": [row for p in packs for row in p.get("dropped_rows", ())],
         "converted": dict(converted),
-        **({"model_family": family.name} if family and family.name != "tiny" else {}),
+        **(
+            {"model_family": family.name, "model_settings": family.model_settings()}
+            if family and family.name != "tiny"
+            else {}
+        ),
     }
+
+
+def filler_batch(batch: dict) -> dict:
+    """A copy of `batch` that trains nothing: every label -100 and no sample, `filler` True.
+
+    Its loss and gradient are exactly 0 and it counts no label token, yet the model runs it as
+    any batch: a rank that has no batch of its own at a step (the last step of an epoch with
+    fewer packs than ranks; mmdp.packing.planner) runs it while the other ranks train, so that
+    DDP's and FSDP's collectives meet, and Trainer pads an epoch's short last optimizer step
+    with it (mmdp.training.trainer_epochs)."""
+    out = dict(batch, filler=True)
+    out["labels"] = torch.full_like(batch["labels"], config.IGNORE_INDEX)
+    out["sample_index"] = batch["sample_index"][:0]
+    out["samples_per_row"] = torch.zeros_like(batch["samples_per_row"])
+    out["real_token_mask"] = torch.zeros_like(batch["real_token_mask"])
+    out["dropped"], out["converted"] = {}, {}  # counted with the batch it copies
+    out["dropped_rows"] = []
+    # no sample, so no image or patch of one (the vision inputs stay: the model runs them);
+    # keys a hand-built batch may leave out stay out
+    if "sample_of_image" in batch:
+        out["sample_of_image"] = batch["sample_of_image"][:0]
+    if "patches_per_row" in batch:
+        out["patches_per_row"] = torch.zeros_like(batch["patches_per_row"])
+    if "loss_weights" in batch:
+        out["loss_weights"] = torch.zeros_like(batch["loss_weights"])
+    return out
 
 
 def real_token_mask(batch: dict) -> torch.Tensor:

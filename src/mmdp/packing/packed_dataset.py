@@ -13,6 +13,9 @@ How an epoch is made, in the blog's terms:
    k % num_workers, which is the order the DataLoader yields them in). In each worker a producer
    thread builds the packs of its batches (tokenize, decode and resize images, concatenate, pad
    to `max_length`) and fills a bounded queue; the DataLoader collates them with `collate_packs`.
+   A rank's filler batch (a last step with fewer packs than ranks) is a copy of another rank's
+   pack with every label -100: every rank yields the same number of batches, and every usable
+   row is trained exactly once per epoch, on one rank.
 
 Steps 1-4 use only weights, so every rank and worker computes the same plan and no sample is
 yielded twice or lost. Images are decoded only for packs about to be yielded.
@@ -28,6 +31,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.errors import UserError
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
 from mmdp.packing.guards import STATEFUL_REFUSED, RefusesAcceleratePrepare, iterated_elsewhere
@@ -37,7 +41,7 @@ from mmdp.packing.packing_config import (
     check_resume,
     with_old_keywords,
 )
-from mmdp.packing.planner import EpochPlan, plan_epoch
+from mmdp.packing.planner import EpochPlan, eval_split, plan_epoch
 from mmdp.packing.prepared import load_prepared
 from mmdp.packing.row_tokens import RowTokens
 from mmdp.packing.sharding import rank_and_world_size
@@ -49,7 +53,9 @@ class PackedDataset(PackingSettings, IterableDataset):
     """Packs a VQADataset into fixed-length rows under a token budget (max_length) and two
     vision budgets: images (max_images) and the vision encoder's patches (max_patches, None: no
     patch budget), as `config` (a PackingConfig) says; `dataset.max_length` and the other fields
-    read it. The loose keywords (max_length=..., seed=...) still work for one release.
+    read it. Without a config, the model family's budgets (`default_config(family)`: Qwen-VL's
+    2,048 tokens and 8,192 patches a pack, TinyVLM's 512 tokens). The loose keywords
+    (max_length=..., seed=...) still work for one release.
 
     Use it with `PackedDataLoader` (or a DataLoader with batch_size=packs_per_batch and
     collate_fn=dataset.collate). Works unchanged under torchrun: rank and world size come from
@@ -66,6 +72,10 @@ class PackedDataset(PackingSettings, IterableDataset):
 
     prepared=URL (or `PackedDataset.from_prepared(URL, dataset)`): weigh nothing, read the
     weights (and the tokens, when prepared with them) that `uv run -m mmdp.prepare` wrote there.
+
+    eval_ratio=R: hold out R of the rows (R of each source's, in a mixture) for evaluation; this
+    dataset trains on the rest, and `eval_dataset()` packs the held-out rows, every one once
+    (mmdp.packing.planner.eval_split: the same rows on every rank, from the seed alone).
     """
 
     def __init__(
@@ -81,10 +91,11 @@ class PackedDataset(PackingSettings, IterableDataset):
         num_proc: int | None = None,
         mixture=None,
         prepared: str | None = None,
+        eval_ratio: float = 0.0,
         **old_keywords,
     ):
         self.dataset = dataset
-        self.config = with_old_keywords(config, old_keywords, "PackedDataset")
+        self.config = with_old_keywords(config, old_keywords, "PackedDataset", dataset.family)
         self.mixture = mixture  # a MixturePlan: rows chosen by source shares
         self.max_queued_packs = max_queued_packs
         self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
@@ -92,8 +103,10 @@ class PackedDataset(PackingSettings, IterableDataset):
         # where the next iteration starts in this epoch (PackedDataLoader.state_dict)
         self.batches_done = 0
 
-        # 1. Weigh every item (once: later runs and the other ranks load the cached weights)
+        # 1. Weigh every item (once: later runs and the other ranks load the cached weights),
+        # with the processor's settings as they are now (the weights' cache key names them)
         self.prepared = prepared
+        self.weighed_with = dataset.family.read_settings()
         self.weighing = self.weigh(
             pretokenize, num_proc, across_ranks=rank is None and world_size is None
         )
@@ -105,6 +118,30 @@ class PackedDataset(PackingSettings, IterableDataset):
         self.image_rows = dataset.dataset.select_columns(media) if pretokenize else None
         self._plan = None  # (epoch, plan of every rank), in the process that plans
         self._rank_plan = None  # (epoch, this rank's part, its rows' lengths): what workers get
+        # the rows this dataset plans from (bool per row; None: all), and which split they are
+        self.eval_ratio, self.split, self.split_name = eval_ratio, None, None
+        if eval_ratio:
+            held_out = eval_split(
+                len(self.weights), eval_ratio, self.config.seed, dataset.source_of_row
+            )
+            self.split, self.split_name = ~held_out, "train"
+
+    def eval_dataset(self, config: PackingConfig | None = None) -> "PackedDataset":
+        """The rows held out by `eval_ratio`, packed for evaluation: every one once, with no
+        mixture's choice (each source's rows are evaluated and reported apart), on the same
+        ranks, with this dataset's weights (nothing weighed again) and `config` (default: this
+        dataset's). Iterate it with its own PackedDataLoader (MMDPTrainer's `eval_loader`)."""
+        if self.split_name != "train":
+            raise ValueError("eval_dataset() needs a PackedDataset made with eval_ratio > 0")
+        held_out = object.__new__(type(self))  # not copy.copy: __getstate__ drops the weights
+        held_out.__dict__.update(self.__dict__)
+        held_out.config = self.config if config is None else config
+        held_out.split, held_out.split_name = ~self.split, "eval"
+        held_out.mixture = None
+        held_out.epoch, held_out.batches_done = 0, 0
+        held_out._plan = held_out._rank_plan = None
+        held_out._loader_starting = None
+        return held_out
 
     def weigh(self, pretokenize: bool, num_proc: int | None, across_ranks: bool):
         """Step 1: the weights of every row, from a prepared dataset (weighed by mmdp.prepare,
@@ -145,6 +182,7 @@ class PackedDataset(PackingSettings, IterableDataset):
                 world_size=self.world_size,
                 epoch=epoch,
                 mixture=self.mixture,
+                split=self.split,
             )
             mine = plan.for_rank(self.rank)
             self._plan = (epoch, plan)
@@ -195,12 +233,14 @@ class PackedDataset(PackingSettings, IterableDataset):
         (The number of DataLoader workers does not: batch k goes to worker k % workers from
         wherever the epoch resumes.) `weights` names the dataset and the tokenizer: the key of
         their weights in the cache (mmdp.packing.weighing.cache_key)."""
+        split = {"eval_ratio": self.eval_ratio, "split": self.split_name} if self.split_name else {}
         return {
             **self.config.settings(),
             "rank": self.rank,
             "world_size": self.world_size,
             "rows": len(self.dataset),
             "weights": self.weights_key,
+            **split,
         }
 
     def state(self) -> dict:
@@ -261,19 +301,38 @@ class PackedDataset(PackingSettings, IterableDataset):
                 first, end = plan.batch_starts[step], plan.batch_starts[step + 1]
                 for p in range(first, end):
                     a, z = plan.pack_starts[p], plan.pack_starts[p + 1]
-                    yield self.build_pack(plan.rows[a:z].tolist(), lengths[a:z].tolist(), step)
+                    pack = self.build_pack(plan.rows[a:z].tolist(), lengths[a:z].tolist(), step)
+                    if plan.is_filler(step):  # another rank's pack: this rank trains nothing
+                        pack["filler"] = True
+                    yield pack
 
         return iterate_in_background(produce, max_queued=self.max_queued_packs)
 
     def build_pack(self, rows: list[int], planned: list[int], batch_index: int) -> dict:
         """The samples of the rows (tokenized, or their tokens sliced; images decoded), laid out
-        in one padded row; `planned` are the rows' tokens in the plan (mmdp.packing.batch)."""
+        in one padded row; `planned` are the rows' tokens in the plan (mmdp.packing.batch).
+
+        Refuses, in one sentence, a processor whose settings changed since the rows were weighed
+        (an attribute set after the PackedDataset was made): its samples would not be the
+        weights the plan packed."""
+        now, then = self.dataset.family.read_settings(), self.weighed_with
+        if now != then:
+            changed = "; ".join(
+                f"{key}: {then.get(key)} -> {now.get(key)}"
+                for key in sorted(now.keys() | then.keys())
+                if now.get(key) != then.get(key)
+            )
+            raise UserError(
+                f"the processor's settings changed after its rows were weighed ({changed}); "
+                "set them before making the PackedDataset"
+            )
         return build_pack(
             self.samples(rows),
             planned,
             max_length=self.max_length,
             pad_token_id=self.dataset.family.pad_token_id,
             batch_index=batch_index,
+            family=self.dataset.family,
         )
 
     def samples(self, rows: list[int]) -> list[dict]:
@@ -340,6 +399,7 @@ class PackedDataLoader(RefusesAcceleratePrepare, DataLoader):
         where = lambda: (self.dataset.rank, self.dataset.batches_done)  # noqa: E731
         for batch in name_failed_worker(batches, where, pids):
             self.dataset.batches_done = batch["batch_index"] + 1
+            batch["epoch"] = self.dataset.epoch  # the batch's own, whatever is fetched ahead
             yield batch
         self.dataset.batches_done = 0
 

@@ -7,6 +7,10 @@ it runs with now.
     loader = PackedDataLoader(PackedDataset(samples, config))
     loader.state_dict()  # {**asdict(config), "rank": ..., "world_size": ..., "epoch": ...}
 
+Without a config, a loader packs under its model family's budgets: `default_config(family)`, the
+one place that resolves them (the stage scripts, the training examples and mmdp.prepare call it
+with the flags given).
+
 The loose keywords these took before (max_length=..., seed=...) still work for one release, with
 a DeprecationWarning.
 """
@@ -41,6 +45,26 @@ class PackingConfig:
 FIELDS = tuple(field.name for field in dataclasses.fields(PackingConfig))
 
 
+def default_config(family=None, **settings) -> PackingConfig:
+    """The PackingConfig of a model family (a mmdp.data.families ModelFamily) when its budgets
+    are not given: its own token and patch budgets per pack (`default_max_length`,
+    `default_max_patches`: a few of its images a pack, e.g. Qwen-VL 2,048 tokens and 8,192
+    patches), PackingConfig's defaults for the rest. `settings` that are not None override them
+    (a script passes its flags as they are: an unset flag is None).
+
+    TinyVLM's family keeps PackingConfig's own (512 tokens, no patch budget); without a family,
+    PackingConfig() with the settings.
+    """
+    budgets = {}
+    if family is not None:
+        budgets = {
+            "max_length": family.default_max_length,
+            "max_patches": family.default_max_patches,
+        }
+    given = {name: value for name, value in settings.items() if value is not None}
+    return PackingConfig(**{**budgets, **given})
+
+
 def read_from_config(name: str) -> property:
     """A read-only attribute that reads self.config.<name>."""
     return property(lambda self: getattr(self.config, name))
@@ -60,14 +84,16 @@ class PackingSettings:
     seed = read_from_config("seed")
 
 
-def with_old_keywords(config: PackingConfig | None, keywords: dict, where: str) -> PackingConfig:
+def with_old_keywords(
+    config: PackingConfig | None, keywords: dict, where: str, family=None
+) -> PackingConfig:
     """`config`, or a PackingConfig of the loose keywords a caller still passes (max_length=...,
-    seed=...), with a DeprecationWarning; PackingConfig() when neither is given."""
+    seed=...), with a DeprecationWarning; `default_config(family)` when neither is given."""
     unknown = sorted(set(keywords) - set(FIELDS))
     if unknown:
         raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
     if not keywords:
-        return PackingConfig() if config is None else config
+        return default_config(family) if config is None else config
     if config is not None:
         raise TypeError(f"{where}(): pass a PackingConfig or {', '.join(keywords)}, not both")
     warnings.warn(

@@ -12,8 +12,10 @@ computes the same plan and takes its share. In the blog's terms:
 3. Deal the packs to ranks a step at a time (`deal_steps`): a step is
    world_size * packs_per_batch packs, and within a step each rank gets packs_per_batch of them,
    heaviest first to the rank with the fewest images (then tokens) so far. Every rank gets the
-   same number of batches (DDP would hang otherwise): the last step is shared evenly, and the
-   at most world_size - 1 packs that cannot be are left out and counted.
+   same number of batches (DDP would hang otherwise) and no pack is left out: the last step is
+   shared as evenly as it goes (some ranks one pack more), and when it holds fewer packs than
+   ranks, a rank without one gets a `filler` batch (a copy of another rank's pack that trains
+   nothing: every label -100, mmdp.packing.batch.filler_batch).
 
 Everything is a flat array, so that 24 M rows plan in seconds and a worker receives a few bytes
 per row. An EpochPlan holds:
@@ -22,7 +24,10 @@ per row. An EpochPlan holds:
     pack_starts   [packs + 1]     pack p holds rows[pack_starts[p] : pack_starts[p + 1]]
     batch_starts  [batches + 1]   batch b holds packs batch_starts[b] : batch_starts[b + 1];
                                   batches go step after step, and within a step rank after
-                                  rank: batch (step, rank) is number step * world_size + rank
+                                  rank: batch (step, rank) is number step * world_size + rank;
+                                  a batch of no pack is a rank's filler in the last step
+    fillers       [batches]       (a rank's plan, `for_rank`) True for a filler batch: its one
+                                  pack is a copy of another rank's, trained by that rank only
 
 Example (tests/test_planner.py traces it): lengths [3, 6, 2, 5], max_length 8, binpack,
 1 pack per batch, 2 ranks, no shuffling: packs [6, 2] and [5, 3] (rows [1, 2] and [3, 0]); one
@@ -36,7 +41,6 @@ import numpy as np
 
 from mmdp.drop_reasons import (
     LEFT_OUT_BY_MIXTURE,
-    LEFT_OUT_TO_EQUALISE_RANKS,
     REASONS,
     TOO_LONG,
     TOO_MANY_IMAGES,
@@ -51,6 +55,7 @@ from mmdp.packing.weights import Weights
 # at any size: 100 M rows plan in about 12 bytes a row at the peak (docs/benchmarks.md).
 CHUNK_ROWS = 1 << 20  # rows per slice
 CHUNK_PACKS = 1 << 16  # packs per slice
+EVAL_SPLIT_STREAM = 11  # a seed word of the eval split's own: it never replays a shuffle
 
 
 @dataclass
@@ -62,6 +67,11 @@ class EpochPlan:
     batch_starts: np.ndarray
     world_size: int
     dropped: dict  # rows left out while planning, by reason
+    fillers: np.ndarray | None = None  # bool per batch, in a rank's plan: None, no filler
+
+    def is_filler(self, batch: int) -> bool:
+        """Whether a batch of this (rank's) plan is a filler, which trains nothing."""
+        return self.fillers is not None and bool(self.fillers[batch])
 
     def num_steps(self) -> int:
         """Batches per rank: every rank has the same number."""
@@ -80,11 +90,23 @@ class EpochPlan:
 
     def for_rank(self, rank: int) -> "EpochPlan":
         """The part of the plan one rank needs, as a plan with world_size 1 (what its DataLoader
-        workers receive: a few bytes per row)."""
+        workers receive: a few bytes per row).
+
+        A batch of no pack (the rank's filler in a last step of fewer packs than ranks) becomes
+        one pack, a copy of the step's first pack on another rank, marked in `fillers`: the rank
+        still runs a forward and backward with the others (DDP and FSDP meet there), and the
+        copy trains nothing (mmdp.packing.batch.filler_batch)."""
         if self.world_size == 1:
             return self  # the whole plan: its arrays, not a copy
         batches = np.arange(rank, len(self.batch_starts) - 1, self.world_size)
         first, end = self.batch_starts[batches], self.batch_starts[batches + 1]
+        fillers = first == end
+        for step in np.flatnonzero(fillers).tolist():
+            step_batches = step * self.world_size  # the step's first batch (rank 0's)
+            sizes = np.diff(self.batch_starts[step_batches : step_batches + self.world_size + 1])
+            source = step_batches + int(np.flatnonzero(sizes)[0])  # every step has a pack
+            first[step] = self.batch_starts[source]
+            end[step] = first[step] + 1
         rows, pack_starts = gather_packs(self.rows, self.pack_starts, ranges(first, end))
         return EpochPlan(
             rows=rows,
@@ -92,14 +114,21 @@ class EpochPlan:
             batch_starts=np.r_[0, np.cumsum(end - first)],
             world_size=1,
             dropped=self.dropped,
+            fillers=fillers if fillers.any() else None,
         )
 
 
 def filter_rows(
-    weights: Weights, max_length: int, max_images: int, max_patches: int | None = None
+    weights: Weights,
+    max_length: int,
+    max_images: int,
+    max_patches: int | None = None,
+    split: np.ndarray | None = None,
 ) -> tuple[np.ndarray, Counter]:
     """Step 1: the rows that can be packed, and the others counted by reason (a row over
     several budgets counts once: too long first, then too many images, then patches).
+    `split` (bool per row, `eval_split`): only the rows it marks are judged and counted; the
+    others belong to another split of the dataset.
 
     Example: row 2 has no texts, row 1 is too long, row 3 has too many images:
 
@@ -117,7 +146,12 @@ def filter_rows(
     for start in range(0, len(weights), CHUNK_ROWS):
         part = slice(start, start + CHUNK_ROWS)
         keep[part], part_codes, part_over = judge_rows(
-            weights, part, max_length, max_images, max_patches
+            weights,
+            part,
+            max_length,
+            max_images,
+            max_patches,
+            None if split is None else split[part],
         )
         codes += part_codes
         over += part_over
@@ -134,12 +168,20 @@ def filter_rows(
 
 
 def judge_rows(
-    weights: Weights, part: slice, max_length: int, max_images: int, max_patches: int | None
+    weights: Weights,
+    part: slice,
+    max_length: int,
+    max_images: int,
+    max_patches: int | None,
+    in_split: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """filter_rows on weights[part]: (which rows can be packed, the unusable ones counted by
-    reason code, how many are too long / have too many images / too many patches)."""
+    reason code, how many are too long / have too many images / too many patches); only the
+    rows `in_split` when given."""
     reasons, lengths = weights.reasons[part], weights.lengths[part]
-    usable = reasons == 0
+    if in_split is not None:
+        reasons = np.where(in_split, reasons, 0)  # out of the split: neither kept nor counted
+    usable = reasons == 0 if in_split is None else (reasons == 0) & in_split
     too_long = usable & (lengths > max_length)
     too_many_images = usable & ~too_long & (weights.image_counts[part] > max_images)
     over_patches = (
@@ -147,9 +189,33 @@ def judge_rows(
     )
     too_many_patches = usable & ~too_long & ~too_many_images & over_patches
     keep = usable & ~too_long & ~too_many_images & ~too_many_patches
-    codes = np.bincount(reasons, minlength=len(REASONS))
+    codes = np.bincount(reasons, minlength=len(REASONS))  # code 0 (usable) is never reported
     over = [np.count_nonzero(m) for m in (too_long, too_many_images, too_many_patches)]
     return keep, codes, np.array(over)
+
+
+def eval_split(
+    num_rows: int, eval_ratio: float, seed: int, source_of_row: np.ndarray | None = None
+) -> np.ndarray:
+    """The rows held out for evaluation, as a bool mask [num_rows]: round(eval_ratio x rows) of
+    them (of each source's rows, in a mixture, so that every source is evaluated), drawn with
+    (seed, EVAL_SPLIT_STREAM). Deterministic: the same on every rank and in every run with this
+    seed, whatever the budgets, ranks and epochs (the training split is the rest).
+
+    >>> eval_split(10, 0.3, seed=0).sum()
+    np.int64(3)
+    """
+    if not 0 <= eval_ratio < 1:
+        raise ValueError(f"eval_ratio must be in [0, 1), got {eval_ratio}")
+    held_out = np.zeros(num_rows, dtype=bool)
+    rng = np.random.default_rng([seed, EVAL_SPLIT_STREAM])
+    sources = np.zeros(num_rows, np.int16) if source_of_row is None else source_of_row
+    for source in np.unique(sources):
+        rows = np.flatnonzero(sources == source)
+        held_out[rng.choice(rows, size=round(eval_ratio * len(rows)), replace=False)] = True
+    if eval_ratio and not held_out.any():
+        raise ValueError(f"eval_ratio {eval_ratio} of {num_rows:,} rows holds out no row")
+    return held_out
 
 
 def index_dtype(size: int) -> type:
@@ -208,11 +274,11 @@ def pack_sums(per_row: np.ndarray, rows: np.ndarray, pack_starts: np.ndarray) ->
 
 def deal_steps(
     pack_patches: np.ndarray, pack_tokens: np.ndarray, world_size: int, packs_per_batch: int
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Step 3: deal packs (in the order given) to ranks, one step at a time.
+) -> tuple[np.ndarray, np.ndarray]:
+    """Step 3: deal packs (in the order given) to ranks, one step at a time, every pack.
 
-    Returns (pack order, batch_starts, packs left out): pack_order lists the packs batch after
-    batch, batch (step, rank) being number step * world_size + rank, as in EpochPlan.
+    Returns (pack order, batch_starts): pack_order lists the packs batch after batch, batch
+    (step, rank) being number step * world_size + rank, as in EpochPlan.
 
     Within a step the packs go heaviest first (most vision-encoder patches, then most tokens,
     then first in the step), each to the rank with the fewest patches so far (then fewest
@@ -220,16 +286,22 @@ def deal_steps(
     and language model get about the same work. (Without patch counts, a row's patches are its
     images.) All steps are dealt at once: the loop runs over the positions within a step, not
     over the steps.
+
+    The last step's packs are shared evenly, and the at most world_size - 1 left over go one
+    each to the lightest ranks of that step (`deal_left_over`): some batches hold one pack more.
+    When the last step has fewer packs than ranks, the ranks without one get a batch of no pack,
+    which a rank's plan turns into a filler (EpochPlan.for_rank): every rank has the same number
+    of batches, and no pack is left out.
     """
     per_step = world_size * packs_per_batch
     num_packs = len(pack_patches)
     last = num_packs % per_step
-    left_out = last % world_size  # the last step must share evenly between ranks
+    left_over = last % world_size  # what the last step cannot share evenly
     # (first pack, end, packs per rank): the full steps, then the last one, shared evenly
     steps = [(0, num_packs - last, packs_per_batch)]
-    if last - left_out:
-        steps.append((num_packs - last, num_packs - left_out, (last - left_out) // world_size))
-    order = np.empty(num_packs - left_out, dtype=index_dtype(num_packs))
+    if last - left_over:
+        steps.append((num_packs - last, num_packs - left_over, (last - left_over) // world_size))
+    order = np.empty(num_packs, dtype=index_dtype(num_packs))
     batch_sizes = [np.zeros(0, dtype=np.int64)]
     for first, end, per_rank in steps:
         # whole steps at a time: each step is dealt on its own, its packs stay in its slice
@@ -241,7 +313,36 @@ def deal_steps(
             )
             order[a:z] = part + a
             batch_sizes.append(sizes)
-    return order, starts_of(np.concatenate(batch_sizes), np.int64), left_out
+    batch_sizes = np.concatenate(batch_sizes)
+    if left_over:
+        shared = last - left_over  # the last step's packs dealt evenly above (maybe none)
+        if not shared:
+            batch_sizes = np.r_[batch_sizes, np.zeros(world_size, dtype=np.int64)]
+        step_start = num_packs - last
+        order[step_start:], batch_sizes[-world_size:] = deal_left_over(
+            order[step_start : step_start + shared],
+            batch_sizes[-world_size:],
+            np.arange(num_packs - left_over, num_packs),
+            pack_patches,
+            pack_tokens,
+        )
+    return order, starts_of(batch_sizes, np.int64)
+
+
+def deal_left_over(step_order, sizes, left_over, pack_patches, pack_tokens):
+    """The last step with its left-over packs (fewer than ranks): the heaviest to the rank of
+    the step with the fewest patches (then tokens, then the lowest number), and so on, one each.
+    Returns the step's pack order (batch after batch) and its batch sizes."""
+    world_size = len(sizes)
+    held = np.split(step_order, np.cumsum(sizes)[:-1])  # each rank's packs of the step
+    patches = np.array([pack_patches[p].sum() for p in held], dtype=np.int64)
+    tokens = np.array([pack_tokens[p].sum() for p in held], dtype=np.int64)
+    lightest = np.lexsort((np.arange(world_size), tokens, patches))
+    position = np.arange(len(left_over))
+    heaviest = left_over[np.lexsort((position, -pack_tokens[left_over], -pack_patches[left_over]))]
+    for rank, pack in zip(lightest.tolist(), heaviest.tolist()):
+        held[rank] = np.r_[held[rank], pack]
+    return np.concatenate(held), np.array([len(p) for p in held], dtype=np.int64)
 
 
 def deal_equal_steps(
@@ -287,6 +388,7 @@ def plan_epoch(
     world_size: int = 1,
     epoch: int = 0,
     mixture=None,
+    split: np.ndarray | None = None,
     **old_keywords,
 ) -> EpochPlan:
     """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed, packed and
@@ -297,9 +399,14 @@ def plan_epoch(
     with its share; after step 1 it chooses the epoch's rows (some left out, some repeated), and
     after step 3 each step's batches go to the ranks so that every rank's share of every source
     holds.
+
+    `split` (bool per row, `eval_split`): the epoch takes only the rows it marks (a training or
+    an evaluation split); the others are neither planned nor counted.
     """
     config = with_old_keywords(config, old_keywords, "plan_epoch")
-    rows, dropped = filter_rows(weights, config.max_length, config.max_images, config.max_patches)
+    rows, dropped = filter_rows(
+        weights, config.max_length, config.max_images, config.max_patches, split
+    )
     if mixture is not None:
         usable = rows
         rows = mixture.choose(usable, weights.lengths, epoch)
@@ -309,17 +416,10 @@ def plan_epoch(
     rng = np.random.default_rng([config.seed, epoch])
     packed_rows, pack_starts, shuffled = shuffle_and_pack(rows, weights, rng, config)
     del rows  # packed_rows, reordered in place
-    num_packs = len(pack_starts) - 1
     pack_tokens = pack_sums(weights.lengths, packed_rows, pack_starts)[shuffled]
     pack_patches = pack_sums(weights.patch_counts, packed_rows, pack_starts)[shuffled]
-    order, batch_starts, left_out = deal_steps(
-        pack_patches, pack_tokens, world_size, config.packs_per_batch
-    )
+    order, batch_starts = deal_steps(pack_patches, pack_tokens, world_size, config.packs_per_batch)
     del pack_tokens, pack_patches
-    if left_out:
-        remainder = shuffled[num_packs - left_out :]
-        rows_left_out = pack_starts[remainder + 1] - pack_starts[remainder]
-        dropped[LEFT_OUT_TO_EQUALISE_RANKS] += int(rows_left_out.sum())
     packs = shuffled[order]
     del shuffled, order
     rows, pack_starts = gather_packs(packed_rows, pack_starts, packs)

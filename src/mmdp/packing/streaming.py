@@ -161,6 +161,7 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
                     break
                 if batch is None:
                     break
+                batch["epoch"] = self.dataset.epoch  # the batch's own, whatever is fetched ahead
                 yield batch
             self.start_epoch()  # the epoch is over: state_dict() says so
         finally:

@@ -13,7 +13,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from mmdp import config as defaults
 from mmdp.data.families import family_for
-from mmdp.data.sources import with_undecoded_images
+from mmdp.data.sources import undecoded
 from mmdp.packing.background import iterate_in_background
 from mmdp.packing.batch import build_pack, collate_packs
 from mmdp.packing.buffer import pack_buffer
@@ -33,7 +33,8 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
     `iter()` and gives the same rows in the same order (a list, a reader of files): not an
     iterator, which can be read only once. `processor`: a tokenizer (mmdp's TinyVLM) or a
     transformers processor of a supported family, as for VQADataset. `config`: a PackingConfig
-    (the loose keywords max_length=..., seed=... still work for one release). Under torchrun,
+    (default: the family's budgets, `default_config(family)`; the loose keywords max_length=...,
+    seed=... still work for one release). Under torchrun,
     rank and world size come from torch.distributed; with tensor or pipeline parallelism, pass
     the data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`.
     """
@@ -61,12 +62,12 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
         self.family = family_for(
             processor, image_size=image_size, image_token_length=image_token_length
         )
-        self.config = with_old_keywords(config, old_keywords, "StreamingPackedDataset")
+        self.config = with_old_keywords(config, old_keywords, "StreamingPackedDataset", self.family)
         self.max_queued_batches = max_queued_batches
         self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
         self.total_shards = None  # a plain iterable has none
+        rows = undecoded(rows)  # a datasets stream or Dataset: images and videos kept encoded
         if isinstance(rows, datasets.IterableDataset):
-            rows = with_undecoded_images(rows)
             self.total_shards = rows.num_shards
             if self.world_size > 1:
                 rows = split_dataset_by_node(rows, self.rank, self.world_size)
@@ -163,6 +164,7 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
             max_length=self.max_length,
             pad_token_id=self.family.pad_token_id,
             batch_index=-1,
+            family=self.family,
         )
 
 

@@ -16,7 +16,10 @@ single image. Tokenizing the text of millions of rows takes minutes, so it is do
    settings that change a count), and this module's version. A second run, another rank or a
    restart loads it. The save is atomic (written beside, then renamed) and checked when loaded
    (a manifest holds the rows and a checksum): a truncated or edited cache is weighed again,
-   never planned from.
+   never planned from. Weights with a remote file that did not answer (`unreachable_file`) are
+   not saved when no other process waits for them: the network failed, not the file, and the
+   next run reads it again (under torchrun, where the machine's other ranks wait for the cache,
+   they are saved, and a warning names the folder to delete to read those files again).
 
 Two ways under torchrun:
 - `across_ranks=True` (PackedDataset's choice when its ranks come from torch.distributed): every
@@ -36,6 +39,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -50,9 +54,9 @@ from datasets import Dataset, Features, List, Value
 from mmdp.data.conversation import BadConversation
 from mmdp.data.families import family_for
 from mmdp.data.images import BadImage
-from mmdp.data.sources import cache_dir
+from mmdp.data.sources import cache_dir, undecoded
 from mmdp.data.videos import BadVideo
-from mmdp.drop_reasons import CODE
+from mmdp.drop_reasons import CODE, UNREACHABLE_FILE
 from mmdp.packing.local_wait import wait_for
 from mmdp.packing.rank_shares import gather_shares, gloo_group
 from mmdp.packing.sharding import ranks_answering
@@ -117,6 +121,7 @@ def weigh_rows(
     module docstring); every rank must then call weigh_rows with the same rows.
     """
     start = time.perf_counter()
+    rows = undecoded(rows)  # weighing reads headers: datasets' Image() must not decode them
     family = family_for(processor)
     key = cache_key(rows, family, pretokenize)
     path = cache_dir() / "weights" / key
@@ -161,6 +166,10 @@ def weigh_on_this_machine(rows, family, pretokenize: bool, num_proc, path: Path)
     try:
         scratch = scratch_path(path)
         arrays, tokens = weigh(rows, family, pretokenize, num_proc, scratch)
+        alone = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) == 1  # no local rank waits for it
+        if unreachable(arrays, None if alone else path):
+            if alone:
+                return weights_of(arrays), tokens, len(rows)
         save(path, arrays, tokens)
     finally:
         weigher.unlink(missing_ok=True)
@@ -194,9 +203,28 @@ def weigh_across_ranks(rows, family, key: str, path: Path, num_proc) -> tuple[We
         mine = {name: np.zeros(0, np.int32) for name in ARRAYS}
     arrays = gather_shares(mine, cold, len(rows), group, WHILE_WEIGHING)
     print(f"rank {rank}: weighed {len(share):,} of {len(rows):,} rows (its share)", flush=True)
-    if rank in cold and int(os.environ.get("LOCAL_RANK", 0)) == 0:
-        save(path, arrays)
+    if rank in cold and int(os.environ.get("LOCAL_RANK", 0)) == 0 and not unreachable(arrays):
+        save(path, arrays)  # (the ranks have the weights: none waits for this cache)
     return weights_of(arrays), len(share)
+
+
+def unreachable(arrays: dict, cached_at: Path | None = None) -> int:
+    """Rows whose remote file did not answer (mmdp.data.files), said once: their weights are not
+    cached, so that the next run reads those files again, or (`cached_at`) are, and the warning
+    names the folder to delete to read them again."""
+    count = int((arrays["reasons"] == CODE[UNREACHABLE_FILE]).sum())
+    if count:
+        then = (
+            f"cached in {cached_at} (other ranks wait for it): delete it to read them again"
+            if cached_at
+            else "not cached: the next run reads them again"
+        )
+        print(
+            f"warning: {count:,} rows name a remote file that did not answer "
+            f"({UNREACHABLE_FILE}); these weights are {then}",
+            file=sys.stderr,
+        )
+    return count
 
 
 # Weighing ---------------------------------------------------------------------
@@ -291,6 +319,7 @@ def weigh_batch(batch: dict, indices, family, pretokenize: bool, image_counts) -
         }
     keys = ("length", "image_count", "patches", "reason", "input_ids", "labels")
     out = {key: [] for key in keys}
+    family.read_settings()  # once for the batch: tokenize reads what it found
     for texts, row_images, row_videos in zip(batch["texts"], images, videos):
         try:
             input_ids, labels, count, patches = family.tokenize(texts, row_images, row_videos)

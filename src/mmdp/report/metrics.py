@@ -1,7 +1,17 @@
 """Epoch-level accounting: how much of what the GPU computes is real data, and what was dropped.
 
-One EpochReport adds up the batches of an epoch. Its invariant, which tests check:
+One EpochReport adds up the batches of an epoch, and with `add_loader(loader)` the rows the
+loader dropped that no batch carries (a planned loader's plan: over a budget, unusable text or
+headers, left out by a mixture or to equalise ranks; a stream's rows dropped after its last
+batch). Its invariant, which tests check, holds from the report alone, per reason and (for a
+mixture) per source:
     samples + sum(dropped.values()) == rows read
+
+    report = PackReport()
+    for batch in loader:
+        report.add_batch(batch)
+        ...  # train
+    report.add_loader(loader)      # or, to only count: report = PackReport.of_epoch(loader)
 """
 
 import json
@@ -16,7 +26,8 @@ from mmdp.packing.batch import real_token_mask
 class EpochReport:
     def __init__(self):
         self.samples = 0  # rows that made it into a batch
-        self.dropped = Counter()  # rows left out, by reason
+        self.dropped = Counter()  # rows left out, by reason (the plan's included, once)
+        self.planned = Counter()  # the part of `dropped` the plan left out, the same on every rank
         self.converted = Counter()  # images converted to RGB, by original mode
         self.batches = 0
         self.real_tokens = 0  # real tokens (padding excluded)
@@ -32,15 +43,43 @@ class EpochReport:
         self.dropped.update(batch["dropped"])
         self.converted.update(batch["converted"])
 
+    def add_loader(self, loader) -> None:
+        """After an epoch: the rows `loader` dropped that no batch carries. A PackedDataLoader's
+        plan (`planned`: every rank plans the whole epoch, so merged() counts it once), a
+        StreamingDataLoader's `dropped_at_end`, a padded loader's batch sampler's `dropped`."""
+        dataset = getattr(loader, "dataset", None)
+        if hasattr(dataset, "plan") and hasattr(dataset, "weights"):  # PackedDataset
+            self.planned = Counter(dataset.plan(dataset.epoch).dropped)
+            self.dropped.update(self.planned)
+        elif hasattr(loader, "dropped_at_end"):  # StreamingDataLoader
+            self.dropped.update(loader.dropped_at_end)
+        elif hasattr(getattr(loader, "batch_sampler", None), "dropped"):
+            self.planned = Counter(loader.batch_sampler.dropped)
+            self.dropped.update(self.planned)
+
+    @classmethod
+    def of_epoch(cls, loader) -> "EpochReport":
+        """The report of one epoch of `loader`, every batch read (and thrown away)."""
+        report = cls()
+        for batch in loader:
+            report.add_batch(batch)
+        report.add_loader(loader)
+        return report
+
     @classmethod
     def merged(cls, reports: list["EpochReport"]) -> "EpochReport":
-        """One report for all ranks: their counts added up."""
+        """One report for all ranks: their counts added up, the plan's drops once."""
         total = cls()
         for report in reports:
             for name in ("samples", "batches", "real_tokens", "computed_tokens"):
                 setattr(total, name, getattr(total, name) + getattr(report, name))
             total.dropped.update(report.dropped)
+            total.dropped.subtract(report.planned)
             total.converted.update(report.converted)
+        total.planned = Counter(reports[0].planned) if reports else Counter()
+        if any(report.planned != total.planned for report in reports):
+            raise ValueError("the ranks' reports come from different plans: merge one epoch's")
+        total.dropped = +(total.dropped + total.planned)
         return total
 
     @property
@@ -138,9 +177,13 @@ class PackReport(EpochReport):
         self.patches_per_row = []  # the vision encoder's
         self.samples_per_row = []
         self.batch_samples = []  # the dataset rows of each batch, in order
+        self.dropped_rows = []  # (row, reason) of the rows dropped while batches were built
+        # a mixture's sources (add_loader): names, each row's source, the plan's drops of each
+        self.sources, self.source_of_row, self.planned_by_source = [], None, []
 
     def add_batch(self, batch: dict) -> None:
         super().add_batch(batch)
+        self.dropped_rows += batch.get("dropped_rows", [])
         samples_per_row = batch["samples_per_row"]
         images = np.bincount(row_of_image(batch), minlength=len(samples_per_row))
         self.tokens_per_row += real_token_mask(batch).sum(dim=1).tolist()
@@ -153,11 +196,50 @@ class PackReport(EpochReport):
     def sample_index(self) -> list[int]:
         return [row for rows in self.batch_samples for row in rows]
 
+    def add_loader(self, loader) -> None:
+        """EpochReport.add_loader, and for a mixture its sources: the plan's drops of each."""
+        super().add_loader(loader)
+        packed = getattr(loader, "dataset", None)
+        if getattr(packed, "mixture", None) is None:
+            return
+        from mmdp.report.mixture import planned_drops_by_source
+
+        self.sources = [source.name for source in packed.dataset.sources]
+        self.source_of_row = packed.mixture.source_of_row
+        self.planned_by_source = planned_drops_by_source(
+            packed.weights, packed.plan(packed.epoch), packed.mixture, packed.config, packed.epoch
+        )
+
+    def by_source(self) -> dict[str, dict]:
+        """Per source of a mixture (after add_loader): rows read, samples and drops by reason,
+        the plan's and the batches' added up; {} without a mixture (the report is its source)."""
+        if self.source_of_row is None:
+            return {}
+        count = len(self.sources)
+        rows = np.asarray(self.sample_index, dtype=np.int64)
+        samples = np.bincount(self.source_of_row[rows], minlength=count)
+        dropped = [Counter(planned) for planned in self.planned_by_source]
+        for row, reason in self.dropped_rows:
+            dropped[self.source_of_row[row]][reason] += 1
+        return {
+            name: {
+                "rows_read": int(samples[s]) + sum(dropped[s].values()),
+                "samples": int(samples[s]),
+                "dropped": dict(sorted((+dropped[s]).items())),
+            }
+            for s, name in enumerate(self.sources)
+        }
+
     @classmethod
     def merged(cls, reports: list["PackReport"]) -> "PackReport":
         """One report for all ranks; rows in step order (step 0 of rank 0, of rank 1, ...)."""
         total = super().merged(reports)
+        if reports:
+            first = reports[0]
+            total.sources, total.source_of_row = first.sources, first.source_of_row
+            total.planned_by_source = first.planned_by_source
         for report in reports:
+            total.dropped_rows += report.dropped_rows
             for name in ("tokens_per_row", "images_per_row", "patches_per_row", "samples_per_row"):
                 getattr(total, name).extend(getattr(report, name))
         steps = max((len(r.batch_samples) for r in reports), default=0)
@@ -178,6 +260,7 @@ class PackReport(EpochReport):
             "patches_per_row": spread(self.patches_per_row),
             "samples_per_row": spread(self.samples_per_row),
             "sample_index": self.sample_index,
+            **({"by_source": self.by_source()} if self.source_of_row is not None else {}),
         }
 
     def summary(self, max_patches: int | None = None) -> str:

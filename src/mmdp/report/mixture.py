@@ -1,11 +1,42 @@
 """The per-source part of the epoch report of a mixture (mmdp.data.mixture): each source's rows,
 drops, samples, tokens and share, asked vs realised, overall and per rank."""
 
+from collections import Counter
+
 import numpy as np
 
 from mmdp.data.mixture import MixedRows
+from mmdp.drop_reasons import LEFT_OUT_BY_MIXTURE, LEFT_OUT_TO_EQUALISE_RANKS
 from mmdp.packing.mixture_plan import MixturePlan
-from mmdp.packing.planner import Weights, filter_rows
+from mmdp.packing.planner import EpochPlan, Weights, filter_rows
+
+
+def planned_drops_by_source(
+    weights, plan: EpochPlan, mixture: MixturePlan, config, epoch: int
+) -> list[Counter]:
+    """The rows the epoch's plan left out, by reason, for each source of the mixture: over a
+    budget or unusable (filter_rows on the source's rows), not chosen by the mixture, chosen but
+    in the packs left out to equalise ranks. Added over the sources, they are `plan.dropped`."""
+    budgets = {
+        "max_length": config.max_length,
+        "max_images": config.max_images,
+        "max_patches": config.max_patches,
+    }
+    usable, _ = filter_rows(weights, **budgets)
+    chosen = mixture.choose(usable, weights.lengths, epoch)
+    drops = []
+    for s in range(len(mixture.shares)):
+        mine = mixture.source_of_row == s
+        part = Weights(
+            *(a[mine] for a in (weights.lengths, weights.image_counts, weights.reasons)),
+            patch_counts=weights.patch_counts[mine],
+        )
+        _, dropped = filter_rows(part, **budgets)
+        mine_usable = usable[mine[usable]]
+        dropped[LEFT_OUT_BY_MIXTURE] += len(mine_usable) - len(np.intersect1d(mine_usable, chosen))
+        dropped[LEFT_OUT_TO_EQUALISE_RANKS] += int(mine[chosen].sum() - mine[plan.rows].sum())
+        drops.append(+dropped)
+    return drops
 
 
 def source_report(
@@ -16,11 +47,14 @@ def source_report(
     *,
     budgets: dict,
     epoch: int = 0,
+    report_by_source: dict | None = None,
 ) -> list[dict]:
     """Per source, for the epoch report and its JSON: rows, dropped by reason (over a budget or
-    unusable, left out by the mixture, left out to equalise ranks), samples yielded (a repeated
-    row counts each time) and their tokens, and the share asked vs realised (in the mixture's
-    unit), overall and per rank. `sample_index_per_rank`: the rows every rank yielded."""
+    unusable, left out by the mixture, left out to equalise ranks, dropped while built),
+    samples yielded (a repeated row counts each time) and their tokens, and the share asked vs
+    realised (in the mixture's unit), overall and per rank. `sample_index_per_rank`: the rows
+    every rank yielded; `report_by_source`: the epoch report's drops per source (PackReport.by_source,
+    which counts the rows dropped while their batches were built), else the plan's alone."""
     usable, _ = filter_rows(weights, **budgets)
     chosen = plan.choose(usable, weights.lengths, epoch)
     amounts = weights.lengths if plan.share_by == "tokens" else np.ones_like(weights.lengths)
@@ -41,9 +75,12 @@ def source_report(
             patch_counts=weights.patch_counts[mine],
         )
         _, dropped = filter_rows(part, **budgets)
-        left_out = int(mine[usable].sum()) - len(np.intersect1d(usable[mine[usable]], chosen))
-        unequal = int(mine[chosen].sum()) - int(mine[every].sum())
-        dropped.update({"left_out_by_mixture": left_out, "left_out_to_equalise_ranks": unequal})
+        if report_by_source is not None:  # the one epoch report's: the plan's and the batches'
+            dropped = report_by_source[source.name]["dropped"]
+        else:
+            left_out = int(mine[usable].sum()) - len(np.intersect1d(usable[mine[usable]], chosen))
+            unequal = int(mine[chosen].sum()) - int(mine[every].sum())
+            dropped.update({LEFT_OUT_BY_MIXTURE: left_out, LEFT_OUT_TO_EQUALISE_RANKS: unequal})
         report.append(
             {
                 "source": source.name,

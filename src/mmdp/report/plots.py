@@ -39,8 +39,9 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> Path:
     return path
 
 
-def plot_sample(images: list, texts: list[dict], title: str) -> Figure:
-    """Stage 1: the sample's image(s) on the left, its conversation on the right."""
+def plot_sample(images: list, texts: list[dict], title: str, system: str | None = None) -> Figure:
+    """Stage 1: the sample's image(s) on the left, its conversation on the right (its system
+    prompt first). An image that could not be opened is given as the text saying why."""
     n = max(len(images), 1)
     fig = Figure(figsize=(13, 5.5))
     grid = fig.add_gridspec(n, 2, width_ratios=[1, 1.4])
@@ -48,14 +49,17 @@ def plot_sample(images: list, texts: list[dict], title: str) -> Figure:
         ax = fig.add_subplot(grid[i, 0])
         ax.set_xticks([])  # keep the frame: white images on a white page need one
         ax.set_yticks([])
-        if images:
+        if images and isinstance(images[i], str):
+            ax.text(0.5, 0.5, textwrap.fill(images[i], 40), ha="center", va="center", fontsize=8)
+            ax.set_title(f"image {i + 1} of {len(images)} (not opened)")
+        elif images:
             ax.imshow(images[i])
             ax.set_title(f"image {i + 1} of {len(images)} ({images[i].width}x{images[i].height})")
         else:
             ax.text(0.5, 0.5, "(no image)", ha="center", va="center")
     ax_text = fig.add_subplot(grid[:, 1])
     ax_text.axis("off")
-    lines = []
+    lines = [] if system is None else [*textwrap.wrap("System: " + system, 80), ""]
     for turn in texts:
         lines += textwrap.wrap("User: " + turn["user"], 80, replace_whitespace=False)
         lines += textwrap.wrap("Assistant: " + turn["assistant"], 80, replace_whitespace=False)

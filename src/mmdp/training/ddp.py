@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from mmdp import config
-from mmdp.cli import description, positive_int
+from mmdp.cli import add_dataset_args, description, positive_int
 from mmdp.data.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
@@ -47,12 +47,12 @@ from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.metrics import write_json
 from mmdp.training.loss import label_tokens, summed_loss
-from mmdp.training.recipes import all_reduced, collective_device
+from mmdp.training.recipes import all_reduced, collective_device, touch_every_parameter
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=description(__doc__))
-    parser.add_argument("--dataset", default=None, help="as in the stages (default: synthetic)")
+    add_dataset_args(parser)
     parser.add_argument("--subset", default=None)
     parser.add_argument("--split", default="train")
     parser.add_argument(
@@ -104,7 +104,9 @@ def ddp_gradient(model, batches: list[dict], normalisation: str) -> torch.Tensor
                 loss = summed_loss(output.logits, batch["labels"]) * world_size / tokens
             else:
                 loss = output.loss / len(batches)
-            loss.backward()
+            # every parameter in every backward: a text-only micro-batch leaves the vision
+            # encoder unused, and DDP (without find_unused_parameters) waits for it
+            touch_every_parameter(loss, model).backward()
     return flat_gradient(model.module)
 
 
@@ -138,7 +140,14 @@ def compare_gradients(args) -> dict | None:
     written to --metrics-json), None on the other ranks."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     tokenizer = get_tokenizer()
-    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
+    rows = load_vqa_dataset(
+        args.dataset,
+        args.subset,
+        args.split,
+        args.num_rows,
+        image_root=args.image_root,
+        format=args.format,
+    )
     samples = VQADataset(rows, tokenizer)
 
     # The same initial weights on every rank and in the one-process reference
@@ -146,8 +155,9 @@ def compare_gradients(args) -> dict | None:
     vlm_config = TinyVLMConfig(vocab_size=len(tokenizer), image_token_id=tokenizer.image_token_id)
     model = TinyVLM(vlm_config).train()
     reference = copy.deepcopy(model)
-    # find_unused_parameters: a micro-batch of text-only samples leaves the vision encoder unused
-    ddp_model = DistributedDataParallel(model, find_unused_parameters=True)
+    # no find_unused_parameters (it warns whenever a step uses every parameter): every loss
+    # touches every parameter instead (ddp_gradient)
+    ddp_model = DistributedDataParallel(model)
 
     mine = rank_batches(samples, args, rank, world_size)
     gradients = {

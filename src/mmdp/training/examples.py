@@ -1,11 +1,18 @@
 """What the three training examples share (examples/trainer.py, examples/accelerate_loop.py,
-examples/torchrun.py): their flags, the embedded data in a planned loader, the model, and
-the --log-samples file that shows a resumed run trains exactly what an uninterrupted one does.
+examples/torchrun.py): their flags, the data (the embedded rows, or your own: --dataset) in a
+planned loader (and its eval split), the model (and its LoRA adapters), and the --log-samples
+file that shows a resumed run trains exactly what an uninterrupted one does.
 
 Everything runs offline on a CPU by default: the embedded synthetic rows, and TinyVLM (32-pixel
 images) or, with `--model FAMILY`, a tiny random model of that family's real transformers class
 with its processor built in code. `--model-path` trains a real checkpoint (the Hub, or a local
-folder) instead.
+folder) instead. `--videos N` mixes N synthetic clips into the rows, `--eval-ratio R` holds R of
+the rows out for an exact eval_loss, `--lora` trains peft adapters instead of every weight: the
+seed user's run (Qwen3-VL-MoE, LoRA, images and videos, 3 epochs, 2 ranks) is one command:
+
+    uv run torchrun --nproc-per-node 2 examples/trainer.py --model qwen3_vl_moe --lora \
+        --videos 24 --num-rows 120 --num-train-epochs 3 --grad-accum 16 --eval-ratio 0.1 \
+        --output-dir /tmp/seed --log-samples /tmp/seed/samples.jsonl
 """
 
 import argparse
@@ -14,21 +21,24 @@ import json
 import math
 import os
 
+import numpy as np
+import pyarrow.compute
 import torch
 import torch.distributed as dist
 
-from mmdp.cli import positive_float, positive_int
+from mmdp.cli import add_dataset_args, non_negative_int, positive_float, positive_int, ratio
 from mmdp.data.families import OFFLINE as FAMILY_MODELS
-from mmdp.data.families import load_processor, tiny_processor
+from mmdp.data.families import load_processor, tiny_processor, why
 from mmdp.data.hub import require_hub
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.sources import load_synthetic_videos, load_vqa_dataset, with_videos
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.errors import UserError
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing.packing_config import PackingConfig
+from mmdp.packing.packing_config import default_config
 
 IMAGE_SIZE = 32  # small images keep a CPU step short; 32 / 4-pixel patches = 64 image tokens
 PATCH_SIZE = 4
@@ -56,7 +66,22 @@ def training_flags(description: str) -> argparse.ArgumentParser:
     add("--resume-from-checkpoint", default=None, metavar="DIR", help="a checkpoint-STEP folder")
     add("--grad-accum", type=positive_int, default=2, help="micro-batches per step (default 2)")
     add("--log-samples", default=None, metavar="PATH", help="JSON lines: every micro-batch's rows")
-    add("--num-rows", type=positive_int, default=64, help="rows of the embedded dataset (64)")
+    add("--num-rows", type=positive_int, default=64, help="rows of the dataset to train on (64)")
+    add_dataset_args(parser)  # --dataset, --image-root, --format: your own rows
+    add(
+        "--videos",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="N synthetic video clips mixed into the rows (a --model that takes video; default 0)",
+    )
+    add(
+        "--eval-ratio",
+        type=ratio,
+        default=0.0,
+        metavar="R",
+        help="hold out R of the rows (e.g. 0.1) and report their exact eval_loss (default 0: none)",
+    )
     add(
         "--max-length",
         type=positive_int,
@@ -82,6 +107,12 @@ def training_flags(description: str) -> argparse.ArgumentParser:
         "mmdp packs for, from the Hub or a folder (instead of --model; needs the network or "
         "the local Hugging Face cache)",
     )
+    add(
+        "--lora",
+        action="store_true",
+        help="train LoRA adapters (peft) on the language model's and the vision tower's linear "
+        "layers, and a mixture of experts' experts, instead of every weight (not tiny_vlm)",
+    )
     return parser
 
 
@@ -90,7 +121,7 @@ def make_processor(args):
     (one sentence, mmdp.errors.UserError, when it cannot be had)."""
     model_path, model = getattr(args, "model_path", None), getattr(args, "model", "tiny_vlm")
     if model_path:
-        return load_processor(model_path)
+        return load_processor(model_path, hint=MODEL_PATH_HINT)
     if model == "tiny_vlm":
         return get_tokenizer()
     return tiny_processor(family_of(model))
@@ -102,26 +133,62 @@ def family_of(model: str) -> str:
 
 
 def make_loader(args, *, rank: int | None = None, world_size: int | None = None):
-    """The embedded rows, packed and planned: a PackedDataLoader that shards by rank itself
-    (rank and world size from torch.distributed unless given). Returns (loader, processor):
-    the processor is TinyVLM's tokenizer unless --model or --model-path names another model."""
+    """The embedded rows (and --videos clips), packed and planned: a PackedDataLoader that shards
+    by rank itself (rank and world size from torch.distributed unless given), over the rows
+    --eval-ratio does not hold out. Returns (loader, processor): the processor is TinyVLM's
+    tokenizer unless --model or --model-path names another model."""
     processor = make_processor(args)
-    rows = load_vqa_dataset(None, num_rows=args.num_rows)
+    rows = load_vqa_dataset(
+        getattr(args, "dataset", None),
+        num_rows=args.num_rows,
+        image_root=getattr(args, "image_root", None),
+        format=getattr(args, "format", None),
+    )
     samples = VQADataset(rows, processor, image_size=IMAGE_SIZE)
+    videos = getattr(args, "videos", 0)
+    if videos and not samples.family.video_token:
+        raise UserError(
+            f"--videos: the {samples.family.name} family takes no video; use a --model that "
+            "does (qwen2_5_vl, qwen3_vl, qwen3_vl_moe, llava_onevision)"
+        )
+    if videos:  # the clips after the rows
+        samples = VQADataset(
+            with_videos(rows, load_synthetic_videos(videos)), processor, image_size=IMAGE_SIZE
+        )
     max_length = getattr(args, "max_length", None)
-    if max_length is None:
-        tiny = samples.family.name == "tiny"
-        max_length = TINY_VLM_MAX_LENGTH if tiny else samples.family.default_max_length
-    config = PackingConfig(
-        max_length=max_length, packs_per_batch=args.packs_per_batch, seed=args.seed
+    if max_length is None and samples.family.name == "tiny":
+        max_length = TINY_VLM_MAX_LENGTH
+    # the family's budgets (a real family's tokens and patches a pack), unless given
+    config = default_config(
+        samples.family, max_length=max_length, packs_per_batch=args.packs_per_batch, seed=args.seed
     )
     dataset = PackedDataset(
         samples,
         config,
         rank=rank,
         world_size=world_size,
+        eval_ratio=getattr(args, "eval_ratio", 0.0),
     )
     return PackedDataLoader(dataset, num_workers=args.num_workers), processor
+
+
+def make_eval_loader(loader, args) -> PackedDataLoader | None:
+    """The rows --eval-ratio held out of `loader`'s dataset, packed: every one once, on every
+    rank (mmdp.training.evaluation); None without --eval-ratio."""
+    if not getattr(args, "eval_ratio", 0.0):
+        return None
+    return PackedDataLoader(loader.dataset.eval_dataset(), num_workers=args.num_workers)
+
+
+def video_rows(loader) -> set[int]:
+    """The dataset rows that hold a video (for the sample log), read from the Arrow column's
+    list lengths: no clip is read."""
+    rows = loader.dataset.dataset.dataset
+    if "videos" not in rows.column_names:
+        return set()
+    column = rows.select_columns(["videos"]).with_format("arrow")[:]["videos"]  # a selection too
+    lengths = pyarrow.compute.list_value_length(column)
+    return set(np.flatnonzero(lengths.to_numpy(zero_copy_only=False) > 0).tolist())
 
 
 def training_steps(args, loader) -> int:
@@ -154,22 +221,62 @@ MODELS = ("tiny_vlm", *FAMILY_MODELS, "qwen3_vl_moe")
 
 def make_model(args, processor):
     """(model, model_inputs) for --model or --model-path, in train mode, the same initial
-    weights on every rank; model_inputs(batch, model) picks the keys the model takes."""
+    weights on every rank (adapters included, with --lora); model_inputs(batch, model) picks
+    the keys the model takes."""
+    lora = getattr(args, "lora", False)
     if args.model_path:
-        return checkpoint_model(args.model_path), model_inputs
-    if args.model == "tiny_vlm":
+        model = checkpoint_model(args.model_path)
+    elif args.model == "tiny_vlm":
+        if lora:
+            raise UserError("--lora needs a transformers model: add --model FAMILY")
         return tiny_vlm(processor, args.seed)
-    moe = {"moe": True} if args.model == "qwen3_vl_moe" else {}
-    return tiny_model(processor, seed=args.seed, **moe).train(), model_inputs
+    else:
+        moe = {"moe": True} if args.model == "qwen3_vl_moe" else {}
+        model = tiny_model(processor, seed=args.seed, **moe).train()
+    if lora:
+        torch.manual_seed(args.seed)  # the adapters' initial weights, the same on every rank
+        model = with_lora(model)
+    return model, model_inputs
+
+
+# peft's "all-linear": every nn.Linear but the output layer, so the language model's attention
+# and MLPs and the vision tower's blocks and merger. A mixture of experts keeps each layer's
+# experts in two 3-D parameters (transformers 5.23's Qwen3VLMoeTextExperts, no nn.Linear):
+# peft's target_parameters puts an adapter on each.
+EXPERT_PARAMETERS = ["experts.gate_up_proj", "experts.down_proj"]
+
+
+def with_lora(model):
+    """The model with LoRA adapters (peft, rank 8) on the language model and the vision tower,
+    and on a mixture of experts' experts; only the adapters train."""
+    from peft import LoraConfig, get_peft_model
+
+    moe = any(name.endswith("experts.gate_up_proj") for name, _ in model.named_parameters())
+    config = LoraConfig(
+        r=8,
+        lora_alpha=16,
+        target_modules="all-linear",
+        target_parameters=EXPERT_PARAMETERS if moe else None,
+    )
+    return get_peft_model(model, config)
+
+
+# What to run instead when --model-path cannot be had (the examples have no --processor).
+MODEL_PATH_HINT = "run without --model-path to train a tiny model (--model FAMILY)"
 
 
 def checkpoint_model(name_or_path: str):
-    """A real checkpoint's model, in float32 (one sentence when the Hub is out of reach)."""
+    """A real checkpoint's model, in float32 (one sentence when it cannot be had)."""
     from transformers import AutoModelForImageTextToText
 
     if not os.path.exists(name_or_path):
-        require_hub(f"model {name_or_path!r}", "run without --model-path to train a tiny model")
-    model = AutoModelForImageTextToText.from_pretrained(name_or_path, dtype=torch.float32)
+        require_hub(f"model {name_or_path!r}", MODEL_PATH_HINT)
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(name_or_path, dtype=torch.float32)
+    except OSError as error:  # not in the local cache under HF_HUB_OFFLINE, or no such model
+        raise UserError(
+            f"could not load model {name_or_path!r} ({why(error)}); {MODEL_PATH_HINT}"
+        ) from error
     return model.train()
 
 
@@ -184,8 +291,10 @@ def checkpoint_step(folder: str) -> int:
 
 class SampleLog:
     """--log-samples: one JSON line per micro-batch trained, every rank into one file:
-    {"rank", "step", "micro_step", "sample_index"}, `step` counting optimizer steps from 1 and
-    `micro_step` the micro-batch within it.
+    {"rank", "step", "micro_step", "epoch", "sample_index", "videos"}, `step` counting optimizer
+    steps from 1, `micro_step` the micro-batch within it, `epoch` the batch's own (its `epoch`
+    key: a trainer that fetches ahead has moved the loader on) and `videos` how many of its
+    samples hold a video (`video_rows`: the rows that do).
 
     A fresh run empties the file; a resumed run keeps the lines up to its checkpoint's step and
     drops the later ones (trained before the run stopped, but not saved), so the file ends as the
@@ -193,8 +302,14 @@ class SampleLog:
     create it (it waits for rank 0 to prepare the file).
     """
 
-    def __init__(self, path: str | None, rank: int, resumed_step: int | None = None):
-        self.path, self.rank = path, rank
+    def __init__(
+        self,
+        path: str | None,
+        rank: int,
+        resumed_step: int | None = None,
+        video_rows: set[int] = frozenset(),
+    ):
+        self.path, self.rank, self.video_rows = path, rank, video_rows
         if path and rank == 0:
             lines = []
             if resumed_step is not None and os.path.exists(path):
@@ -209,11 +324,14 @@ class SampleLog:
     def write(self, step: int, micro_step: int, batch: dict) -> None:
         if not self.path:
             return
+        rows = batch["sample_index"].tolist()
         line = {
             "rank": self.rank,
             "step": step,
             "micro_step": micro_step,
-            "sample_index": batch["sample_index"].tolist(),
+            "epoch": batch.get("epoch"),
+            "sample_index": rows,
+            "videos": sum(row in self.video_rows for row in rows),
         }
         # one write() of one line, opened for appending: ranks' lines never interleave mid-line
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
@@ -234,7 +352,16 @@ def weights_digest(state_dict: dict) -> str:
     return digest.hexdigest()[:16]
 
 
-def print_result(loss: float, step: int, digest: str) -> dict:
-    """What every example prints at the end, on rank 0 (and returns, for tests)."""
+def print_result(loss: float, step: int, digest: str, evaluation: dict | None = None) -> dict:
+    """What every example prints at the end, on rank 0 (and returns, for tests); with
+    --eval-ratio, the last evaluation (mmdp.training.evaluation's metrics) too."""
     print(f"final loss {loss:.4f} after {step} steps (weights sha256 {digest})", flush=True)
-    return {"loss": loss, "step": step, "digest": digest}
+    result = {"loss": loss, "step": step, "digest": digest}
+    if evaluation:
+        print(
+            f"eval_loss {evaluation['eval_loss']:.4f} over {evaluation['eval_label_tokens']:,} "
+            f"label tokens of {evaluation['eval_samples']:,} held-out samples",
+            flush=True,
+        )
+        result["evaluation"] = evaluation
+    return result

@@ -14,7 +14,7 @@ loader and a loss); a loop of your own, with accelerate or plain torchrun, uses 
                 with mixed_precision(device, bf16):  # unwrapped: the model before DDP
                     loss = micro_batch_loss(model, model_inputs(batch, unwrapped), batch,
                                             tokens, world_size)
-                loss.backward()
+                touch_every_parameter(loss, model).backward()  # DDP: no unused parameter
         optimizer.step(); optimizer.zero_grad()
         # a checkpoint here: save_loader_state(loader, folder, rank) on every rank
 
@@ -30,6 +30,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from mmdp.training.loss import batch_loss, label_tokens
 
@@ -122,6 +123,25 @@ def micro_batch_loss(
     (BatchLoss.over).
     """
     return batch_loss(model, inputs, batch).over(step_tokens) * world_size
+
+
+def touch_every_parameter(loss: torch.Tensor, model) -> torch.Tensor:
+    """Under DDP (`model` a DistributedDataParallel), `loss` + 0 x one element of every parameter
+    that trains: the same value and the same gradient, but every such parameter takes part in
+    every backward. Any other model (one process, FSDP2's sharded DTensors): `loss` as it is.
+
+    DDP all-reduces a parameter's gradient when backward reaches it, and waits for every one: a
+    parameter a micro-batch leaves unused (the vision tower, or its adapters, on a micro-batch
+    without images or videos) would stop the run ("Expected to have finished reduction"). The
+    usual cure, DistributedDataParallel(find_unused_parameters=True), walks the autograd graph
+    at every step and warns whenever a step uses every parameter (reducer.cpp, torch 2.x). With
+    this, find_unused_parameters stays False and nothing warns. The cost: a zero gradient added
+    to every trainable parameter once per micro-batch (LoRA: the adapters' only). FSDP and one
+    process need none of it.
+    """
+    if not isinstance(model, DistributedDataParallel):
+        return loss
+    return loss + sum(p.view(-1)[0] for p in model.parameters() if p.requires_grad) * 0.0
 
 
 def mixed_precision(device, bf16: bool):

@@ -1,9 +1,12 @@
-"""Train with transformers' Trainer on an mmdp loader: `MMDPTrainer` (needs `mmdp[accelerate]`).
+"""Train with transformers' Trainer on an mmdp loader: `MMDPTrainer` (needs the accelerate extra).
 
+    train = PackedDataset(samples, eval_ratio=0.1)             # 10% of the rows held out
     trainer = MMDPTrainer(
         model=model,
-        args=TrainingArguments(output_dir="out", gradient_accumulation_steps=2, max_steps=12),
-        train_loader=PackedDataLoader(PackedDataset(samples)),   # or a StreamingDataLoader
+        args=TrainingArguments(output_dir="out", gradient_accumulation_steps=2, max_steps=12,
+                               eval_strategy="epoch"),
+        train_loader=PackedDataLoader(train),                    # or a StreamingDataLoader
+        eval_loader=PackedDataLoader(train.eval_dataset()),      # optional: exact eval_loss
         model_inputs=model_inputs,                               # the batch keys the model takes
     )
     trainer.train(resume_from_checkpoint=True)                 # True: the last checkpoint
@@ -47,16 +50,28 @@ file:line in transformers/trainer.py):
    (mmdp.training.loss.batch_loss: the logits of the label positions, a chunk at a time; the
    model's `logits` cover no position), with a MoE model's router term when it returns router
    logits (output_router_logits=True); a compute_loss_func of your own gets the full logits.
-6. Trainer's logs count samples and real tokens: "Num examples" and samples/s from the planned
+6. DDP: a micro-batch without images leaves the vision tower unused, and DDP waits for every
+   gradient. Trainer's cure for a PreTrainedModel is find_unused_parameters=True, which walks
+   the autograd graph at every step and warns when a step used every parameter; MMDPTrainer
+   leaves it False (ddp_find_unused_parameters unset) and adds 0 x every trainable parameter to
+   the loss (mmdp.training.recipes.touch_every_parameter): the same gradient, no warning.
+7. Trainer's logs count samples and real tokens: "Num examples" and samples/s from the planned
    samples of epoch 0 (Trainer's count packs: 2522-2546), tokens seen from `real_token_mask`
    (include_num_input_tokens_seen="non_padding" counts tokens other than the pad id,
    2722-2735, and ours is <|im_end|>).
-7. It refuses, in one sentence: ignore_data_skip=True (the epoch would restart),
+8. Evaluation: `eval_loader` (a PackedDataLoader of `train.eval_dataset()`, or of any packed
+   dataset) replaces Trainer's eval set. evaluate(), eval_strategy and load_best_model_at_end
+   work as usual, but `eval_loss` is mmdp.training.evaluation's: every eval token's summed loss
+   over every eval label token, all ranks together, plus `eval_SOURCE_loss` per source of a
+   mixture. Trainer's own evaluation_loop would average each batch's mean (prediction_step) over
+   batches it builds itself. With eval_strategy="epoch", the step that ends a loader epoch
+   evaluates (LoaderEpoch).
+9. It refuses, in one sentence: ignore_data_skip=True (the epoch would restart),
    average_tokens_across_devices=False with several ranks (the token count would be this
    rank's only), one process on several GPUs (Trainer's nn.DataParallel, 2672, splits
-   cu_seq_lens, pixel_values and position_ids along dim 0), an eval set or eval_strategy
-   (Trainer's evaluation averages per-batch means over batches it builds itself), and
-   processes that train alone (on a machine without a GPU, Trainer needs use_cpu=True:
+   cu_seq_lens, pixel_values and position_ids along dim 0), an `eval_dataset` (pass
+   eval_loader) or eval_strategy without eval_loader, and processes that train alone (on a
+   machine without a GPU, Trainer needs use_cpu=True:
    mmdp.training.recipes.check_launched_processes).
 
 A stream (StreamingDataLoader) has no plan: set max_steps. It runs as one endless pass of full
@@ -67,26 +82,33 @@ TRL's SFTTrainer: `from mmdp.training.trainer import MMDPSFTTrainer` (made on fi
 optional) is `class MMDPSFTTrainer(MMDPTrainerMixin, SFTTrainer)`, with the same arguments plus
 `processing_class` (your tokenizer or processor: without it SFTTrainer downloads one). SFTTrainer
 insists on a datasets.Dataset and reads its first row (trl/trainer/sft_trainer.py, 1.16: 660-762):
-MMDPSFTTrainer passes a one-row placeholder, which nothing trains on. Its loss is token_loss, so
-exact as above; TRL then runs a second forward, without gradient, for its entropy and accuracy
-metrics (it warns that compute_loss_func is deprecated: sft_trainer.py:1593-1600), and needs
-`position_ids` in the model's inputs (mmdp batches have them). Tested on a tiny Llama
-(tests/test_trainer_exact.py): the same steps and weights as MMDPTrainer.
+MMDPSFTTrainer passes a one-row placeholder, which nothing trains on. Its loss is MMDPTrainer's,
+computed by Trainer.compute_loss in one forward (MMDPTrainerMixin.model_loss): SFTTrainer's own
+compute_loss would run the model a second time, without gradient, for its entropy and token
+accuracy (sft_trainer.py, trl 1.16), which MMDPSFTTrainer therefore does not log. Tested on a
+tiny Llama (tests/test_trainer_exact.py): one forward per micro-batch, and the same steps and
+weights as MMDPTrainer.
 """
 
 import contextlib
 import os
+import time
+import warnings
 
 import transformers.trainer as hf_trainer
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from mmdp.errors import require_extra
 from mmdp.models.inputs import model_inputs as packed_model_inputs
+from mmdp.packing.packed_dataset import PackedDataLoader
+from mmdp.training import evaluation
 from mmdp.training.loss import batch_loss, summed_weighted_loss
 from mmdp.training.recipes import (
     check_launched_processes,
     load_loader_state,
     save_loader_state,
+    touch_every_parameter,
 )
 from mmdp.training.trainer_epochs import (
     LoaderEpoch,
@@ -95,10 +117,18 @@ from mmdp.training.trainer_epochs import (
     planned_max_steps,
 )
 
-NO_EVAL = (
-    "MMDPTrainer does not evaluate: Trainer's evaluation averages each batch's mean loss and "
-    "batches the eval set its own way; evaluate packed batches in a loop of your own with "
-    "mmdp.training.loss.summed_loss / label_tokens summed over the whole set"
+# Trainer needs accelerate, which only an extra installs; without it transformers fails later, in
+# TrainingArguments, naming its own install. One sentence here instead, at the import.
+require_extra("accelerate", "accelerate", "MMDPTrainer (transformers' Trainer)")
+
+NO_EVAL_DATASET = (
+    "MMDPTrainer evaluates an mmdp loader, not an eval_dataset (Trainer's evaluation averages "
+    "each batch's mean loss over batches it builds itself): pass eval_loader="
+    "PackedDataLoader(train.eval_dataset()), from PackedDataset(..., eval_ratio=R)"
+)
+NO_EVAL_LOADER = (
+    "eval_strategy is set but MMDPTrainer has no eval_loader: pass eval_loader="
+    "PackedDataLoader(train.eval_dataset()), from PackedDataset(..., eval_ratio=R)"
 )
 
 
@@ -151,8 +181,6 @@ def check_arguments(args, loader, replicas: int) -> None:
             "average_tokens_across_devices=False divides each rank's loss by its own label "
             "tokens, which is not one process's gradient: leave it True"
         )
-    if args.eval_strategy != "no":
-        raise ValueError(NO_EVAL)
     if args.max_steps <= 0 and args.num_train_epochs != int(args.num_train_epochs):
         raise ValueError(
             f"num_train_epochs={args.num_train_epochs} is not a whole number of epochs: set "
@@ -184,16 +212,30 @@ class MMDPTrainerMixin:
     """Trainer on an mmdp loader: put it before Trainer (or a Trainer subclass) in the bases.
 
     `train_loader`: a PackedDataLoader or StreamingDataLoader (not passed to accelerate).
-    `model_inputs(batch, model)`: the batch keys the model takes (default mmdp.models.inputs's,
-    for a Hugging Face model; TinyVLM: mmdp.models.tiny_vlm.vlm_inputs). `compute_loss_func` defaults
-    to token_loss.
+    `eval_loader`: a PackedDataLoader of an eval split (optional), for evaluate() and
+    eval_strategy. `model_inputs(batch, model)`: the batch keys the model takes (default
+    mmdp.models.inputs's, for a Hugging Face model; TinyVLM: mmdp.models.tiny_vlm.vlm_inputs).
+    `compute_loss_func` defaults to token_loss.
     """
 
-    def __init__(self, *args, train_loader, model_inputs=packed_model_inputs, **kwargs):
+    def __init__(
+        self, *args, train_loader, eval_loader=None, model_inputs=packed_model_inputs, **kwargs
+    ):
         kwargs.setdefault("compute_loss_func", token_loss)
         if kwargs.get("eval_dataset") is not None:
-            raise ValueError(NO_EVAL)
+            raise ValueError(NO_EVAL_DATASET)
+        args_given = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if eval_loader is None and args_given is not None and args_given.eval_strategy != "no":
+            raise ValueError(NO_EVAL_LOADER)
+        if args_given is not None and args_given.ddp_find_unused_parameters is None:
+            # Trainer's default for a PreTrainedModel is True; every loss here touches every
+            # parameter instead (compute_loss), and DDP neither walks the graph nor warns
+            args_given.ddp_find_unused_parameters = False
+        if eval_loader is not None:
+            # Trainer requires an eval set when eval_strategy is set; only evaluate() reads it
+            kwargs["eval_dataset"] = self.eval_placeholder(eval_loader)
         super().__init__(*args, **kwargs)
+        self.eval_loader = eval_loader
         # the processes that share one replica's batches (tensor, context, sequence parallel)
         shared = self.get_tp_size() * self.get_cp_size() * self.get_sp_size()
         check_arguments(self.args, train_loader, self.args.world_size // shared)
@@ -210,13 +252,53 @@ class MMDPTrainerMixin:
     def get_train_dataloader(self):
         return self.loader_for_trainer  # as it is: not through accelerator.prepare
 
+    def eval_placeholder(self, eval_loader):
+        """What Trainer holds as its eval_dataset: the eval loader's dataset (never read)."""
+        return eval_loader.dataset
+
     def get_eval_dataloader(self, eval_dataset=None):
-        raise ValueError(NO_EVAL)
+        if self.eval_loader is None:
+            raise ValueError(NO_EVAL_LOADER)
+        return self.eval_loader
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        """eval_loader's exact loss (mmdp.training.evaluation), logged and handed to callbacks as
+        Trainer.evaluate does; `eval_dataset` may be another PackedDataLoader to evaluate."""
+        loader = self.get_eval_dataloader() if eval_dataset is None else eval_dataset
+        if not isinstance(loader, PackedDataLoader):
+            raise ValueError(NO_EVAL_DATASET)
+        start = time.time()
+        # as Trainer.evaluation_loop: the model as it runs (DDP unwrapped, FSDP as wrapped)
+        model = self._wrap_model(self.model, training=False)
+        metrics = evaluation.evaluate(
+            model,
+            loader,
+            lambda batch, _: self.model_inputs(batch, self.model),  # as compute_loss calls it
+            device=self.args.device,
+            autocast=self.compute_loss_context_manager,
+            prefix=metric_key_prefix,
+        )
+        metrics[f"{metric_key_prefix}_runtime"] = round(time.time() - start, 4)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(
+            self.args, self.state, self.control, metrics
+        )
+        return metrics
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The batch's loss (packed_loss); under DDP, with every trainable parameter in its
+        backward (mmdp.training.recipes.touch_every_parameter: a micro-batch without images
+        leaves the vision tower unused, and DDP would wait for its gradients)."""
+        result = self.packed_loss(model, inputs, return_outputs, num_items_in_batch)
+        if return_outputs:
+            return touch_every_parameter(result[0], model), result[1]
+        return touch_every_parameter(result, model)
+
+    def packed_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         model_inputs = self.model_inputs(inputs, self.model)  # unwrapped: Gemma 3 reads its config
         if inputs.get("filler"):
-            return self.filler_loss(model, model_inputs, inputs, return_outputs)
+            forward = inputs.get("forward", True)
+            return self.filler_loss(model, model_inputs, inputs, return_outputs, forward)
         if self.compute_loss_func is token_loss:
             return self.token_loss(model, model_inputs, inputs, return_outputs, num_items_in_batch)
         if inputs.get("loss_weights") is not None:
@@ -224,14 +306,16 @@ class MMDPTrainerMixin:
                 "the batch carries a mixture's loss_weights, which only "
                 "mmdp.training.trainer.token_loss applies: leave compute_loss_func unset"
             )
-        return super().compute_loss(model, model_inputs, return_outputs, num_items_in_batch)
+        return self.model_loss(model, model_inputs, return_outputs, num_items_in_batch)
 
     def token_loss(self, model, model_inputs, batch, return_outputs, num_items_in_batch):
         """token_loss over the trained positions only: one forward (batch_loss), the micro-batch's
         summed (weighted) token loss and router term over `num_items_in_batch`, the step's label
         tokens on every rank (BatchLoss.over), times the processes as Trainer.compute_loss does
         with average_tokens_across_devices (transformers 5.23), since DDP averages gradients.
-        Trainer takes it as scaled for gradient accumulation: compute_loss_func is set."""
+        Trainer takes it as scaled for gradient accumulation: compute_loss_func is set. One
+        forward, whatever Trainer subclass comes next (TRL's SFTTrainer.compute_loss would run a
+        second one, without gradient, for its entropy and accuracy metrics: trl 1.16)."""
         if num_items_in_batch is None:
             raise ValueError("Trainer counted no label tokens: the batches need a 'labels' key")
         parts = batch_loss(model, model_inputs, batch)
@@ -240,11 +324,24 @@ class MMDPTrainerMixin:
             loss = loss * (self.accelerator.num_processes // self.get_tp_size())
         return (loss, parts.outputs) if return_outputs else loss
 
-    def filler_loss(self, model, model_inputs, batch, return_outputs=False):
+    def model_loss(self, model, model_inputs, return_outputs=False, num_items_in_batch=None):
+        """A compute_loss_func of your own: Trainer.compute_loss itself (one forward, the full
+        logits, then compute_loss_func), whatever Trainer subclass comes next (not SFTTrainer's
+        second forward)."""
+        return Trainer.compute_loss(self, model, model_inputs, return_outputs, num_items_in_batch)
+
+    def filler_loss(self, model, model_inputs, batch, return_outputs=False, forward=True):
         """A filler's loss: exactly 0, with a gradient of exactly 0 for every parameter the
         forward used (so DDP and FSDP still reduce at the step's last micro-batch). Every label
         of a filler is ignored, so batch_loss computes no logits; never divided by its label
-        tokens (0: a per-batch mean would be NaN)."""
+        tokens (0: a per-batch mean would be NaN).
+
+        An epoch's end pads its last step with fillers on every rank alike (LoaderForTrainer):
+        those before the step's last micro-batch (`forward` False) run no forward under one
+        process or DDP (Trainer's no_sync: nothing to meet), only a 0 on one parameter, which
+        backward() needs. Under FSDP or DeepSpeed every filler runs the model."""
+        if not (forward or return_outputs or self.is_fsdp_enabled or self.is_deepspeed_enabled):
+            return next(p for p in model.parameters() if p.requires_grad).view(-1)[0] * 0.0
         parts = batch_loss(model, model_inputs, batch)
         loss = parts.over(1) * 0.0
         return (loss, parts.outputs) if return_outputs else loss
@@ -362,7 +459,16 @@ def __getattr__(name: str):
         def __init__(self, *args, **kwargs):
             # SFTTrainer requires a dataset and looks at its first row; the batches are the loader's
             kwargs.setdefault("train_dataset", Dataset.from_dict({"input_ids": [[0]]}))
-            super().__init__(*args, **kwargs)
+            with warnings.catch_warnings():
+                # TRL warns that compute_loss_func costs a second forward: not here (model_loss)
+                warnings.filterwarnings(
+                    "ignore", "`compute_loss_func` is deprecated", FutureWarning
+                )
+                super().__init__(*args, **kwargs)
+
+        def eval_placeholder(self, eval_loader):
+            """SFTTrainer tokenizes an eval set it is given: a one-row placeholder, never read."""
+            return Dataset.from_dict({"input_ids": [[0]]})
 
     globals()[name] = MMDPSFTTrainer
     return MMDPSFTTrainer

@@ -2,34 +2,18 @@
 
 Trainer reads a loader's len() once and takes that many batches from every epoch, but a planned
 epoch's batch count follows its shuffle. `LoaderForTrainer` shows Trainer no length and pads each
-planned epoch's last optimizer step with `filler` micro-batches (they train nothing), so every step
-holds one epoch's batches; `planned_max_steps` turns whole epochs into max_steps; `LoaderEpoch`
+planned epoch's last optimizer step with filler micro-batches that train nothing
+(mmdp.packing.batch.filler_batch), so every step holds one epoch's batches; `planned_max_steps` turns whole epochs into max_steps; `LoaderEpoch`
 makes Trainer's `epoch` (its logs, its "per epoch" saving) the loader's. mmdp.training.trainer
 tells the whole story, with transformers' file and line numbers.
 """
 
 import math
 
-import torch
 from transformers import TrainerCallback
 
-from mmdp import config
+from mmdp.packing.batch import filler_batch
 from mmdp.training.recipes import batches_forever
-
-
-def filler(batch: dict) -> dict:
-    """A copy of `batch` that trains nothing: every label -100 and no sample. It pads an epoch's
-    last optimizer step to `gradient_accumulation_steps` micro-batches (LoaderForTrainer): its
-    loss and its gradient are exactly 0, and Trainer counts none of its tokens."""
-    out = dict(batch, filler=True)
-    out["labels"] = torch.full_like(batch["labels"], config.IGNORE_INDEX)
-    out["sample_index"] = batch["sample_index"][:0]
-    out["samples_per_row"] = torch.zeros_like(batch["samples_per_row"])
-    out["real_token_mask"] = torch.zeros_like(batch["real_token_mask"])
-    out["dropped"], out["converted"] = {}, {}  # counted with the batch it copies
-    if "loss_weights" in batch:
-        out["loss_weights"] = torch.zeros_like(batch["loss_weights"])
-    return out
 
 
 def epoch_batches(dataset, epoch: int) -> int:
@@ -85,8 +69,11 @@ class LoaderForTrainer:
                 yield last
             self.loader.set_epoch(self.dataset.epoch + 1)
             if last is not None:
-                for _ in range(-planned % self.grad_accum):
-                    yield filler(last)
+                fillers = -planned % self.grad_accum
+                for i in range(fillers):
+                    # only the step's last micro-batch syncs (DDP's all-reduce): the fillers
+                    # before it need no forward (MMDPTrainer.filler_loss)
+                    yield {**filler_batch(last), "forward": i == fillers - 1}
 
     def set_epoch(self, epoch: int) -> None:
         """Trainer's epoch is always 0 here (one pass): the loader keeps its own epochs."""
@@ -102,13 +89,16 @@ class LoaderEpoch(TrainerCallback):
     """Trainer's `epoch` is the loader's, and its epoch strategies follow the loader's epochs.
 
     Trainer, running one pass, would log the fraction of the run as `epoch`
-    (transformers/trainer.py:1948, set just before on_step_end) and save or log "per epoch"
-    only at the end of that pass. Here the step that ends a loader epoch asks for them.
+    (transformers/trainer.py:1948, set just before on_step_end) and save, log or evaluate "per
+    epoch" only at the end of that pass. Here the step that ends a loader epoch asks for them;
+    at the end of the pass Trainer's own "epoch" evaluation is dropped when that step has just
+    evaluated (DefaultFlowCallback.on_epoch_end asks again at the same step).
     """
 
     def __init__(self, loader):
         self.loader = loader
         self.epochs_done = 0
+        self.evaluated_at = None  # the global step of the last evaluation
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.epochs_done = math.floor(state.epoch or 0)  # a resumed run's, from its checkpoint
@@ -120,6 +110,14 @@ class LoaderEpoch(TrainerCallback):
             self.epochs_done = int(state.epoch)  # this step ended an epoch
             control.should_save |= args.save_strategy == "epoch"
             control.should_log |= args.logging_strategy == "epoch"
+            control.should_evaluate |= args.eval_strategy == "epoch"
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.evaluated_at = state.global_step
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.evaluated_at == state.global_step:  # after DefaultFlowCallback's: not twice
+            control.should_evaluate = False
 
 
 def planned_max_steps(loader, args) -> int:

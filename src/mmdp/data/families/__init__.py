@@ -15,8 +15,8 @@ from pathlib import Path
 
 from mmdp.data.families.base import ModelFamily
 from mmdp.data.families.tiny import TinyFamily
-from mmdp.data.hub import looks_like_a_path, require_hub
-from mmdp.errors import UserError
+from mmdp.data.hub import looks_like_a_path, offline_mode, require_hub
+from mmdp.errors import UserError, first_sentence
 
 # The real families, as "module:class", imported when first asked for: a real family imports
 # transformers' image processors, and they import torchvision and torch._dynamo (20 s on a busy
@@ -89,12 +89,15 @@ def tiny_processor(name: str):
     return getattr(module, "tiny_processor", module.offline_processor)(family)
 
 
-def load_processor(name_or_path: str):
+PROCESSOR_HINT = "run without --processor to use the family's processor built offline (--model)"
+
+
+def load_processor(name_or_path: str, hint: str = PROCESSOR_HINT):
     """A model's processor from the Hub or a local folder (AutoProcessor); one sentence when it
-    cannot be had (offline, or not a processor mmdp packs for)."""
+    cannot be had (offline, or not a processor mmdp packs for), ending in `hint`: what to run
+    instead, in the flags of the script that asked (stage 5's --processor by default)."""
     from transformers import AutoProcessor
 
-    hint = "run without --processor to use the family's processor built offline (--model)"
     if looks_like_a_path(name_or_path) and not Path(name_or_path).exists():
         raise UserError(f"processor {name_or_path!r}: no such directory")
     if not Path(name_or_path).exists():
@@ -103,8 +106,15 @@ def load_processor(name_or_path: str):
         processor = AutoProcessor.from_pretrained(name_or_path)
     except (OSError, ValueError, ImportError) as error:
         raise UserError(
-            f"could not load processor {name_or_path!r} ({error.__class__.__name__}: {error}); "
-            f"{hint}"
+            f"could not load processor {name_or_path!r} ({why(error)}); {hint}"
         ) from error
     family_for(processor)  # refuses a family mmdp does not pack for, in one sentence
     return processor
+
+
+def why(error: Exception) -> str:
+    """Why from_pretrained failed, in a few words. With HF_HUB_OFFLINE set, a name missing from
+    the local cache: transformers' own OSError says so in two sentences over two lines."""
+    if offline_mode() and isinstance(error, OSError):
+        return "not in the local Hugging Face cache, and HF_HUB_OFFLINE is set"
+    return f"{error.__class__.__name__}: {first_sentence(error)}"

@@ -29,6 +29,7 @@ the planned weight of every row is the length of the sample the processor builds
 import hashlib
 import json
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 
@@ -41,7 +42,9 @@ from mmdp.data.conversation import (
     chat_messages,
     chat_turns,
     reply_spans,
+    system_prompt,
 )
+from mmdp.data.files import in_flight
 from mmdp.data.images import BadImage, decode_image, image_size
 from mmdp.data.videos import BadVideo, decode_frames, video_metadata
 from mmdp.drop_reasons import VIDEO_REFUSED
@@ -79,6 +82,32 @@ def concatenate(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(tensors, out=out)
 
 
+def effective_settings(processor) -> dict:
+    """The settings a transformers image or video processor preprocesses with: each of its valid
+    kwargs read from its attribute, then resolved by its own `_standardize_kwargs`, exactly as its
+    `preprocess` does (BaseImageProcessor.preprocess, BaseVideoProcessor.preprocess, transformers
+    5.23). So a setting made the way users make them counts: `image_processor.max_pixels = N` on
+    a loaded Qwen-VL processor overrides its `size` in preprocessing, and here, where its `size`
+    alone (what get_number_of_image_patches reads) would not."""
+    names = processor.valid_kwargs.__annotations__
+    kwargs = {name: getattr(processor, name, None) for name in names}
+    with warnings.catch_warnings():  # the processor warns about min/max_pixels when it preprocesses
+        warnings.simplefilter("ignore", FutureWarning)
+        return processor._standardize_kwargs(**kwargs)
+
+
+def plain_settings(settings: dict, names) -> dict:
+    """`names` of resolved settings as JSON-able values (a SizeDict as a dict, None left out): what
+    a family's fingerprint and its refusals name."""
+    out = {}
+    for name in names:
+        value = settings.get(name)
+        if value is not None and hasattr(value, "items"):
+            value = {k: v for k, v in dict(value).items() if v is not None}
+        out[name] = value
+    return out
+
+
 @dataclass(frozen=True)
 class ImageLayout:
     """What one image costs a model, from its width and height alone.
@@ -110,12 +139,16 @@ class ModelFamily:
     vision_keys: tuple[str, ...] = ("pixel_values",)
     video_keys: tuple[str, ...] = ()  # ...and of its batches with videos
     token_keys: tuple[str, ...] = ()  # per-token inputs besides input_ids (0 on padding)
+    # the leading shape of a sample's position_ids: () for [n], (4,) for Qwen-VL's [4, n]; a
+    # pack takes its shape from here, not from its samples (it may have none left)
+    position_rows: tuple[int, ...] = ()
     needs_image_sizes = True  # weighing reads every image's header
     # None: the model masks each sample of a pack from its restarting position_ids; else the
     # name of the attention mask mmdp builds for it instead (mmdp.models.inputs.PACKED_MASKS)
     packed_mask: str | None = None
-    # stage 5's budgets for the family when none is given: tokens a pack holds, and patches
-    # (None: no patch budget); each family sets them for a few images a pack
+    # the family's budgets when none is given: tokens a pack holds, and patches (None: no patch
+    # budget); each family sets them for a few images a pack. Read only by
+    # mmdp.packing.packing_config.default_config, the one place that resolves them
     default_max_length = config.MAX_LENGTH
     default_max_patches: int | None = None
 
@@ -169,6 +202,20 @@ class ModelFamily:
         concatenated along its first dimension; none when no sample has an image."""
         return concatenate_vision(samples)
 
+    def read_settings(self) -> dict:
+        """The family's: read the processor's effective settings (`effective_settings`) into the
+        family, for the weights to follow what the processor will do; refuse (UserError, one
+        sentence) settings mmdp cannot weigh. Called when the family is made and again by every
+        weigh, make_sample, image_costs and video_costs (a setting changed in between counts).
+        Returns the settings that change a count (JSON-able: part of `fingerprint`)."""
+        return {}
+
+    def model_settings(self) -> dict:
+        """What the batches assume of the model's config, by its path in the config (e.g.
+        "vision_config.tokens_per_second"): mmdp.models.inputs.model_inputs refuses a model
+        configured otherwise. Every real family: the config's id of its feature token."""
+        return {"image_token_id": self.feature_token_id}
+
     def fingerprint(self) -> dict:
         """Everything that changes a row's weight: what the weights' cache key depends on."""
         return {
@@ -176,6 +223,7 @@ class ModelFamily:
             "tokenizer": tokenizer_fingerprint(self.tokenizer),
             "processor": self.processor.to_json_string(),
             "chat_template": self.processor.chat_template,
+            "settings": self.read_settings(),  # as resolved: attributes set on it included
         }
 
     # The same for every family --------------------------------------------------------------
@@ -198,13 +246,19 @@ class ModelFamily:
         return layouts
 
     def expanded_text(
-        self, turns, layouts: list[ImageLayout], labels: bool = True
-    ) -> tuple[str, list[tuple[int, int]]]:
+        self, turns, layouts: list[ImageLayout], labels: bool = True, system: str | None = None
+    ) -> tuple[str, list[tuple[int, int]], list[ImageLayout]]:
         """Steps 1-2: the rendered conversation with every image's and video's text in place
-        (`layouts`: the images', then the videos'), and the character spans of the replies (to
-        label; none when `labels` is False: weighing needs only the text)."""
+        (`layouts`: the images', then the videos', each in file order), the character spans of
+        the replies (to label; none when `labels` is False: weighing needs only the text), and
+        the layouts in the order the text holds them.
+
+        Each image token the template renders takes the next image's layout, each video token
+        the next video's: a row's tags put its files anywhere (mmdp.data.conversation), and a
+        template may order a message's items its own way (LLaVA-OneVision's renders a
+        message's images first)."""
         videos = sum(layout.video for layout in layouts)
-        messages = chat_messages(turns, len(layouts) - videos, videos)
+        messages = chat_messages(turns, len(layouts) - videos, videos, system)
         if labels:
             text, spans = reply_spans(self.render, messages, self.end_of_turn)
         else:
@@ -212,29 +266,36 @@ class ModelFamily:
         tokens = [self.image_token] + ([self.video_token] if self.video_token else [])
         pieces = re.split("(" + "|".join(map(re.escape, tokens)) + ")", text)
         parts, found = pieces[::2], pieces[1::2]
-        wanted = [self.video_token if layout.video else self.image_token for layout in layouts]
-        if found != wanted:
+        queues = {
+            self.image_token: iter([layout for layout in layouts if not layout.video]),
+            self.video_token: iter([layout for layout in layouts if layout.video]),
+        }
+        ordered = [next(queues[token], None) for token in found]
+        if None in ordered or len(ordered) != len(layouts):
+            wanted = [self.video_token if layout.video else self.image_token for layout in layouts]
             raise RuntimeError(f"the chat template rendered {found} for {wanted}")
         # where each image (or video) token starts in the rendered text, and how much its text
         # grows it
         starts = [
             sum(len(part) for part in parts[: k + 1]) + sum(map(len, found[:k]))
-            for k in range(len(layouts))
+            for k in range(len(ordered))
         ]
-        grows = [len(layout.text) - len(token) for layout, token in zip(layouts, found)]
+        grows = [len(layout.text) - len(token) for layout, token in zip(ordered, found)]
         moved = [
             (a + shift, b + shift)
             for a, b in spans
             for shift in [sum(g for s, g in zip(starts, grows) if s < a)]
         ]
         pieces = [parts[0]]
-        for layout, part in zip(layouts, parts[1:]):
+        for layout, part in zip(ordered, parts[1:]):
             pieces += [layout.text, part]
-        return "".join(pieces), moved
+        return "".join(pieces), moved, ordered
 
-    def encode(self, turns, layouts: list[ImageLayout]) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(
+        self, turns, layouts: list[ImageLayout], system: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Step 3: (input_ids, labels) of a conversation whose images cost `layouts`."""
-        text, spans = self.expanded_text(turns, layouts)
+        text, spans, ordered = self.expanded_text(turns, layouts, system=system)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         input_ids = torch.tensor(encoded["input_ids"], dtype=torch.long)
         in_reply = [
@@ -243,11 +304,12 @@ class ModelFamily:
         labels = torch.where(
             torch.tensor(in_reply, dtype=torch.bool), input_ids, config.IGNORE_INDEX
         )
-        repeats = self.feature_repeats(input_ids, layouts)
+        repeats = self.feature_repeats(input_ids, ordered)
         return input_ids.repeat_interleave(repeats), labels.repeat_interleave(repeats)
 
     def feature_repeats(self, input_ids: torch.Tensor, layouts: list[ImageLayout]) -> torch.Tensor:
-        """How many times each token stands: each feature token its run's length, others once."""
+        """How many times each token stands: each feature token its run's length, others once
+        (`layouts` in the order the text holds them)."""
         runs = [run for layout in layouts for run in layout.runs]
         is_feature = torch.isin(input_ids, torch.tensor(self.feature_token_ids))
         if int(is_feature.sum()) != len(runs):
@@ -265,19 +327,25 @@ class ModelFamily:
         """Tokens, images, patches and drop reason (None: usable) of many rows, from their text
         and their images' and videos' headers; one batched tokenizer call. A video's patches
         count with its row's (it is never split), its frames not as images."""
+        self.read_settings()
         lengths, image_counts, patches, reasons = [], [], [], []
         rendered, rendered_rows = [], []
         videos_of_rows = videos_of_rows or [None] * len(texts_of_rows)
+        # every header of the rows at once: remote files' requests wait on the network together
+        sizes = iter(in_flight(image_size, [i for images in images_of_rows for i in images or []]))
         for row, (texts, images, videos) in enumerate(
             zip(texts_of_rows, images_of_rows, videos_of_rows)
         ):
             images = images or []
             image_counts.append(len(images))
+            row_sizes = [next(sizes) for _ in images]
             try:
-                layouts = self.layouts([image_size(image) for image in images])
+                layouts = self.layouts([outcome(size) for size in row_sizes])
                 layouts += self.video_layouts(videos)
                 turns = chat_turns(texts, self.reserved)
-                text, _ = self.expanded_text(turns, layouts, labels=False)
+                text, _, _ = self.expanded_text(
+                    turns, layouts, labels=False, system=system_prompt(texts)
+                )
             except (BadConversation, BadImage, BadVideo) as error:
                 lengths.append(0)
                 patches.append(0)
@@ -303,10 +371,13 @@ class ModelFamily:
     def image_costs(self, images_of_rows) -> list[tuple[int, int]]:
         """(tokens, patches) of every image of the rows, from their headers (refused images
         left out): what a report or a figure shows of a family's rules."""
+        self.read_settings()
         costs = []
+        sizes = iter(in_flight(image_size, [i for images in images_of_rows for i in images or []]))
         for images in images_of_rows:
+            row_sizes = [next(sizes) for _ in images or []]
             try:
-                layouts = self.layouts([image_size(image) for image in images or []])
+                layouts = self.layouts([outcome(size) for size in row_sizes])
             except BadImage:
                 continue
             costs += [(self.image_tokens(layout), layout.patches) for layout in layouts]
@@ -315,6 +386,7 @@ class ModelFamily:
     def video_costs(self, videos_of_rows) -> list[tuple[int, int]]:
         """(tokens, patches) of every video of the rows, from their headers (refused or broken
         videos left out): what stage 5 reports of the videos it packed."""
+        self.read_settings()
         costs = []
         for videos in videos_of_rows:
             try:
@@ -326,16 +398,18 @@ class ModelFamily:
 
     def tokenize(self, texts, images, videos=None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         """(input_ids, labels, images, patches) of a row, its images and videos read from their
-        headers (pretokenizing: mmdp.packing.weighing)."""
+        headers (pretokenizing: mmdp.packing.weighing, which reads the settings once a batch)."""
         layouts = self.layouts([image_size(image) for image in images or []])
         videos = self.video_layouts(videos)
-        input_ids, labels = self.encode(chat_turns(texts, self.reserved), layouts + videos)
+        turns = chat_turns(texts, self.reserved)
+        input_ids, labels = self.encode(turns, layouts + videos, system_prompt(texts))
         patches = sum(layout.patches for layout in layouts + videos)
         return input_ids, labels, len(layouts), patches
 
     def make_sample(self, row: dict, index: int, tokenized=None) -> dict:
         """One row -> one sample (see mmdp.data.vqa_dataset): the model's processor on its images,
         its tokens from `encode` (or `tokenized`, computed ahead by weighing)."""
+        self.read_settings()
         images = row["images"] or []
         try:
             decoded = [decode_image(image) for image in images]
@@ -343,7 +417,8 @@ class ModelFamily:
             videos, video_layouts = self.decode_videos(row.get("videos"))
             layouts += video_layouts
             if tokenized is None:
-                tokenized = self.encode(chat_turns(row["texts"], self.reserved), layouts)
+                turns = chat_turns(row["texts"], self.reserved)
+                tokenized = self.encode(turns, layouts, system_prompt(row["texts"]))
         except (BadConversation, BadImage, BadVideo) as error:
             return {"row": index, "drop_reason": error.reason}
         input_ids, labels = tokenized
@@ -382,6 +457,13 @@ class ModelFamily:
         """The per-token inputs of `token_keys`: 1 on image features, 0 elsewhere."""
         is_feature = (input_ids == self.feature_token_id).long()
         return {key: is_feature for key in self.token_keys}
+
+
+def outcome(result):
+    """A result of mmdp.data.files.in_flight: the value, or the exception it holds, raised."""
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def tokenizer_fingerprint(tokenizer) -> dict:

@@ -53,7 +53,8 @@ from transformers import (
 from transformers.image_utils import PILImageResampling
 
 from mmdp import config
-from mmdp.data.families.base import ImageLayout, ModelFamily
+from mmdp.data.families.base import ImageLayout, ModelFamily, effective_settings
+from mmdp.errors import UserError
 
 # google/gemma-3-*-it's chat template, verbatim: `_CHAT_TEMPLATE` of transformers'
 # models/gemma3/convert_gemma3_weights.py (huggingface/transformers@0d7e95d9), saved with the
@@ -185,9 +186,24 @@ class Gemma3(ModelFamily):
             "pan_and_scan_max_num_crops": pan_and_scan_max_num_crops,
             "pan_and_scan_min_ratio_to_activate": pan_and_scan_min_ratio_to_activate,
         }
-        side = processor.image_processor.size["height"]
-        self.patches_per_run = (side // PATCH_SIZE) ** 2
         self.image_texts = {}  # crops -> the image's text, with one soft token per run
+        self.read_settings()
+
+    def read_settings(self) -> dict:
+        """The image processor's effective size (patches per image or crop), and pan-and-scan:
+        the family's setting, which it passes at every call. One the image processor was given
+        (as an attribute, or when built) and the family says otherwise is refused: the
+        processor would never apply it (Gemma3Processor sends its own, and so does mmdp)."""
+        settings = effective_settings(self.processor.image_processor)
+        self.patches_per_run = (settings["size"]["height"] // PATCH_SIZE) ** 2
+        for name, ours in self.pan_and_scan.items():
+            theirs = settings.get(name)
+            if theirs is not None and theirs != ours:
+                raise UserError(
+                    f"the image processor has {name}={theirs!r}, which Gemma3Processor (and mmdp) "
+                    f"never applies: pass it to the family, Gemma3(processor, {name}={theirs!r})"
+                )
+        return {"patches_per_run": self.patches_per_run, "pan_and_scan": self.pan_and_scan}
 
     def crops(self, width: int, height: int) -> int:
         if not self.pan_and_scan["do_pan_and_scan"]:
@@ -233,6 +249,10 @@ class Gemma3(ModelFamily):
                 f"weighed {weighed} pan-and-scan crops, the image processor made {made} "
                 f"({rows} pixel rows)"
             )
+
+    def model_settings(self) -> dict:
+        """...and the soft tokens an image's run holds, which the model's vision tower makes."""
+        return {**super().model_settings(), "mm_tokens_per_image": self.processor.image_seq_length}
 
     def fingerprint(self) -> dict:
         """The processor's, plus pan-and-scan: a setting of the family, not of the processor."""

@@ -30,6 +30,16 @@ What a packed batch must carry (M:352-420, 466-555):
 The model checks only the TOTAL number of image features against the <image> tokens
 (M:446-452), so images out of order are silent when the totals agree (tests/test_families.py).
 
+Videos (transformers 5.23, video_processing_llava_onevision.py, P:98-104, M:563-621): each sampled
+frame is resized to one tile and goes through the vision tower as a crop; its features are
+pooled 2 x 2 (ceil: 27 x 27 -> 14 x 14 = 196 a frame at 384 px), and one newline feature closes
+the video: frames x pooled^2 + 1 <video> tokens, one run. The model takes every video of a batch
+as ONE tensor, `pixel_values_videos` [videos, frames, 3, tile, tile], so the videos of a batch
+must have as many frames: mmdp needs a video processor that samples a fixed number of them
+(`do_sample_frames=True, num_frames=N`, as offline_processor and tiny_processor set it) and
+refuses another in one sentence. A clip with fewer frames than N is refused by the processor's
+own sampling rule (counted as `video_refused`).
+
 `offline_processor(family)` builds the real processor with no network; `tiny_processor(family)`
 the same with 32 px tiles, for mmdp.models.tiny.llava_onevision's random model of the real class
 with a processor's geometry. The tests' packed batch of six small samples (tests/test_families.py,
@@ -37,6 +47,7 @@ packed_batch) is 2 rows of 2,860 tokens and eight 384 px crops with the real til
 262 tokens and 21 crops of 32 px with the tiny ones: the tiny model's tests run in seconds.
 """
 
+import copy
 import math
 
 import torch
@@ -45,7 +56,9 @@ from transformers import AutoTokenizer
 from transformers.image_processing_utils import select_best_resolution
 
 from mmdp import config
-from mmdp.data.families.base import ImageLayout, ModelFamily
+from mmdp.data.families.base import ImageLayout, ModelFamily, effective_settings
+from mmdp.data.videos import BadVideo
+from mmdp.drop_reasons import VIDEO_REFUSED
 from mmdp.errors import UserError
 
 # llava-hf/llava-onevision-qwen2-*-hf's chat_template.json, verbatim as transformers pins it
@@ -75,6 +88,9 @@ SPECIAL_TOKENS = {"image_token": "<image>", "video_token": "<video>"}
 # are None (P:36-37), and with num_image_tokens=None it fails.
 NUM_IMAGE_TOKENS = (384 // 14) ** 2
 FEATURE_SELECT_STRATEGY = "full"
+# The frames the offline processors' video processor samples from every clip (uniformly, by
+# transformers' default_sample_indices_fn): the synthetic clips have 4 to 24, so every one fits.
+VIDEO_FRAMES = 4
 
 
 class LlavaOnevision(ModelFamily):
@@ -82,8 +98,10 @@ class LlavaOnevision(ModelFamily):
 
     name = "llava_onevision"
     image_token = feature_token = "<image>"
+    video_token = video_feature_token = "<video>"
     end_of_turn = "<|im_end|>"
     vision_keys = ("pixel_values", "image_sizes", "batch_num_images")  # the last made per batch
+    video_keys = ("pixel_values_videos",)
     # A pack of a few images. An image alone in its sample costs at most 8,765 tokens (947 x 1154:
     # anyres_max_9 shrinks a grid's features only past 1.1^2 x 9 crops' worth; a 3 px scan of
     # 200-2400 px sides) and a 512 x 512 one 3,699, so 10,240 tokens hold any one image with ~1,400 tokens of
@@ -104,7 +122,29 @@ class LlavaOnevision(ModelFamily):
                 f"and vision_feature_select_strategy={strategy!r}; set them as the checkpoints "
                 f"do ({NUM_IMAGE_TOKENS} for 384 px SigLIP, {FEATURE_SELECT_STRATEGY!r})"
             )
-        self.tile = processor.image_processor.size["height"]  # crops are square (IP:202-207)
+        self.read_settings()
+
+    def read_settings(self) -> dict:
+        """The image processor's effective crop size and grid pinpoints (as its preprocess
+        resolves them), and the processor's features a crop."""
+        settings = effective_settings(self.processor.image_processor)
+        self.tile = settings["size"]["height"]  # crops are square (IP:202-207)
+        self.pinpoints = settings["image_grid_pinpoints"]
+        return {
+            "tile": self.tile,
+            "image_grid_pinpoints": self.pinpoints,
+            "num_image_tokens": self.processor.num_image_tokens,
+            "vision_aspect_ratio": self.processor.vision_aspect_ratio,
+        }
+
+    def model_settings(self) -> dict:
+        """...and what decides each image's features: the model unpads an image's grid of
+        crops by its own pinpoints and feature strategy (M:281-344)."""
+        return {
+            **super().model_settings(),
+            "vision_feature_select_strategy": self.processor.vision_feature_select_strategy,
+            "image_grid_pinpoints": self.processor.image_processor.image_grid_pinpoints,
+        }
 
     def image_layout(self, width: int, height: int, images_in_sample: int) -> ImageLayout:
         crops = self.crops(height, width, images_in_sample)
@@ -116,8 +156,7 @@ class LlavaOnevision(ModelFamily):
         chosen pinpoint's grid plus the base crop (IP:136-151; the model's count, M:185-219)."""
         if images_in_sample > 1:
             return 1
-        pinpoints = self.processor.image_processor.image_grid_pinpoints
-        best_height, best_width = select_best_resolution((height, width), pinpoints)
+        best_height, best_width = select_best_resolution((height, width), self.pinpoints)
         return math.ceil(best_height / self.tile) * math.ceil(best_width / self.tile) + 1
 
     def features(self, height: int, width: int, images_in_sample: int) -> int:
@@ -138,31 +177,84 @@ class LlavaOnevision(ModelFamily):
         }
 
     def check_vision(self, vision: dict, layouts: list[ImageLayout]) -> None:
-        made = len(vision["pixel_values"]) if vision else 0
-        weighed = sum(layout.patches for layout in layouts) // self.processor.num_image_tokens
+        made = len(vision["pixel_values"]) if "pixel_values" in vision else 0
+        images = [layout for layout in layouts if not layout.video]
+        weighed = sum(layout.patches for layout in images) // self.processor.num_image_tokens
         if made != weighed:
             raise RuntimeError(f"weighed {weighed} crops, the image processor made {made}")
+        videos = vision.get("pixel_values_videos")
+        made = [] if videos is None else [videos.shape[1]] * len(videos)
+        weighed = [
+            layout.patches // self.processor.num_image_tokens for layout in layouts if layout.video
+        ]
+        if made != weighed:
+            raise RuntimeError(f"weighed {weighed} frames, the video processor made {made}")
 
     def collate_vision(self, samples: list[dict]) -> dict:
         """The batch's crops and sizes in sample order, and `batch_num_images` from EVERY
         sample's image_count (0 for a text-only sample, which carries no vision inputs): the
-        model reads it as images per sample to know which images are alone in theirs."""
+        model reads it as images per sample to know which images are alone in theirs. Then the
+        videos (collate_videos)."""
+        out = self.collate_videos(samples)
         if not any(s["image_count"] for s in samples):
-            return {}  # the model refuses empty pixel tensors
+            return out  # the model refuses empty pixel tensors
         with_images = [s for s in samples if s["image_count"]]
         return {
             "pixel_values": torch.cat([s["pixel_values"] for s in with_images]),
             "image_sizes": torch.cat([s["image_sizes"] for s in with_images]),
             "batch_num_images": torch.tensor([s["image_count"] for s in samples]),
+            **out,
         }
+
+    # Videos ------------------------------------------------------------------------------------
+
+    def video_frames(self, metadata) -> list[int]:
+        """The frames the video processor samples: its fixed `num_frames`, by its own rule
+        (default_sample_indices_fn); a clip with fewer frames is refused."""
+        videos = self.processor.video_processor
+        if not (videos.do_sample_frames and videos.num_frames):
+            raise UserError(
+                "LLaVA-OneVision takes a batch's videos as one tensor of as many frames each: set "
+                "the processor's video_processor.do_sample_frames=True and num_frames (e.g. 8)"
+            )
+        try:
+            return [int(i) for i in videos.sample_frames(copy.copy(metadata))]
+        except ValueError as error:  # fewer frames than it samples
+            raise BadVideo(VIDEO_REFUSED, str(error)) from error
+
+    def video_layout(self, metadata, frames: list[int]) -> ImageLayout:
+        """One run of <video> tokens, as many as the processor's replace_video_token writes for
+        `frames` frames (P:98-104: frames x pooled^2 + 1 newline); each frame is one crop of the
+        vision tower (num_image_tokens patches)."""
+        text = self.processor.replace_video_token({"pixel_values_videos": [frames]}, video_idx=0)
+        features = len(text) // len(self.video_token)
+        patches = len(frames) * self.processor.num_image_tokens
+        return ImageLayout(self.video_token, (features,), patches, video=True)
+
+    def video_inputs(self, videos: list, metadata: list) -> dict:
+        """The video processor on the frames mmdp sampled by its rule (so it samples no more):
+        pixel_values_videos [videos, frames, 3, tile, tile]."""
+        out = self.processor.video_processor(
+            videos=list(videos), do_sample_frames=False, return_tensors="pt"
+        )
+        return {"pixel_values_videos": out["pixel_values_videos"]}
+
+    def collate_videos(self, samples: list[dict]) -> dict:
+        """Every video of the batch, in sample order, as one tensor; none without a video."""
+        videos = [s["pixel_values_videos"] for s in samples if "pixel_values_videos" in s]
+        return {"pixel_values_videos": torch.cat(videos)} if videos else {}
 
 
 def offline_processor(family: type[LlavaOnevision] = LlavaOnevision):
     """The processor of llava-hf/llava-onevision-qwen2-*-ov-hf built with no network: the real
     image processor with its class defaults (384 px tiles, the 36 pinpoints up to 2304 px, CLIP's
-    mean and std: the checkpoints' preprocessor_config.json), mmdp's SmolLM2 tokenizer plus
-    <image> and <video>, and the checkpoints' chat template."""
-    return build_processor(transformers.LlavaOnevisionImageProcessor(), NUM_IMAGE_TOKENS)
+    mean and std: the checkpoints' preprocessor_config.json), the real video processor sampling
+    VIDEO_FRAMES frames, mmdp's SmolLM2 tokenizer plus <image> and <video>, and the checkpoints'
+    chat template."""
+    videos = transformers.LlavaOnevisionVideoProcessor(
+        do_sample_frames=True, num_frames=VIDEO_FRAMES
+    )
+    return build_processor(transformers.LlavaOnevisionImageProcessor(), NUM_IMAGE_TOKENS, videos)
 
 
 def tiny_processor(family: type[LlavaOnevision] = LlavaOnevision, tile: int = 32, patch: int = 8):
@@ -174,18 +266,20 @@ def tiny_processor(family: type[LlavaOnevision] = LlavaOnevision, tile: int = 32
         size={"height": tile, "width": tile},
         image_grid_pinpoints=[[tile * i, tile * j] for i in range(1, 7) for j in range(1, 7)],
     )
-    return build_processor(image_processor, (tile // patch) ** 2)
+    videos = transformers.LlavaOnevisionVideoProcessor(
+        size={"height": tile, "width": tile}, do_sample_frames=True, num_frames=VIDEO_FRAMES
+    )
+    return build_processor(image_processor, (tile // patch) ** 2, videos)
 
 
-def build_processor(image_processor, num_image_tokens: int):
+def build_processor(image_processor, num_image_tokens: int, video_processor):
     tokenizer = AutoTokenizer.from_pretrained(
         config.DEFAULT_TOKENIZER, extra_special_tokens=dict(SPECIAL_TOKENS)
     )
     return transformers.LlavaOnevisionProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,
-        # never run on images, but the processor refuses None (processing_utils.py:660-667)
-        video_processor=transformers.LlavaOnevisionVideoProcessor(),
+        video_processor=video_processor,
         num_image_tokens=num_image_tokens,
         vision_feature_select_strategy=FEATURE_SELECT_STRATEGY,
         chat_template=CHAT_TEMPLATE,

@@ -45,10 +45,16 @@ import transformers
 from transformers import AutoTokenizer, Qwen2VLImageProcessor
 
 from mmdp import config
-from mmdp.data.families.base import ImageLayout, ModelFamily
+from mmdp.data.families.base import (
+    ImageLayout,
+    ModelFamily,
+    effective_settings,
+    plain_settings,
+)
 from mmdp.data.images import BadImage
 from mmdp.data.videos import BadVideo
 from mmdp.drop_reasons import IMAGE_SIZE_REFUSED, VIDEO_REFUSED
+from mmdp.errors import UserError
 
 # Qwen2.5-VL-*-Instruct's chat template (as transformers pins it in
 # tests/models/qwen2_5_vl/test_processor_qwen2_5_vl.py): a default system prompt, each image
@@ -87,6 +93,18 @@ SPECIAL_TOKENS = {
 }
 
 
+# The video processor's resolved settings that change a video's count (what the fingerprint
+# names), and those of its frame sampling where it has them.
+VIDEO_COUNT_SETTINGS = (
+    "size",
+    "patch_size",
+    "merge_size",
+    "temporal_patch_size",
+    "cap_pixels_per_frame",
+    "max_video_tokens",
+)
+VIDEO_SAMPLING = ("do_sample_frames", "fps", "num_frames", "min_frames", "max_frames")
+
 # mm_token_type_ids' values (processing_utils.py:995)
 TEXT_TYPE, IMAGE_TYPE, VIDEO_TYPE = 0, 1, 2
 
@@ -100,6 +118,7 @@ class QwenVL(ModelFamily):
     vision_keys = ("pixel_values", "image_grid_thw")
     video_keys = ("pixel_values_videos", "video_grid_thw")
     token_keys = ("mm_token_type_ids",)
+    position_rows = (4,)  # text positions, then the 3-D rope index (see `positions`)
     model_class = None  # the transformers model whose get_rope_index computes positions
     config_class = None
     tokens_per_second = None  # the vision config's, where the rope index reads one (videos)
@@ -107,16 +126,60 @@ class QwenVL(ModelFamily):
     default_max_length = 2048
     default_max_patches = 8192
 
-    def __init__(self, processor):
+    def __init__(self, processor, *, tokens_per_second: int | None = None):
+        """`tokens_per_second` (Qwen2.5-VL): the model's vision_config.tokens_per_second, if it
+        is not the released checkpoints' 2 (model_inputs refuses a batch built otherwise)."""
         super().__init__(processor)
-        self.merge_size = processor.image_processor.merge_size
-        self.rope = RopeIndex(
-            self.model_class, self.config_class, self.merge_size, self.tokens_per_second
-        )
+        if tokens_per_second is not None:
+            self.tokens_per_second = tokens_per_second
+        self.merge_size = None
+        self.read_settings()
+
+    def read_settings(self) -> dict:
+        """The image processor's size after its own resolution (a min_pixels or max_pixels set as
+        an attribute overrides `size`, Qwen2VLImageProcessor._standardize_kwargs), patch and merge
+        sizes; the video processor's likewise, and how it samples frames (sample_frames reads
+        its attributes itself). An image processor that does not resize is refused: its patches
+        would not tile most images."""
+        image = effective_settings(self.processor.image_processor)
+        if not image["do_resize"]:
+            raise UserError(
+                f"{type(self.processor.image_processor).__name__} has do_resize=False, which "
+                "breaks images whose sides are not multiples of its patch; mmdp packs for it "
+                "with do_resize=True (its min_pixels and max_pixels bound the size)"
+            )
+        self.image_kwargs = {
+            "min_pixels": image["size"]["shortest_edge"],
+            "max_pixels": image["size"]["longest_edge"],
+            "patch_size": image["patch_size"],
+            "merge_size": image["merge_size"],
+        }
+        if image["merge_size"] != self.merge_size:  # the positions are computed with it
+            self.merge_size = image["merge_size"]
+            self.rope = RopeIndex(
+                self.model_class, self.config_class, self.merge_size, self.tokens_per_second
+            )
+        settings = {"image": dict(self.image_kwargs)}
+        videos = getattr(self.processor, "video_processor", None)
+        if videos is not None:
+            self.video = effective_settings(videos)
+            names = (*VIDEO_COUNT_SETTINGS, *(k for k in VIDEO_SAMPLING if k in self.video))
+            settings["video"] = plain_settings(self.video, names)
+        return settings
+
+    def model_settings(self) -> dict:
+        """The feature tokens' ids, and what the positions were computed with: the merge size."""
+        return {
+            **super().model_settings(),
+            "video_token_id": self.feature_token_ids[1],
+            "vision_config.spatial_merge_size": self.merge_size,
+        }
 
     def image_layout(self, width: int, height: int, images_in_sample: int) -> ImageLayout:
+        """The processor's own count, given its effective settings (read_settings)."""
+        image_processor = self.processor.image_processor
         try:
-            patches = self.processor.image_processor.get_number_of_image_patches(height, width, {})
+            patches = image_processor.get_number_of_image_patches(height, width, self.image_kwargs)
         except (
             ValueError
         ) as error:  # smart_resize: "absolute aspect ratio must be smaller than 200"
@@ -143,7 +206,7 @@ class QwenVL(ModelFamily):
             )
         except ValueError as error:  # smart_resize: aspect ratio, or fewer frames than 2
             raise BadVideo(VIDEO_REFUSED, f"{metadata.width}x{metadata.height}: {error}") from error
-        grid_t = math.ceil(len(frames) / videos.temporal_patch_size)
+        grid_t = math.ceil(len(frames) / self.video["temporal_patch_size"])
         sampled = copy.copy(metadata)
         sampled.frames_indices = frames
         grid = {
@@ -159,21 +222,22 @@ class QwenVL(ModelFamily):
         return ImageLayout(text, tuple(runs), patches, video=True)
 
     def video_settings(self, frames: int) -> dict:
-        """The video processor's settings for get_num_of_video_patches. Qwen2VLVideoProcessor's
-        leaves out its own cap_pixels_per_frame (video_processing_qwen2_vl.py:389-415 against
-        resize, :252-258): with the cap on, its size is capped here the way resize caps it."""
-        videos = self.processor.video_processor
-        if not (
-            isinstance(videos, transformers.Qwen2VLVideoProcessor) and videos.cap_pixels_per_frame
-        ):
-            return {}
-        factor = videos.patch_size * videos.merge_size
-        total = int(videos.max_video_tokens * factor * factor * 0.9)
-        shortest, longest = videos.size["shortest_edge"], videos.size["longest_edge"]
-        capped = max(
-            min(longest, total * videos.temporal_patch_size // frames), int(shortest * 1.05)
-        )
-        return {"size": {"shortest_edge": shortest, "longest_edge": capped}}
+        """The video processor's effective settings (read_settings) for get_num_of_video_patches,
+        which reads only its `size`, not a min_pixels or max_pixels attribute. Qwen2VLVideoProcessor's
+        also leaves out its own cap_pixels_per_frame (get_num_of_video_patches against resize,
+        video_processing_qwen2_vl.py): with the cap on, the size is capped here as resize caps it."""
+        videos, video = self.processor.video_processor, self.video
+        shortest, longest = video["size"]["shortest_edge"], video["size"]["longest_edge"]
+        factor = video["patch_size"] * video["merge_size"]
+        if isinstance(videos, transformers.Qwen2VLVideoProcessor) and video["cap_pixels_per_frame"]:
+            total = int(video["max_video_tokens"] * factor * factor * 0.9)
+            temporal = video["temporal_patch_size"]
+            longest = max(min(longest, total * temporal // frames), int(shortest * 1.05))
+        names = ("patch_size", "merge_size", "temporal_patch_size", "cap_pixels_per_frame")
+        return {
+            "size": {"shortest_edge": shortest, "longest_edge": longest},
+            **{name: video[name] for name in names},
+        }
 
     def video_inputs(self, videos: list, metadata: list) -> dict:
         """The video processor on the frames mmdp sampled by its rule (so it samples no more)."""
@@ -284,6 +348,12 @@ class Qwen2_5_VL(QwenVL):
     # batches gets other positions for its videos (tests/test_video.py shows it).
     tokens_per_second = 2
     video_keys = (*QwenVL.video_keys, "second_per_grid_ts")
+
+    def model_settings(self) -> dict:
+        """...and the tokens_per_second the videos' temporal positions were spaced by (the rope
+        index's: transformers' default 4 when the family sets none)."""
+        spaced_by = self.rope.config.vision_config.tokens_per_second
+        return {**super().model_settings(), "vision_config.tokens_per_second": spaced_by}
 
     def video_inputs(self, videos: list, metadata: list) -> dict:
         """...and second_per_grid_ts, as Qwen2_5_VLProcessor computes it from the sampled fps

@@ -43,7 +43,12 @@ import transformers
 from transformers import AutoTokenizer
 
 from mmdp import config
-from mmdp.data.families.base import ImageLayout, ModelFamily
+from mmdp.data.families.base import (
+    ImageLayout,
+    ModelFamily,
+    effective_settings,
+    plain_settings,
+)
 from mmdp.errors import UserError
 
 # The chat template saved with HuggingFaceTB/SmolVLM-*-Instruct and SmolVLM2 (verbatim, as in
@@ -106,16 +111,25 @@ class SmolVLM(ModelFamily):
 
     def __init__(self, processor):
         super().__init__(processor)
-        self.tile = processor.image_processor.max_image_size["longest_edge"]
+        self.read_settings()
+
+    def read_settings(self) -> dict:
+        """The image processor's effective resize and tiling (`size`, `max_image_size`,
+        `do_image_splitting`, `do_resize`, as its preprocess resolves them) and the processor's
+        tokens a tile (`image_seq_len`)."""
+        settings = effective_settings(self.processor.image_processor)
+        self.tiling = plain_settings(settings, TILING_SETTINGS)
+        self.tile = self.tiling["max_image_size"]["longest_edge"]
         if self.tile not in PATCH_SIZES:
             raise UserError(
                 f"mmdp does not know the vision encoder's patch size for {self.tile}-pixel tiles "
                 f"(it knows the real checkpoints' {sorted(PATCH_SIZES)})"
             )
         self.patches_per_tile = (self.tile // PATCH_SIZES[self.tile]) ** 2
+        return {**self.tiling, "image_seq_len": self.processor.image_seq_len}
 
     def image_layout(self, width: int, height: int, images_in_sample: int) -> ImageLayout:
-        rows, cols = tile_grid(width, height, self.processor.image_processor)
+        rows, cols = tile_grid(width, height, self.tiling)
         tiles = rows * cols + 1 if rows else 1
         runs = (self.processor.image_seq_len,) * tiles
         return ImageLayout(image_text(rows, cols), runs, tiles * self.patches_per_tile)
@@ -152,23 +166,28 @@ class Idefics3(SmolVLM):
     config_class = transformers.Idefics3Config
 
 
-def tile_grid(width: int, height: int, image_processor) -> tuple[int, int]:
-    """The (rows, cols) of tiles the image processor cuts an image into, (0, 0) for one tile.
+# The image processor's settings that decide its tiles (SmolVLMImageProcessor's and
+# Idefics3ImageProcessor's preprocess), as it resolves them.
+TILING_SETTINGS = ("do_resize", "size", "do_image_splitting", "max_image_size")
+
+
+def tile_grid(width: int, height: int, tiling: dict) -> tuple[int, int]:
+    """The (rows, cols) of tiles the image processor cuts an image into, (0, 0) for one tile;
+    `tiling`: its effective TILING_SETTINGS (SmolVLM.read_settings).
 
     A line-by-line port of _preprocess (image_processing_smolvlm.py:369-490) for one image size,
     no pixel decoded. The processor's own get_number_of_image_patches (:498-541) derives the
     short side differently and ignores do_resize, so it can disagree.
 
-    >>> from transformers import SmolVLMImageProcessor
-    >>> processor = SmolVLMImageProcessor(**CHECKPOINT_SETTINGS)
-    >>> tile_grid(640, 480, processor), tile_grid(1, 1, processor), tile_grid(4000, 300, processor)
+    >>> tiling = {"do_resize": True, "do_image_splitting": True, **CHECKPOINT_SETTINGS}
+    >>> tile_grid(640, 480, tiling), tile_grid(1, 1, tiling), tile_grid(4000, 300, tiling)
     ((3, 4), (4, 4), (1, 4))
     """
-    tile = image_processor.max_image_size["longest_edge"]
-    if not image_processor.do_image_splitting:
+    tile = tiling["max_image_size"]["longest_edge"]
+    if not tiling["do_image_splitting"]:
         return 0, 0  # squashed to one tile (:426-436)
-    if image_processor.do_resize:
-        height, width = longest_edge_resized(height, width, image_processor.size["longest_edge"])
+    if tiling["do_resize"]:
+        height, width = longest_edge_resized(height, width, tiling["size"]["longest_edge"])
     # resize_for_vision_encoder (:308-337): the long side up to a multiple of the tile, the short
     # side from the ROUNDED long side, then up to a multiple of the tile
     aspect_ratio = width / height

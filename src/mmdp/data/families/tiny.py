@@ -57,6 +57,10 @@ class TinyFamily(ModelFamily):
         n = self.image_token_length
         return ImageLayout(self.feature_token, (n,), n)
 
+    def model_settings(self) -> dict:
+        """TinyVLM's model takes its settings from the same config (mmdp.config): none to check."""
+        return {}
+
     def fingerprint(self) -> dict:
         return {
             "family": self.name,

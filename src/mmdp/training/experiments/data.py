@@ -40,7 +40,14 @@ class StageData:
 
 def load_data(args) -> StageData:
     tokenizer = get_tokenizer(args.tokenizer)
-    rows = load_vqa_dataset(args.dataset, args.subset, args.split, args.num_rows)
+    rows = load_vqa_dataset(
+        args.dataset,
+        args.subset,
+        args.split,
+        args.num_rows,
+        image_root=args.image_root,
+        format=args.format,
+    )
     weights = weigh_rows(rows, tokenizer).weights
     fits = rows_that_fit(weights, args)
     held_out, pool = hold_out(fits, len(rows), args)

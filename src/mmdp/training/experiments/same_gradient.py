@@ -12,8 +12,8 @@ def check_ddp_gradient(args) -> dict:
     if args.skip_ddp:
         return ddp_not_run("skipped (--skip-ddp)")
     data_args = [
-        f"--{name}={getattr(args, name)}"
-        for name in ("dataset", "subset", "split")
+        f"--{name.replace('_', '-')}={getattr(args, name)}"
+        for name in ("dataset", "image_root", "format", "subset", "split")
         if getattr(args, name) is not None
     ]
     started = time.perf_counter()
