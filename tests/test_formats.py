@@ -388,7 +388,9 @@ def test_format_stage5_packs_a_users_rows_and_counts_every_drop_by_reason(
     assert report["samples"] + sum(report["dropped"].values()) == 8
     assert "Your rows" in out and "media_tag_mismatch" in out and "tokens per sample" in out
     command = "uv run 05_knapsack_multimodal.py --dataset train.jsonl --model qwen2_5_vl"
-    paths = {str(held_out): "/tmp/users_data", str(tmp_path): "assets"}
+    # the file as the docs' command names it (from its folder); other paths in /tmp/users_data
+    paths = {str(held_out / "train.jsonl"): "train.jsonl", str(held_out): "/tmp/users_data",
+             str(tmp_path): "assets"}  # fmt: skip
     check_output(command, ["05_knapsack_multimodal.py", "--num-workers", "0"], out, paths=paths)
 
 

@@ -52,7 +52,7 @@ from mmdp.data.bad_rows import (
     with_images,
     with_reply,
 )
-from mmdp.data.conversation import chat_messages, chat_turns
+from mmdp.data.conversation import IMAGE_TAG, chat_messages, chat_turns
 from mmdp.data.families import family_for, tiny_processor
 from mmdp.data.families.smolvlm import Idefics3
 from mmdp.data.families.smolvlm import tiny_processor as smolvlm_tiny_processor
@@ -151,7 +151,12 @@ EXTRA_KINDS = {
     ),
     "image_token_of_the_family_in_text": Kind(
         lambda row, family: with_reply(f"Look: {family.feature_token}", "A square.")(row),
-        lambda family: drop_reasons.IMAGE_TOKEN_IN_TEXT,
+        # SmolVLM's token is "<image>", the tag that places an image: one tag and no image
+        lambda family: (
+            drop_reasons.MEDIA_TAG_MISMATCH
+            if family.feature_token == IMAGE_TAG
+            else drop_reasons.IMAGE_TOKEN_IN_TEXT
+        ),
     ),
     "mp4_video": Kind(with_videos(mp4_clip()), takes_video(None)),
     "webm_video": Kind(with_videos(webm_clip()), takes_video(None)),
