@@ -21,20 +21,20 @@ from mmdp.data.families.qwen_vl import Qwen2_5_VL
 from mmdp.data.families.smolvlm import Idefics3
 from mmdp.data.families.smolvlm import tiny_processor as smolvlm_tiny_processor
 from mmdp.data.mixture import MixedRows, mixture_from_dict
-from mmdp.data.sources import FEATURES, undecoded
-from mmdp.data.synthetic import encode_png
-from mmdp.data.synthetic_videos import encode_clip, encode_mp4, moving_shape
+from mmdp.data.reading.sources import FEATURES, undecoded
+from mmdp.data.synthetic.rows import encode_png
+from mmdp.data.synthetic.videos import encode_clip, encode_mp4, moving_shape
 from mmdp.data.videos import video_metadata
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import LEFT_OUT_BY_MIXTURE, TOO_LONG, UNDECODABLE_IMAGE, UNDECODABLE_VIDEO
 from mmdp.errors import UserError
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
-from mmdp.packing.batch import build_pack, collate_packs
-from mmdp.packing.mixture_plan import MixturePlan
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.batch import build_pack, collate_packs
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
+from mmdp.packing.planning.mixture_plan import MixturePlan
 from mmdp.report.metrics import PackReport
 from mmdp.report.mixture import source_report
 

@@ -104,8 +104,8 @@ def add_data_args(parser: argparse.ArgumentParser, num_rows: int = config.DEFAUL
 
 def add_dataset_args(parser: argparse.ArgumentParser) -> None:
     """--dataset, --image-root, --format: a user's rows, where their files are, their format
-    (mmdp.data.sources.load_vqa_dataset)."""
-    from mmdp.data.formats import FORMATS
+    (mmdp.data.reading.sources.load_vqa_dataset)."""
+    from mmdp.data.reading.formats import FORMATS
 
     parser.add_argument(
         "--dataset",

@@ -1,6 +1,6 @@
 """What planning knows of each row of a dataset: its weight (tokens, images, vision patches) and
-why it is unusable, if it is: flat arrays, one entry per row (mmdp.packing.weighing makes them,
-mmdp.packing.planner plans from them)."""
+why it is unusable, if it is: flat arrays, one entry per row (mmdp.packing.weighing.weigh makes them,
+mmdp.packing.planning.planner plans from them)."""
 
 from dataclasses import dataclass
 

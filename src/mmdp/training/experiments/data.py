@@ -9,15 +9,15 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
-from mmdp.data.sources import load_vqa_dataset, no_progress_bars
+from mmdp.data.reading.sources import load_vqa_dataset, no_progress_bars
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
 from mmdp.models.tiny_vlm import TinyVLMConfig
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planner import EpochPlan, filter_rows, plan_epoch
-from mmdp.packing.weighing import weigh_rows
+from mmdp.packing.planning.planner import EpochPlan, filter_rows, plan_epoch
+from mmdp.packing.weighing.weigh import weigh_rows
 from mmdp.packing.weights import Weights
 
 

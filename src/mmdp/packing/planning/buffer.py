@@ -1,4 +1,4 @@
-"""Pack one buffer of a stream (steps 2-3 of mmdp.packing.streaming): pure, weights in, packs
+"""Pack one buffer of a stream (steps 2-3 of mmdp.packing.loading.streaming.loader): pure, weights in, packs
 out. The planner's own steps (filter_rows, shuffle_and_pack), applied to one buffer."""
 
 import dataclasses
@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 
 from mmdp.packing.packing_config import PackingConfig, with_old_keywords
-from mmdp.packing.planner import filter_rows, shuffle_and_pack
+from mmdp.packing.planning.planner import filter_rows, shuffle_and_pack
 from mmdp.packing.weights import Weights
 
 
