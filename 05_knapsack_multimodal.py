@@ -312,17 +312,12 @@ def load_sources(args) -> MixedRows | None:
 
 def report_sources(mixed: MixedRows, packed: PackedDataset, reports: list, args) -> list[dict]:
     """Per source: rows, drops by reason, tokens, share asked vs realised (overall, per rank)."""
-    budgets = {
-        "max_length": args.max_length,
-        "max_images": args.max_images,
-        "max_patches": args.max_patches,
-    }
     return source_report(
         mixed,
         packed.mixture,
         packed.weights,
         [report.sample_index for report in reports],
-        budgets=budgets,
+        budgets=packed.config.budgets,
         epoch=packed.epoch,
         report_by_source=PackReport.merged(reports).by_source(),
     )

@@ -35,6 +35,7 @@ from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planning.mixture_plan import MixturePlan
+from mmdp.packing.weights import Budgets
 from mmdp.report.metrics import PackReport
 from mmdp.report.mixture import source_report
 
@@ -339,7 +340,7 @@ def test_one_epoch_report_adds_the_plans_and_the_batches_drops_per_reason_and_so
     assert total == report.dropped and LEFT_OUT_BY_MIXTURE in total
     table = source_report(
         mixed, MixturePlan.of(mixed), packed.weights, [r.sample_index for r in reports],
-        budgets={"max_length": 256, "max_images": config.max_images, "max_patches": None},
+        budgets=Budgets(256, config.max_images),
         report_by_source=by_source,
     )  # fmt: skip
     assert table[0]["dropped"] == by_source["a"]["dropped"]

@@ -25,7 +25,7 @@ def pack_buffer(
     [4, 0] (5 + 3), in a shuffled order; dropped {"too_long": 1}.
     """
     config = with_old_keywords(config, old_keywords, "pack_buffer")
-    rows, dropped = filter_rows(weights, config.max_length, config.max_images, config.max_patches)
+    rows, dropped = filter_rows(weights, config.budgets)
     whole_buffer = dataclasses.replace(config, buffer_size=max(len(weights), 1))
     packed_rows, pack_starts, order = shuffle_and_pack(rows, weights, rng, whole_buffer)
     starts = pack_starts.tolist()

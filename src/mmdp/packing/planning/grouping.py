@@ -37,7 +37,7 @@ from torch.utils.data import Sampler
 
 from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS
 from mmdp.packing.planning.planner import EpochPlan, deal_equal_steps, filter_rows, gather_packs
-from mmdp.packing.weights import Weights
+from mmdp.packing.weights import Budgets, Weights
 from mmdp.ranks import rank_and_world_size
 
 GROUPINGS = ("modality_length",)  # the choices of stage 3's --group-by
@@ -65,7 +65,7 @@ def plan_grouped_epoch(
     """
     # 1. Filter
     budget = NO_IMAGE_BUDGET if max_length is None else max_length
-    rows, dropped = filter_rows(weights, budget, NO_IMAGE_BUDGET)
+    rows, dropped = filter_rows(weights, Budgets(budget, NO_IMAGE_BUDGET))
     rng = np.random.default_rng([seed, epoch])
     # 2-5. Each modality apart: text-only rows, then rows with images
     has_images = weights.image_counts[rows] > 0

@@ -48,7 +48,7 @@ from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planning.planner import filter_rows
 from mmdp.packing.weighing.cache import ARRAYS, checksum, weights_of
 from mmdp.packing.weighing.weigh import WEIGHING_VERSION, Weighing
-from mmdp.packing.weights import Weights
+from mmdp.packing.weights import Budgets, Weights
 
 # Bump when the layout under URL or the manifest's meaning changes.
 PREPARED_VERSION = 1
@@ -165,7 +165,8 @@ def versions() -> dict:
 
 def budget_report(weights: Weights, run: dict) -> dict:
     """The rows usable under the run's budgets, and the others by reason (what prepare prints)."""
-    usable, dropped = filter_rows(weights, run["max_length"], run["max_images"], run["max_patches"])
+    budgets = Budgets(run["max_length"], run["max_images"], run["max_patches"])
+    usable, dropped = filter_rows(weights, budgets)
     return {"usable": len(usable), "dropped": dict(sorted(dropped.items()))}
 
 

@@ -18,7 +18,7 @@ from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planning.planner import EpochPlan, filter_rows, plan_epoch
 from mmdp.packing.weighing.weigh import weigh_rows
-from mmdp.packing.weights import Weights
+from mmdp.packing.weights import Budgets, Weights
 
 
 @dataclasses.dataclass
@@ -74,7 +74,7 @@ def load_data(args) -> StageData:
 def rows_that_fit(weights: Weights, args) -> list[int]:
     """The usable rows within --max-length and --max-images, in dataset order (the planner's
     own filter, step 1)."""
-    fits = filter_rows(weights, args.max_length, args.max_images)[0].tolist()
+    fits = filter_rows(weights, Budgets(args.max_length, args.max_images))[0].tolist()
     if not fits:
         raise UserError(
             f"nothing to do: none of the {len(weights):,} rows fits in a pack of max_length "
