@@ -11,9 +11,9 @@ saves assets/03.png. Every batch is padded to max_length, whatever its content.
 With --group-by modality_length, for trainers that cannot pack (LLaVA, OpenVLA): the same
 max_length, but text-only samples apart from those with images, similar lengths in a batch, each
 batch padded to its longest, each step's tokens balanced across ranks and the heaviest batch
-first (mmdp.packing.planning.grouping). Prints the waste next to naive and constrained padding and how even
-the ranks' batches are, and saves assets/03_grouped.png. Under torchrun every rank loads its
-share and rank 0 reports for all.
+first (mmdp.packing.planning.grouping). Prints the waste next to naive and constrained padding and
+how even the ranks' batches are, and saves assets/03_grouped.png. Under torchrun every rank loads
+its share and rank 0 reports for all.
 """
 
 import argparse

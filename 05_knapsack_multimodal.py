@@ -33,8 +33,8 @@ source: rows, drops by reason, tokens, and the share asked vs realised, overall 
 
 With --streaming, the same stage reads the dataset as a stream (a Hub dataset with
 streaming=True, parquet files one by one) and packs it a buffer at a time, as the blog's
-ConstantLengthDataset does (mmdp.packing.loading.streaming.loader): same report, figures and --metrics-json keys, plus
-the rows still held when the ranks stopped together.
+ConstantLengthDataset does (mmdp.packing.loading.streaming.loader): same report, figures and
+--metrics-json keys, plus the rows still held when the ranks stopped together.
 """
 
 import argparse

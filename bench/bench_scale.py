@@ -151,7 +151,8 @@ def child_floor(size: int, rows_seen: list[int]) -> dict:
 
 def child_plan(rows: int, workers: int | None = None) -> dict:
     """Plan `rows` rows: the embedded dataset's weights, tiled; `workers` processes pack the
-    buffers (None: as many as the planner chooses, mmdp.packing.planning.planner.planning_workers)."""
+    buffers (None: as many as the planner chooses,
+    mmdp.packing.planning.planner.planning_workers)."""
     if workers is not None:
         planner.planning_workers = lambda num_buffers: workers
     base = weigh_rows(load_vqa_dataset(num_rows=BASE_ROWS), get_tokenizer()).weights

@@ -1,4 +1,5 @@
-"""Benchmark stage 5 from a stream (mmdp.packing.loading.streaming.loader) against the planned loader (mmdp.packing.loading.packed_dataset).
+"""Benchmark stage 5 from a stream (mmdp.packing.loading.streaming.loader) against the planned
+loader (mmdp.packing.loading.packed_dataset).
 
     uv run bench/bench_streaming.py                      # 2,000, 10,000 and 20,000 rows
     uv run bench/bench_streaming.py --sizes 2000 --repeats 1

@@ -1,5 +1,5 @@
-"""The batch contract (mmdp.packing.loading.batch), worked by hand on a few fake samples: the example of
-its docstring, two packs of 8 tokens holding samples of 3 and 4 tokens, then one of 6."""
+"""The batch contract (mmdp.packing.loading.batch), worked by hand on a few fake samples: the
+example of its docstring, two packs of 8 tokens holding samples of 3 and 4 tokens, then one of 6."""
 
 import pytest
 import torch

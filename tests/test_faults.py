@@ -218,8 +218,8 @@ def long_temp_folder(tmp_path, monkeypatch):
 def test_a_temp_folder_too_long_for_the_workers_socket_is_one_sentence(
     long_temp_folder, rows, tokenizer
 ):
-    """mmdp.packing.loading.workers.check_temp_folder: both loaders refuse to start their workers there
-    (the trap, below: they would wait forever); without workers they run."""
+    """mmdp.packing.loading.workers.check_temp_folder: both loaders refuse to start their workers
+    there (the trap, below: they would wait forever); without workers they run."""
     stream = rows.to_iterable_dataset(num_shards=2)
     streaming = StreamingPackedDataset(stream, tokenizer, PackingConfig(max_length=512))
     for loader in (  # a timeout: without the check, a failure rather than a hang

@@ -1,8 +1,8 @@
-"""Users' own data (mmdp.data.reading.formats, mmdp.data.reading.sources): rows as ms-swift / LLaMA-Factory
-(messages, sharegpt), LLaVA and the_cauldron (as `load_dataset` gives it) keep them, written by
-hand here, read into one schema; each image placed where its tag stands, through the family's
-own chat template, equal to what the real processor makes of the same messages; and stages 1
-and 5 run on them, every row used or counted with its reason.
+"""Users' own data (mmdp.data.reading.formats, mmdp.data.reading.sources): rows as ms-swift /
+LLaMA-Factory (messages, sharegpt), LLaVA and the_cauldron (as `load_dataset` gives it) keep them,
+written by hand here, read into one schema; each image placed where its tag stands, through the
+family's own chat template, equal to what the real processor makes of the same messages; and stages
+1 and 5 run on them, every row used or counted with its reason.
 """
 
 import io

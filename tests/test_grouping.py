@@ -1,6 +1,6 @@
-"""Stage 3 grouped by modality and length (mmdp.packing.planning.grouping): hand-worked plans, invariants,
-the sampler under a DataLoader with the naive collator, and the comparison with naive and
-constrained padding."""
+"""Stage 3 grouped by modality and length (mmdp.packing.planning.grouping): hand-worked plans,
+invariants, the sampler under a DataLoader with the naive collator, and the comparison with naive
+and constrained padding."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,6 @@
-"""Stage 5 from a stream (mmdp.packing.loading.streaming.loader): every row yielded once or counted, ranks and workers
-without repeats, ranks that stop together, exact resume, and samples kept apart in a pack.
+"""Stage 5 from a stream (mmdp.packing.loading.streaming.loader): every row yielded once or counted,
+ranks and workers without repeats, ranks that stop together, exact resume, and samples kept apart in
+a pack.
 
 The rows say who they are: row i's first question starts with "Row i:", so a test finds each row
 in a batch by decoding it, whatever id the stream gave it.
@@ -412,8 +413,8 @@ def test_when_another_rank_runs_out_this_rank_counts_what_it_held(monkeypatch, r
 # The batches a model takes ---------------------------------------------------------------------
 
 
-# Streamed batches have the planned ones' layout (mmdp.packing.loading.batch), which tests/test_attention.py
-# checks under every attention implementation; two of them are enough here.
+# Streamed batches have the planned ones' layout (mmdp.packing.loading.batch), which
+# tests/test_attention.py checks under every attention implementation; two of them are enough here.
 @pytest.mark.parametrize("attention", ["eager", "sdpa"], indirect=True)
 def test_streamed_batches_keep_samples_apart(attention, rows, tokenizer):
     """The summed loss of a streamed batch equals that of its samples one at a time."""

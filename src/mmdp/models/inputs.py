@@ -69,7 +69,8 @@ def model_inputs(batch: dict, model=None) -> dict:
     inputs = {key: batch[key] for key in MODEL_INPUTS}
     inputs["use_cache"] = False
     # the family that collated the batch says what its model takes; a batch collated without one
-    # holds whichever per-token and vision inputs its samples had (mmdp.packing.loading.batch.collate_packs)
+    # holds whichever per-token and vision inputs its samples had
+    # (mmdp.packing.loading.batch.collate_packs)
     family = family_named(batch["model_family"]) if "model_family" in batch else None
     token_keys = family.token_keys if family else TOKEN_INPUTS
     inputs.update({key: batch[key] for key in token_keys if key in batch})

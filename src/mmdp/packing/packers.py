@@ -2,7 +2,8 @@
 
 Everything here is pure: lengths (and image and patch counts) in, packs out, as lists of indices
 into `lengths`. The thread/queue plumbing that streams packs lives elsewhere
-(mmdp.packing.loading.background, mmdp.packing.loading.toy, mmdp.packing.loading.packed_dataset) and calls `pack`.
+(mmdp.packing.loading.background, mmdp.packing.loading.toy, mmdp.packing.loading.packed_dataset) and
+calls `pack`.
 
 The budgets, per pack:
 - tokens: at most `max_length` (the blog's `max_length` in stage 4, its `seq_length` in stage 5);
@@ -106,7 +107,8 @@ def pack_flat(
     patch_counts=None,
     max_patches: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`pack` as two flat arrays, for callers that plan millions of items (mmdp.packing.planning.planner).
+    """`pack` as two flat arrays, for callers that plan millions of items
+    (mmdp.packing.planning.planner).
 
     Returns (items, starts): pack p holds items[starts[p] : starts[p + 1]], and
     len(starts) == packs + 1.

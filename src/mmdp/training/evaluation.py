@@ -18,8 +18,8 @@ mean: a mixture's `loss_weights`, a training choice, are not applied (each sourc
 reported instead).
 
 Every rank runs every batch of its share, filler batches included (a rank without a pack in the
-last step, mmdp.packing.planning.planner): they count nothing, and under FSDP every rank's forwards meet.
-MMDPTrainer.evaluate and the accelerate and torchrun examples call this function.
+last step, mmdp.packing.planning.planner): they count nothing, and under FSDP every rank's forwards
+meet. MMDPTrainer.evaluate and the accelerate and torchrun examples call this function.
 """
 
 import contextlib

@@ -3,8 +3,8 @@ assets/strategies.png, and stage 3's comparison of padded batches (compare_paddi
 
 Naive and constrained padding batch `batch_size` samples in the order of a seeded shuffle (as
 stages 2 and 3 do, so the figures match); the packers plan the epoch as stage 5 does
-(mmdp.packing.planning.planner), and differ only in the strategy; grouped padded batches are planned as
-stage 3's --group-by does (mmdp.packing.planning.grouping).
+(mmdp.packing.planning.planner), and differ only in the strategy; grouped padded batches are planned
+as stage 3's --group-by does (mmdp.packing.planning.grouping).
 """
 
 import warnings

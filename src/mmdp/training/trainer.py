@@ -15,8 +15,8 @@ What a plain Trainer does to an mmdp loader, and what MMDPTrainer does instead (
 file:line in transformers/trainer.py):
 
 1. Trainer builds its own DataLoader and passes it to accelerator.prepare (1051), which cuts our
-   tensors or re-shards our packs (mmdp.packing.loading.guards). MMDPTrainer hands Trainer the loader
-   itself (get_train_dataloader; nothing else prepares it: 1597, 1715-1817), so Trainer's own
+   tensors or re-shards our packs (mmdp.packing.loading.guards). MMDPTrainer hands Trainer the
+   loader itself (get_train_dataloader; nothing else prepares it: 1597, 1715-1817), so Trainer's own
    batching flags (per_device_train_batch_size, dataloader_num_workers, remove_unused_columns:
    1019-1022) never touch it. The model gets `model_inputs(batch, model)`, not the batch's ints and
    per-sample tensors.

@@ -47,7 +47,8 @@ FEATURES = Features(
 # A row's videos (mmdp.data.videos): the encoded files, as images are stored, never decoded here.
 VIDEOS = List({"bytes": Value("binary"), "path": Value("string")})
 VIDEO_FEATURES = Features({**FEATURES, "videos": VIDEOS})
-# Rows read from a user's files (mmdp.data.reading.formats): the same, with each row's system prompt.
+# Rows read from a user's files (mmdp.data.reading.formats): the same, with each row's system
+# prompt.
 CONVERSATION_FEATURES = Features(
     {
         "images": UNDECODED_IMAGES,
@@ -155,7 +156,8 @@ def json_files(path: Path) -> list[str]:
 
 
 def load_json(files: list[str], image_root: str | None, format: str | None) -> Dataset:
-    """Rows of JSON / JSON Lines files, in the_cauldron's schema (mmdp.data.reading.formats.json_rows).
+    """Rows of JSON / JSON Lines files, in the_cauldron's schema
+    (mmdp.data.reading.formats.json_rows).
 
     Read by Python's json, not pyarrow's: real files mix types in a column (LLaVA-665k's "id" is a
     string in most rows and a number in others; "image" one path or a list) that a table cannot

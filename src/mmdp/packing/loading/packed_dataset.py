@@ -5,10 +5,10 @@ How an epoch is made, in the blog's terms:
 1. Weigh every item without decoding it: a sample weighs its tokens (text + 64 per image) and
    carries its image count. Done once per dataset and machine, in parallel, and cached
    (mmdp.packing.weighing.weigh).
-2-4. Plan the epoch from the weights alone (mmdp.packing.planning.planner): filter and count what cannot be packed,
-   shuffle with (seed, epoch), pack buffer by buffer under a token budget and an image budget,
-   shuffle the packs and deal them to ranks so that every rank gets the same number of batches
-   and about the same number of images per step.
+2-4. Plan the epoch from the weights alone (mmdp.packing.planning.planner): filter and count
+   what cannot be packed, shuffle with (seed, epoch), pack buffer by buffer under a token budget
+   and an image budget, shuffle the packs and deal them to ranks so that every rank gets the same
+   number of batches and about the same number of images per step.
 5. Each rank's batches are split over its DataLoader workers (batch k goes to worker
    k % num_workers, which is the order the DataLoader yields them in). In each worker a producer
    thread builds the packs of its batches (tokenize, decode and resize images, concatenate, pad
@@ -341,8 +341,8 @@ class PackedDataset(PackingSettings, IterableDataset):
 
     def samples(self, rows: list[int]) -> list[dict]:
         """The rows' samples, from their pre-computed tokens when there are some: each row's
-        sliced from the token file (mmdp.packing.loading.row_tokens), the images of the whole pack read
-        at once (one datasets read per row would cost more)."""
+        sliced from the token file (mmdp.packing.loading.row_tokens), the images of the whole pack
+        read at once (one datasets read per row would cost more)."""
         if self.tokens is None:
             return [self.dataset[row] for row in rows]
         media = self.image_rows[rows]

@@ -1,5 +1,5 @@
-"""Pack one buffer of a stream (steps 2-3 of mmdp.packing.loading.streaming.loader): pure, weights in, packs
-out. The planner's own steps (filter_rows, shuffle_and_pack), applied to one buffer."""
+"""Pack one buffer of a stream (steps 2-3 of mmdp.packing.loading.streaming.loader): pure, weights
+in, packs out. The planner's own steps (filter_rows, shuffle_and_pack), applied to one buffer."""
 
 import dataclasses
 from collections import Counter

@@ -117,9 +117,9 @@ def modality_steps(
             continue
         part = rows[first:end]
         per_rank = batch_size if first == 0 else shared // world_size
-        # stage 5's dealer (mmdp.packing.planning.planner), with tokens as its first key: they are what a
-        # padded batch costs, 64 per image included (on the default data, 2 ranks: images first
-        # left up to 377 tokens between ranks in a step, tokens first 11)
+        # stage 5's dealer (mmdp.packing.planning.planner), with tokens as its first key: they are
+        # what a padded batch costs, 64 per image included (on the default data, 2 ranks: images
+        # first left up to 377 tokens between ranks in a step, tokens first 11)
         order, _ = deal_equal_steps(
             weights.lengths[part], weights.image_counts[part], world_size, per_rank
         )

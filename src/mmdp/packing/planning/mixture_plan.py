@@ -69,8 +69,8 @@ def closest_prefix(rows: np.ndarray, amounts: np.ndarray, target: float) -> np.n
 
 @dataclass(frozen=True)
 class MixturePlan:
-    """What mmdp.packing.planning.planner needs of a mixture: which rows make an epoch (`choose`), and
-    each row's source (to balance every source across ranks)."""
+    """What mmdp.packing.planning.planner needs of a mixture: which rows make an epoch (`choose`),
+    and each row's source (to balance every source across ranks)."""
 
     source_of_row: np.ndarray
     shares: np.ndarray

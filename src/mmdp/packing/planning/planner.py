@@ -383,10 +383,10 @@ def plan_epoch(
     batched as `config` says (the loose keywords max_length=..., seed=... still work for one
     release).
 
-    `mixture` (a mmdp.packing.planning.mixture_plan.MixturePlan): the rows come from several sources, each
-    with its share; after step 1 it chooses the epoch's rows (some left out, some repeated), and
-    after step 3 each step's batches go to the ranks so that every rank's share of every source
-    holds.
+    `mixture` (a mmdp.packing.planning.mixture_plan.MixturePlan): the rows come from several
+    sources, each with its share; after step 1 it chooses the epoch's rows (some left out, some
+    repeated), and after step 3 each step's batches go to the ranks so that every rank's share of
+    every source holds.
 
     `split` (bool per row, `eval_split`): the epoch takes only the rows it marks (a training or
     an evaluation split); the others are neither planned nor counted.

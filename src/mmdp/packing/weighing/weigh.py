@@ -1,9 +1,9 @@
 """Weigh every row of a dataset once: its tokens, images, vision patches and drop reason, in
 parallel, cached.
 
-Planning an epoch (mmdp.packing.planning.planner) needs each row's weight: its tokens, images and the
-vision encoder's patches, by its model family's rules (mmdp.data.families.base: TinyVLM's 64 tokens
-per image, or a real processor's count for each image's width and height), without decoding a
+Planning an epoch (mmdp.packing.planning.planner) needs each row's weight: its tokens, images and
+the vision encoder's patches, by its model family's rules (mmdp.data.families.base: TinyVLM's 64
+tokens per image, or a real processor's count for each image's width and height), without decoding a
 single image. Tokenizing the text of millions of rows takes minutes, so it is done once and kept:
 
 1. Count each row's images from the encoded column (offsets only, a chunk of rows at a time).

@@ -1,6 +1,6 @@
-"""StreamingPackedDataset: what every reader of mmdp.packing.loading.streaming.loader runs, steps 1-4 (read a
-buffer of its share, weigh it, pack it, build the packs into batches in a producer thread).
-Iterate it with mmdp.packing.loading.streaming.loader.StreamingDataLoader."""
+"""StreamingPackedDataset: what every reader of mmdp.packing.loading.streaming.loader runs, steps
+1-4 (read a buffer of its share, weigh it, pack it, build the packs into batches in a producer
+thread). Iterate it with mmdp.packing.loading.streaming.loader.StreamingDataLoader."""
 
 import dataclasses
 from collections import Counter

@@ -1,8 +1,8 @@
 """Stage 5 from a stream: pack a dataset you cannot (or will not) download first.
 
 This is the blog's stage 5 as it tells it: read samples into a buffer, pack the buffer with
-knapsacks, yield the packs, refill. `mmdp.packing.loading.packed_dataset` plans a whole epoch from lengths
-instead, which packs a little better when the dataset is on disk; this module is for
+knapsacks, yield the packs, refill. `mmdp.packing.loading.packed_dataset` plans a whole epoch from
+lengths instead, which packs a little better when the dataset is on disk; this module is for
 `load_dataset(..., streaming=True)` (the_cauldron's 50 subsets, FineVision's ~24 M rows) or any
 other stream of rows in the_cauldron's schema. Same batches (mmdp.packing.loading.batch), same
 strategies, same two budgets, the same filter and packing steps as the planner
@@ -70,8 +70,8 @@ from mmdp.ranks import ANSWER_TIMEOUT, all_ranks_have_a_batch
 
 
 class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
-    """A DataLoader over a StreamingPackedDataset: yields its batches (mmdp.packing.loading.batch, plus
-    `reader_state`), keeps every worker's latest reader state for `state_dict()`, and under
+    """A DataLoader over a StreamingPackedDataset: yields its batches (mmdp.packing.loading.batch,
+    plus `reader_state`), keeps every worker's latest reader state for `state_dict()`, and under
     torchrun stops every rank at the same step.
 
         loader = StreamingDataLoader(StreamingPackedDataset(stream, tokenizer), num_workers=2)

@@ -1,6 +1,6 @@
-"""Step 1 of mmdp.packing.loading.streaming.loader: one reader's share of a stream (ReaderStream), the data files
-behind a datasets stream (to name the one at fault), and where a reader is (ReaderState: what a
-resume starts from)."""
+"""Step 1 of mmdp.packing.loading.streaming.loader: one reader's share of a stream (ReaderStream),
+the data files behind a datasets stream (to name the one at fault), and where a reader is
+(ReaderState: what a resume starts from)."""
 
 import copy
 import dataclasses
