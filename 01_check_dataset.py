@@ -19,7 +19,7 @@ import random
 from mmdp.cli import add_data_args, description, display_path, non_negative_int
 from mmdp.data.conversation import marked_turns, system_prompt
 from mmdp.data.images import BadImage, decode_image
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.errors import UserError, exit_on_user_error
 from mmdp.report.plots import plot_sample, save_figure
 

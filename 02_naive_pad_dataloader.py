@@ -23,11 +23,11 @@ from mmdp.cli import (
     run_epoch,
 )
 from mmdp.data.padding import NaivePadCollator
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import exit_on_user_error
-from mmdp.packing.batch import real_token_mask
+from mmdp.packing.loading.batch import real_token_mask
 from mmdp.report.metrics import EpochReport, write_json
 from mmdp.report.plots import plot_padding, save_figure, waste_title
 

@@ -11,9 +11,9 @@ saves assets/03.png. Every batch is padded to max_length, whatever its content.
 With --group-by modality_length, for trainers that cannot pack (LLaVA, OpenVLA): the same
 max_length, but text-only samples apart from those with images, similar lengths in a batch, each
 batch padded to its longest, each step's tokens balanced across ranks and the heaviest batch
-first (mmdp.packing.grouping). Prints the waste next to naive and constrained padding and how even
-the ranks' batches are, and saves assets/03_grouped.png. Under torchrun every rank loads its
-share and rank 0 reports for all.
+first (mmdp.packing.planning.grouping). Prints the waste next to naive and constrained padding and
+how even the ranks' batches are, and saves assets/03_grouped.png. Under torchrun every rank loads
+its share and rank 0 reports for all.
 """
 
 import argparse
@@ -37,14 +37,14 @@ from mmdp.cli import (
     run_epoch,
 )
 from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import exit_on_user_error
-from mmdp.packing.batch import real_token_mask
-from mmdp.packing.grouping import GROUPINGS, ModalityLengthBatchSampler
-from mmdp.packing.sharding import gather_from_ranks, start_ranks
-from mmdp.packing.weighing import weigh_rows
+from mmdp.packing.loading.batch import real_token_mask
+from mmdp.packing.planning.grouping import GROUPINGS, ModalityLengthBatchSampler
+from mmdp.packing.weighing.weigh import weigh_rows
+from mmdp.ranks import gather_from_ranks, start_ranks
 from mmdp.report.metrics import EpochReport, rank_balance, write_json
 from mmdp.report.plots import plot_grouped, plot_padding, save_figure, waste_title
 from mmdp.training.strategies import compare_padding

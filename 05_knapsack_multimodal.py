@@ -33,8 +33,8 @@ source: rows, drops by reason, tokens, and the share asked vs realised, overall 
 
 With --streaming, the same stage reads the dataset as a stream (a Hub dataset with
 streaming=True, parquet files one by one) and packs it a buffer at a time, as the blog's
-ConstantLengthDataset does (mmdp.packing.streaming): same report, figures and --metrics-json keys, plus
-the rows still held when the ranks stopped together.
+ConstantLengthDataset does (mmdp.packing.loading.streaming.loader): same report, figures and
+--metrics-json keys, plus the rows still held when the ranks stopped together.
 """
 
 import argparse
@@ -67,21 +67,21 @@ from mmdp.data.mixture import (
     read_mixture,
 )
 from mmdp.data.padding import ConstrainedPadCollator
-from mmdp.data.sources import load_synthetic_videos, load_vqa_dataset, with_videos
-from mmdp.data.stream import load_vqa_stream
+from mmdp.data.reading.sources import load_synthetic_videos, load_vqa_dataset, with_videos
+from mmdp.data.reading.stream import load_vqa_stream
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
 from mmdp.errors import exit_on_user_error
-from mmdp.packing.batch import real_token_mask
-from mmdp.packing.mixture_plan import MixturePlan
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.batch import real_token_mask
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.packing_config import default_config
-from mmdp.packing.planner import batch_loads
-from mmdp.packing.prepared import read_manifest
-from mmdp.packing.sharding import start_ranks
-from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
+from mmdp.packing.planning.mixture_plan import MixturePlan
+from mmdp.packing.planning.planner import batch_loads
+from mmdp.packing.weighing.prepared import read_manifest
+from mmdp.ranks import start_ranks
 from mmdp.report.metrics import PackReport, rank_balance, write_json
 from mmdp.report.mixture import format_source_report, source_report
 from mmdp.report.plots import (
@@ -133,7 +133,7 @@ def parse_args():
     parser.add_argument(
         "--streaming",
         action="store_true",
-        help="read the dataset as a stream and pack it buffer by buffer (mmdp.packing.streaming)",
+        help="read the dataset as a stream and pack it buffer by buffer (mmdp.packing.loading.streaming.loader)",
     )
     parser.add_argument(
         "--epoch", type=non_negative_int, default=0, help="which epoch's shuffle (default: 0)"
@@ -312,17 +312,12 @@ def load_sources(args) -> MixedRows | None:
 
 def report_sources(mixed: MixedRows, packed: PackedDataset, reports: list, args) -> list[dict]:
     """Per source: rows, drops by reason, tokens, share asked vs realised (overall, per rank)."""
-    budgets = {
-        "max_length": args.max_length,
-        "max_images": args.max_images,
-        "max_patches": args.max_patches,
-    }
     return source_report(
         mixed,
         packed.mixture,
         packed.weights,
         [report.sample_index for report in reports],
-        budgets=budgets,
+        budgets=packed.config.budgets,
         epoch=packed.epoch,
         report_by_source=PackReport.merged(reports).by_source(),
     )

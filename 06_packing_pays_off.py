@@ -41,6 +41,7 @@ from mmdp.cli import (
     positive_int,
     print_settings,
     print_table,
+    settings_of,
 )
 from mmdp.errors import exit_on_user_error
 from mmdp.report.metrics import write_json
@@ -55,6 +56,7 @@ from mmdp.training.experiments.same_learning import (
     train_over_seeds,
 )
 from mmdp.training.experiments.same_loss import check_same_loss
+from mmdp.training.experiments.settings import ExperimentSettings
 from mmdp.training.experiments.speed import summarize_speed, time_per_part_columns
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
@@ -147,13 +149,14 @@ def main():
     started = time.perf_counter()
     args = parse_args()
     print_settings(args)
+    settings = settings_of(ExperimentSettings, args)  # what the experiments read of the flags
     torch.manual_seed(args.seed)
-    data = load_data(args)
+    data = load_data(settings)
     names = ("naive", "constrained", args.strategy)
     seconds = {}
 
     with timed(seconds, "1. same loss"):
-        check = check_same_loss(data, names, args)
+        check = check_same_loss(data, names, settings)
         print_check(check, names, args)
     with timed(seconds, "2-3. training"):
         print(
@@ -161,18 +164,18 @@ def main():
             f"{seeds_and_orders(args)} (attention sdpa); held-out loss every "
             f"{args.eval_every} samples:"
         )
-        runs = train_over_seeds(data, names, args, after_run=print_run(names, args))
-        learning = summarize_learning(runs, names, args)
+        runs = train_over_seeds(data, names, settings, after_run=print_run(names, args))
+        learning = summarize_learning(runs, names, settings)
         print_learning(learning, runs, names, args)
         save_learning_curves(learning, runs, names, args)
-        speed = summarize_speed(runs, names, data, args)
+        speed = summarize_speed(runs, names, data, settings)
         print_speed(speed, names, args)
         print_where_the_time_goes(speed, names)
     with timed(seconds, "4. DDP"):
-        ddp = check_ddp_gradient(args)
+        ddp = check_ddp_gradient(settings)
         print_ddp(ddp)
     with timed(seconds, "5. every strategy"):
-        strategies = compare_every_strategy(data, args)
+        strategies = compare_every_strategy(data, settings)
         print_every_strategy(strategies, data, args)
 
     total = time.perf_counter() - started

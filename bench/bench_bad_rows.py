@@ -19,12 +19,12 @@ import time
 
 from mmdp.data.bad_rows import with_bad_rows
 from mmdp.data.families import family_for
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing import weighing
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
+from mmdp.packing.weighing import weigh as weighing
 from mmdp.report.metrics import PackReport
 
 GOOD_ROWS = 2000  # distinct rows of the embedded dataset; more are repeats of these

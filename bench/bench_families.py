@@ -15,7 +15,7 @@ import statistics
 import time
 
 from mmdp.data.families import OFFLINE, family_for, offline_processor
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 
 

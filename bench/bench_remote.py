@@ -38,8 +38,8 @@ from PIL import Image
 from mmdp.data import files
 from mmdp.data.families import family_for, offline_processor
 from mmdp.data.images import remote_image_size
-from mmdp.data.sources import load_vqa_dataset
-from mmdp.packing.weighing import weigh_rows
+from mmdp.data.reading.sources import load_vqa_dataset
+from mmdp.packing.weighing.weigh import weigh_rows
 
 SERVER = Path(__file__).resolve().parents[1] / "tests" / "counting_s3.py"
 

@@ -64,10 +64,10 @@ from mmdp.data.families import family_for
 from mmdp.data.families import tiny as tiny_module
 from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.images import decode_image, load_image
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 
 
 class ImagesOnly(Dataset):

@@ -1,4 +1,5 @@
-"""Benchmark stage 5 from a stream (mmdp.packing.streaming) against the planned loader (mmdp.packing.packed_dataset).
+"""Benchmark stage 5 from a stream (mmdp.packing.loading.streaming.loader) against the planned
+loader (mmdp.packing.loading.packed_dataset).
 
     uv run bench/bench_streaming.py                      # 2,000, 10,000 and 20,000 rows
     uv run bench/bench_streaming.py --sizes 2000 --repeats 1
@@ -30,12 +31,12 @@ from pathlib import Path
 
 from datasets import load_dataset
 
-from mmdp.data.sources import cache_dir, load_vqa_dataset
+from mmdp.data.reading.sources import cache_dir, load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 
 BUFFER_SIZE = 4096
 SHARDS = 8

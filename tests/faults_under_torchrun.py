@@ -58,7 +58,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def rows_and_tokenizer():
-    from mmdp.data.sources import load_vqa_dataset
+    from mmdp.data.reading.sources import load_vqa_dataset
     from mmdp.data.tokenizer import get_tokenizer
 
     return load_vqa_dataset(None, num_rows=NUM_ROWS), get_tokenizer()
@@ -67,9 +67,9 @@ def rows_and_tokenizer():
 def make_loader(kind: str, rows, tokenizer, **loader_args):
     """A loader over `rows` with 2 workers on this rank: the planned or the streaming one."""
     from mmdp.data.vqa_dataset import VQADataset
-    from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+    from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+    from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
     from mmdp.packing.packing_config import PackingConfig
-    from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 
     config = PackingConfig(max_length=512, packs_per_batch=PACKS_PER_BATCH, buffer_size=BUFFER_SIZE)
     if kind == "planned":
@@ -119,7 +119,7 @@ def train(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from mmdp.packing.sharding import start_ranks
+    from mmdp.ranks import start_ranks
 
     rank = start_ranks()
     rows, tokenizer = rows_and_tokenizer()
@@ -167,8 +167,8 @@ def leave(how: str) -> None:
 
 
 def rank_dies(args: argparse.Namespace) -> None:
-    from mmdp.packing import weighing
-    from mmdp.packing.sharding import start_ranks
+    from mmdp.packing.weighing import weigh as weighing
+    from mmdp.ranks import start_ranks
 
     rank = start_ranks()
     rows, tokenizer = rows_and_tokenizer()

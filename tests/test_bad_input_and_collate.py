@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from mmdp import config
 from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
-from mmdp.data.sources import FEATURES
+from mmdp.data.reading.sources import FEATURES
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import (
     EMPTY_REPLY,

@@ -8,7 +8,7 @@ import tempfile
 import pytest
 from conftest import REPO, RUN_DIR
 
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 
 sys.path.insert(0, str(REPO / "bench"))
 import bench_stage5  # noqa: E402 - the benches are scripts, not a package

@@ -8,8 +8,8 @@ from datasets import Dataset
 from PIL import Image
 
 from mmdp import config
-from mmdp.data.sources import FEATURES, load_vqa_dataset
-from mmdp.data.synthetic import BACKGROUND, COLOURS, GRID, generate_row
+from mmdp.data.reading.sources import FEATURES, load_vqa_dataset
+from mmdp.data.synthetic.rows import BACKGROUND, COLOURS, GRID, generate_row
 from mmdp.errors import UserError
 
 

@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.training.ddp import parse_args, rank_batches, relative_difference

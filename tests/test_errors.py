@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from mmdp import ranks
 from mmdp.errors import (
     EXTRAS,
     MissingExtra,
@@ -17,7 +18,6 @@ from mmdp.errors import (
     exit_on_user_error,
     require_extra,
 )
-from mmdp.packing import sharding
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_any_other_error_keeps_its_traceback():
 
 
 def test_the_ranks_check_raises_the_error_the_scripts_catch():
-    assert sharding.RanksStoppedAnswering is RanksStoppedAnswering
+    assert ranks.RanksStoppedAnswering is RanksStoppedAnswering
 
 
 def test_the_extras_named_in_errors_are_pyprojects():

@@ -25,15 +25,15 @@ from mmdp.data.families import (
     offline_processor,
     tiny_processor,
 )
-from mmdp.data.sources import FEATURES
-from mmdp.data.synthetic import encode_png
+from mmdp.data.reading.sources import FEATURES
+from mmdp.data.synthetic.rows import encode_png
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import IMAGE_SIZE_REFUSED, UNDECODABLE_IMAGE
 from mmdp.models.attention import use_attention
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
-from mmdp.packing.batch import sample_ids
-from mmdp.packing.packed_dataset import PackedDataset
+from mmdp.packing.loading.batch import sample_ids
+from mmdp.packing.loading.packed_dataset import PackedDataset
 from mmdp.training.loss import summed_loss, token_losses
 
 FAMILIES = tuple(OFFLINE)

@@ -19,16 +19,16 @@ from mmdp.data.families import (
 )
 from mmdp.data.families.base import VISION_INPUTS
 from mmdp.data.families.tiny import TinyFamily
-from mmdp.data.sources import load_vqa_dataset
-from mmdp.data.synthetic import encode_png
+from mmdp.data.reading.sources import load_vqa_dataset
+from mmdp.data.synthetic.rows import encode_png
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
 from mmdp.models.inputs import PACKED_MASKS, model_inputs
 from mmdp.models.tiny import BUILDERS
-from mmdp.packing.batch import TOKEN_INPUTS, build_pack, collate_packs
-from mmdp.packing.packed_dataset import PackedDataset
+from mmdp.packing.loading.batch import TOKEN_INPUTS, build_pack, collate_packs
+from mmdp.packing.loading.packed_dataset import PackedDataset
+from mmdp.packing.loading.streaming.loader import StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig, default_config
-from mmdp.packing.streaming import StreamingPackedDataset
 
 REGISTERED = sorted(
     {family_class(where) for where in (*FAMILIES.values(), *NAMED.values())} | {TinyFamily},

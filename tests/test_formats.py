@@ -1,8 +1,8 @@
-"""Users' own data (mmdp.data.formats, mmdp.data.sources): rows as ms-swift / LLaMA-Factory
-(messages, sharegpt), LLaVA and the_cauldron (as `load_dataset` gives it) keep them, written by
-hand here, read into one schema; each image placed where its tag stands, through the family's
-own chat template, equal to what the real processor makes of the same messages; and stages 1
-and 5 run on them, every row used or counted with its reason.
+"""Users' own data (mmdp.data.reading.formats, mmdp.data.reading.sources): rows as ms-swift /
+LLaMA-Factory (messages, sharegpt), LLaVA and the_cauldron (as `load_dataset` gives it) keep them,
+written by hand here, read into one schema; each image placed where its tag stands, through the
+family's own chat template, equal to what the real processor makes of the same messages; and stages
+1 and 5 run on them, every row used or counted with its reason.
 """
 
 import io
@@ -17,7 +17,7 @@ from mmdp import config
 from mmdp.data.conversation import system_prompt
 from mmdp.data.families import family_for, offline_processor
 from mmdp.data.images import load_image
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.drop_reasons import (
     EMPTY_REPLY,
     MEDIA_TAG_MISMATCH,
@@ -180,7 +180,7 @@ def test_format_the_cauldron_saved_with_decoding_images_is_read_undecoded(tmp_pa
 
 
 def test_a_relative_path_without_a_folder_to_look_in_is_one_sentence():
-    from mmdp.data.formats import to_cauldron
+    from mmdp.data.reading.formats import to_cauldron
 
     with pytest.raises(UserError, match="--image-root"):
         to_cauldron({"image": "a.png", "conversations": []}, "llava", None, "hub")
@@ -299,7 +299,7 @@ def test_interleaved_video_before_an_image_equals_the_real_processors_output(hel
     feature tokens takes its own file's layout, and the sample is the processor's for the same
     messages (given every frame and the metadata: it samples the frames itself); the_cauldron's
     place (the image, then the video, first) gives another sequence."""
-    from mmdp.data.synthetic_videos import generate_video_row
+    from mmdp.data.synthetic.videos import generate_video_row
     from mmdp.data.videos import decode_frames, video_metadata
 
     family = family_for(offline_processor("qwen2_5_vl"))
@@ -356,7 +356,7 @@ def test_format_a_users_rows_pack_for_qwen2_5_vl_each_used_or_counted_by_reason(
     trained on, the four others counted with their reasons (two when weighed, two when their
     packs are built). The script itself: the next test (slow group)."""
     from mmdp.data.vqa_dataset import VQADataset
-    from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+    from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
     from mmdp.packing.packing_config import PackingConfig
     from mmdp.report.metrics import PackReport
 
@@ -414,7 +414,7 @@ def test_format_a_users_file_is_a_source_of_a_mixture(held_out):
 
 
 def test_format_a_users_file_streams_as_the_same_rows(held_out):
-    from mmdp.data.stream import load_vqa_stream
+    from mmdp.data.reading.stream import load_vqa_stream
 
     path = str(held_out / "train.jsonl")
     assert list(load_vqa_stream(path, num_shards=2)) == list(load_vqa_dataset(path))

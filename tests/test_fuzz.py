@@ -56,14 +56,14 @@ from mmdp.data.conversation import IMAGE_TAG, chat_messages, chat_turns
 from mmdp.data.families import family_for, tiny_processor
 from mmdp.data.families.smolvlm import Idefics3
 from mmdp.data.families.smolvlm import tiny_processor as smolvlm_tiny_processor
-from mmdp.data.sources import VIDEO_FEATURES
-from mmdp.data.synthetic_videos import encode_clip, encode_mp4, moving_shape
+from mmdp.data.reading.sources import VIDEO_FEATURES
+from mmdp.data.synthetic.videos import encode_clip, encode_mp4, moving_shape
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.report.metrics import PackReport
 
 FAST, DEEP = "mmdp-fast", "mmdp-deep"

@@ -37,7 +37,7 @@ from mmdp.models.attention import flash_attention_on_cpu, use_attention
 from mmdp.models.gemma3_masks import packed_attention_masks
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny.gemma3 import tiny_model
-from mmdp.packing.batch import sample_ids
+from mmdp.packing.loading.batch import sample_ids
 
 DEFAULTS = {
     "pan_and_scan_min_crop_size": 256,

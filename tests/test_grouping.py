@@ -1,6 +1,6 @@
-"""Stage 3 grouped by modality and length (mmdp.packing.grouping): hand-worked plans, invariants,
-the sampler under a DataLoader with the naive collator, and the comparison with naive and
-constrained padding."""
+"""Stage 3 grouped by modality and length (mmdp.packing.planning.grouping): hand-worked plans,
+invariants, the sampler under a DataLoader with the naive collator, and the comparison with naive
+and constrained padding."""
 
 import numpy as np
 import pytest
@@ -9,7 +9,11 @@ from torch.utils.data import DataLoader
 
 from mmdp.data.padding import NaivePadCollator
 from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS, TOO_LONG
-from mmdp.packing.grouping import ModalityLengthBatchSampler, plan_batches, plan_grouped_epoch
+from mmdp.packing.planning.grouping import (
+    ModalityLengthBatchSampler,
+    plan_batches,
+    plan_grouped_epoch,
+)
 from mmdp.packing.weights import Weights
 from mmdp.training.strategies import compare_padding
 

@@ -17,7 +17,7 @@ from peft import LoraConfig, get_peft_model
 from torchrun_matrix import TOLERANCE, Case, family_case, make_loader, measure_case
 from transformers import TrainingArguments
 
-from mmdp.data.sources import FEATURES, load_synthetic_videos, with_videos
+from mmdp.data.reading.sources import FEATURES, load_synthetic_videos, with_videos
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.training.examples import EXPERT_PARAMETERS
 from mmdp.training.trainer import MMDPTrainer

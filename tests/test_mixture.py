@@ -16,10 +16,10 @@ from mmdp.data.mixture import (
     mixture_from_dict,
 )
 from mmdp.errors import UserError
-from mmdp.packing.batch import collate_packs, layout_pack
-from mmdp.packing.mixture_plan import MixturePlan, choose_rows
+from mmdp.packing.loading.batch import collate_packs, layout_pack
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planner import plan_epoch
+from mmdp.packing.planning.mixture_plan import MixturePlan, choose_rows
+from mmdp.packing.planning.planner import plan_epoch
 from mmdp.packing.weights import Weights
 from mmdp.report.mixture import source_report
 from mmdp.training.loss import mean_over_tokens, weighted_mean_over_tokens
@@ -198,12 +198,13 @@ def test_the_per_source_report_counts_rows_over_the_patch_budget():
     source = np.array([0, 0, 0, 1, 1, 1], dtype=np.int16)
     images = [2, 1, 1, 1, 2, 2]
     weights = Weights.from_lists([50] * 6, images, patch_counts=[100 * n for n in images])
-    budgets = {"max_length": 512, "max_images": 4, "max_patches": 150}
+    config = PackingConfig(max_length=512, max_images=4, max_patches=150, packs_per_batch=1)
     plan = MixturePlan(source, mixture.shares(), "rows", None, 0)
-    epoch = plan_epoch(weights, PackingConfig(**budgets, packs_per_batch=1), mixture=plan)
+    epoch = plan_epoch(weights, config, mixture=plan)
     report = source_report(
-        SimpleNamespace(mixture=mixture), plan, weights, [epoch.rows.tolist()], budgets=budgets
-    )
+        SimpleNamespace(mixture=mixture), plan, weights, [epoch.rows.tolist()],
+        budgets=config.budgets,
+    )  # fmt: skip
     assert [r["dropped"].get("too_many_patches", 0) for r in report] == [1, 2]
     assert [r["dropped"].get("left_out_by_mixture", 0) for r in report] == [1, 0]  # 1:1 by rows
     assert sum(r["samples"] for r in report) == len(epoch.rows) == 2

@@ -7,14 +7,14 @@ from torch.utils.data import DataLoader
 
 from mmdp import config
 from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
-from mmdp.packing.batch import collate_packs, layout_pack, real_token_mask, sample_ids
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.batch import collate_packs, layout_pack, real_token_mask, sample_ids
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.weighing import weigh_rows
+from mmdp.packing.weighing.weigh import weigh_rows
 from mmdp.report.metrics import EpochReport
 from mmdp.training.loop import PARTS, median_time_per_part, speed_of_run
 from mmdp.training.loss import (

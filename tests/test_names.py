@@ -4,9 +4,9 @@ state (a `position()` is a stream reader's). The old spellings keep working, wit
 
 import pytest
 
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Weights
 from mmdp.training.strategies import compare_strategies

@@ -21,20 +21,21 @@ from mmdp.data.families.qwen_vl import Qwen2_5_VL
 from mmdp.data.families.smolvlm import Idefics3
 from mmdp.data.families.smolvlm import tiny_processor as smolvlm_tiny_processor
 from mmdp.data.mixture import MixedRows, mixture_from_dict
-from mmdp.data.sources import FEATURES, undecoded
-from mmdp.data.synthetic import encode_png
-from mmdp.data.synthetic_videos import encode_clip, encode_mp4, moving_shape
+from mmdp.data.reading.sources import FEATURES, undecoded
+from mmdp.data.synthetic.rows import encode_png
+from mmdp.data.synthetic.videos import encode_clip, encode_mp4, moving_shape
 from mmdp.data.videos import video_metadata
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import LEFT_OUT_BY_MIXTURE, TOO_LONG, UNDECODABLE_IMAGE, UNDECODABLE_VIDEO
 from mmdp.errors import UserError
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
-from mmdp.packing.batch import build_pack, collate_packs
-from mmdp.packing.mixture_plan import MixturePlan
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.batch import build_pack, collate_packs
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
+from mmdp.packing.planning.mixture_plan import MixturePlan
+from mmdp.packing.weights import Budgets
 from mmdp.report.metrics import PackReport
 from mmdp.report.mixture import source_report
 
@@ -339,7 +340,7 @@ def test_one_epoch_report_adds_the_plans_and_the_batches_drops_per_reason_and_so
     assert total == report.dropped and LEFT_OUT_BY_MIXTURE in total
     table = source_report(
         mixed, MixturePlan.of(mixed), packed.weights, [r.sample_index for r in reports],
-        budgets={"max_length": 256, "max_images": config.max_images, "max_patches": None},
+        budgets=Budgets(256, config.max_images),
         report_by_source=by_source,
     )  # fmt: skip
     assert table[0]["dropped"] == by_source["a"]["dropped"]

@@ -5,7 +5,7 @@ from datasets import Dataset
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from mmdp.data.sources import FEATURES, load_vqa_dataset
+from mmdp.data.reading.sources import FEATURES, load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import (
     LEFT_OUT_TO_EQUALISE_RANKS,
@@ -14,8 +14,8 @@ from mmdp.drop_reasons import (
     TOO_MANY_IMAGES,
     UNDECODABLE_IMAGE,
 )
-from mmdp.packing.batch import collate_packs, sample_ids
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.batch import collate_packs, sample_ids
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.metrics import PackReport
 

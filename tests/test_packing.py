@@ -286,8 +286,8 @@ def test_images_first_bfd_weighs_the_patches_share_too():
 def test_budget_shares_rank_exactly_when_the_products_would_overflow():
     # budgets of 2**31 images and patches: length * I * P is about 2**65, past int64. Shares:
     # 2/10 + 1/2**31 + 1/2 ~ 0.7; 3/10 + ... ~ 0.3; 1/10 + ... + 1 ~ 1.1 -> items 2, 0, 1
-    items = packing.check_items([2, 3, 1], 10, [1, 1, 1], 2**31, [2**30, 0, 2**31], 2**31)
-    assert packing.decreasing_order(items, "images_first_bfd").tolist() == [2, 0, 1]
+    items, budgets = packing.check_items([2, 3, 1], 10, [1, 1, 1], 2**31, [2**30, 0, 2**31], 2**31)
+    assert packing.decreasing_order(items, budgets, "images_first_bfd").tolist() == [2, 0, 1]
 
 
 def test_items_over_the_patch_budget_are_named():

@@ -7,13 +7,13 @@ import warnings
 import numpy as np
 import pytest
 
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.buffer import pack_buffer
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planner import plan_epoch
-from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
+from mmdp.packing.planning.buffer import pack_buffer
+from mmdp.packing.planning.planner import plan_epoch
 from mmdp.packing.weights import Weights
 
 CONFIG = PackingConfig(max_length=8, max_images=2, packs_per_batch=2, strategy="binpack", seed=3)

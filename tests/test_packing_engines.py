@@ -5,7 +5,6 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmdp.packing import planner
 from mmdp.packing.packers import (
     FIT_DECREASING,
     pack,
@@ -13,8 +12,9 @@ from mmdp.packing.packers import (
     reference_fit_decreasing,
 )
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planner import plan_epoch
-from mmdp.packing.planning_processes import PARALLEL_MIN_BUFFERS
+from mmdp.packing.planning import planner
+from mmdp.packing.planning.planner import plan_epoch
+from mmdp.packing.planning.processes import PARALLEL_MIN_BUFFERS
 from mmdp.packing.weights import Weights
 
 # Items in up to three budgets; a budget of None is left out (never binds).

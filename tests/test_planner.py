@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from mmdp.drop_reasons import NO_TEXTS, TOO_LONG, TOO_MANY_IMAGES
-from mmdp.packing import planner, planning_processes
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planner import (
+from mmdp.packing.planning import planner, processes
+from mmdp.packing.planning.planner import (
     batch_loads,
     deal_steps,
     filter_rows,
@@ -17,7 +17,7 @@ from mmdp.packing.planner import (
     plan_epoch,
     ranges,
 )
-from mmdp.packing.weights import Weights
+from mmdp.packing.weights import Budgets, Weights
 from mmdp.report.metrics import rank_balance
 
 
@@ -25,23 +25,25 @@ def test_filter_counts_every_row_it_leaves_out():
     # lengths [3, 9, 0, 5]: row 2 has no texts; max_length 8, max_images 3
     # row 0 fits; row 1 is too long; row 2 no_texts; row 3 has 4 images
     weights = Weights.from_lists([3, 9, 0, 5], [1, 0, 0, 4], [None, None, NO_TEXTS, None])
-    rows, dropped = filter_rows(weights, max_length=8, max_images=3)
+    rows, dropped = filter_rows(weights, Budgets(max_length=8, max_images=3))
     assert rows.tolist() == [0]
     assert dropped == {TOO_LONG: 1, NO_TEXTS: 1, TOO_MANY_IMAGES: 1}
 
 
 def test_packing_buffer_by_buffer():
     weights = Weights.from_lists([3, 6, 2, 5], [0, 0, 0, 0])
-    budgets = {"max_length": 8, "max_images": 0, "strategy": "binpack"}
+    budgets, binpack = Budgets(max_length=8, max_images=0), "binpack"
     # one buffer of 4: binpack -> [6, 2] and [5, 3], i.e. rows [1, 2] and [3, 0]
-    rows, starts = pack_buffers(np.arange(4), weights, buffer_size=4, **budgets)
+    rows, starts = pack_buffers(np.arange(4), weights, budgets, strategy=binpack, buffer_size=4)
     assert (rows.tolist(), starts.tolist()) == ([1, 2, 3, 0], [0, 2, 4])
     # buffers of 2: rows 0, 1 (3 and 6 do not fit together) -> [1], [0];
     # rows 2, 3 -> [5, 2], i.e. rows [3, 2]. Packs never cross a buffer.
-    rows, starts = pack_buffers(np.arange(4), weights, buffer_size=2, **budgets)
+    rows, starts = pack_buffers(np.arange(4), weights, budgets, strategy=binpack, buffer_size=2)
     assert (rows.tolist(), starts.tolist()) == ([1, 0, 3, 2], [0, 1, 2, 4])
     # rows are packed in the order given (after the epoch's shuffle)
-    rows, starts = pack_buffers(np.array([3, 2, 1, 0]), weights, buffer_size=2, **budgets)
+    rows, starts = pack_buffers(
+        np.array([3, 2, 1, 0]), weights, budgets, strategy=binpack, buffer_size=2
+    )
     assert (rows.tolist(), starts.tolist()) == ([3, 2, 1, 0], [0, 2, 3, 4])
 
 
@@ -211,9 +213,9 @@ def test_plan_arrays_are_narrow_and_one_rank_shares_them():
     assert plan.for_rank(0).rows is plan.rows  # one rank: the plan itself, not a copy
 
 
-def packs_of_four(lengths, *args, **kwargs):
+def packs_of_four(weights, *args, **kwargs):
     """A stand-in packer (its memory is one buffer's, whatever the epoch): 4 rows a pack."""
-    n = len(lengths)
+    n = len(weights)
     return np.arange(n), np.r_[np.arange(0, n, 4), n]
 
 
@@ -232,7 +234,7 @@ def test_planning_peaks_under_16_bytes_a_row(monkeypatch):
     # What each row adds to the peak (two sizes, so that fixed costs cancel): the whole-epoch
     # arrays are int32 and temporaries come a slice at a time (slices shrunk here, as 100 M rows
     # make them small). The old planner (int64 copies of the epoch) added ~75 bytes a row.
-    monkeypatch.setattr(planning_processes, "pack_flat", packs_of_four)
+    monkeypatch.setattr(processes, "pack_weights", packs_of_four)
     monkeypatch.setattr(planner, "CHUNK_ROWS", 1 << 12)
     monkeypatch.setattr(planner, "CHUNK_PACKS", 1 << 10)
     per_row = (traced_peak(400_000) - traced_peak(200_000)) / 200_000

@@ -4,7 +4,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmdp.packing.batch import collate_packs, layout_pack
+from mmdp.packing.loading.batch import collate_packs, layout_pack
 from mmdp.report.plots import (
     plot_learning_curves,
     plot_pack_samples,

@@ -12,12 +12,13 @@ import pytest
 from doc_blocks import check_output
 from train_from_prepared import NUM_ROWS, batch_digests
 
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
-from mmdp.packing import packed_dataset, prepared
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading import packed_dataset
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
+from mmdp.packing.weighing import prepared
 from mmdp.prepare import main as prepare
 
 TESTS = Path(__file__).parent

@@ -18,7 +18,7 @@ from PIL import Image
 from mmdp.data import files
 from mmdp.data.families import family_for, offline_processor
 from mmdp.data.images import remote_image_size
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.drop_reasons import UNDECODABLE_IMAGE, UNREACHABLE_FILE
 
 PHOTOS = 8
@@ -66,7 +66,7 @@ def bucket(tmp_path_factory):
         fs.mkdir("users-data")
         images = {f"images/{k}.jpg": photo(k) for k in range(PHOTOS)}
         images["images/camera.jpg"] = photo_with_a_large_exif()
-        from mmdp.data.synthetic_videos import generate_video_row
+        from mmdp.data.synthetic.videos import generate_video_row
 
         clip = {"clips/moving.mp4": generate_video_row(0)["videos"][0]["bytes"]}
         for name, data in {**images, **clip}.items():
@@ -156,7 +156,7 @@ def test_remote_rows_make_the_samples_of_the_same_files_on_disk(bucket):
 def test_remote_weights_with_an_unreachable_file_are_weighed_again_next_run(bucket):
     """The network failed, not the file: the weights are not cached, the next run reads it again
     (and counts it again if it still does not answer)."""
-    from mmdp.packing.weighing import weigh_rows
+    from mmdp.packing.weighing.weigh import weigh_rows
 
     rows = load_vqa_dataset("s3://users-data/train.jsonl")
     family = family_for(offline_processor("qwen2_5_vl"))

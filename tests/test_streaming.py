@@ -1,5 +1,6 @@
-"""Stage 5 from a stream (mmdp.packing.streaming): every row yielded once or counted, ranks and workers
-without repeats, ranks that stop together, exact resume, and samples kept apart in a pack.
+"""Stage 5 from a stream (mmdp.packing.loading.streaming.loader): every row yielded once or counted,
+ranks and workers without repeats, ranks that stop together, exact resume, and samples kept apart in
+a pack.
 
 The rows say who they are: row i's first question starts with "Row i:", so a test finds each row
 in a batch by decoding it, whatever id the stream gave it.
@@ -17,7 +18,7 @@ from datasets import Dataset, load_dataset
 from doc_blocks import quoted_batch_keys
 
 from mmdp.data.families.tiny import TinyFamily
-from mmdp.data.sources import FEATURES, load_vqa_dataset
+from mmdp.data.reading.sources import FEATURES, load_vqa_dataset
 from mmdp.drop_reasons import (
     HELD_WHEN_RANKS_STOPPED,
     NO_TEXTS,
@@ -26,15 +27,15 @@ from mmdp.drop_reasons import (
     UNDECODABLE_IMAGE,
 )
 from mmdp.models.inputs import model_inputs
-from mmdp.packing.buffer import pack_buffer
-from mmdp.packing.packers import STRATEGIES
-from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.streaming import (
+from mmdp.packing.loading.streaming.loader import (
     ReaderState,
     StreamingDataLoader,
     StreamingPackedDataset,
     in_turns,
 )
+from mmdp.packing.packers import STRATEGIES
+from mmdp.packing.packing_config import PackingConfig
+from mmdp.packing.planning.buffer import pack_buffer
 from mmdp.packing.weights import Weights
 from mmdp.report.metrics import PackReport
 
@@ -383,7 +384,8 @@ def test_when_another_rank_runs_out_this_rank_counts_what_it_held(monkeypatch, r
         return have_one and len(steps) < 5
 
     monkeypatch.setattr(
-        "mmdp.packing.streaming.all_ranks_have_a_batch", other_rank_runs_out_at_step_5
+        "mmdp.packing.loading.streaming.loader.all_ranks_have_a_batch",
+        other_rank_runs_out_at_step_5,
     )
     dataset = streamed(rows, tokenizer, rank=1, world_size=2, buffer_size=20)
     loader = StreamingDataLoader(dataset, num_workers=2, stop_together=True)
@@ -411,8 +413,8 @@ def test_when_another_rank_runs_out_this_rank_counts_what_it_held(monkeypatch, r
 # The batches a model takes ---------------------------------------------------------------------
 
 
-# Streamed batches have the planned ones' layout (mmdp.packing.batch), which tests/test_attention.py
-# checks under every attention implementation; two of them are enough here.
+# Streamed batches have the planned ones' layout (mmdp.packing.loading.batch), which
+# tests/test_attention.py checks under every attention implementation; two of them are enough here.
 @pytest.mark.parametrize("attention", ["eager", "sdpa"], indirect=True)
 def test_streamed_batches_keep_samples_apart(attention, rows, tokenizer):
     """The summed loss of a streamed batch equals that of its samples one at a time."""

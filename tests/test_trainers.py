@@ -30,14 +30,14 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchrun_checks import WAYS
 from transformers import Trainer, TrainingArguments
 
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import MissingExtra
-from mmdp.packing.batch import collate_packs
-from mmdp.packing.guards import PREPARE_REFUSED, STATEFUL_REFUSED
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.batch import collate_packs
+from mmdp.packing.loading.guards import PREPARE_REFUSED, STATEFUL_REFUSED
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.training.examples import SampleLog, make_loader, tiny_vlm
 from mmdp.training.recipes import (
     EPOCH_END,

@@ -20,14 +20,14 @@ from datasets import Dataset, Features, concatenate_datasets
 
 from mmdp.data.conversation import count_tokens_batch, tokenize_conversation
 from mmdp.data.families.tiny import TinyFamily
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import CODE
-from mmdp.packing import weighing
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.row_tokens import RowTokens
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.row_tokens import RowTokens
-from mmdp.packing.weighing import TOKEN_FEATURES, environment_kept, weigh_rows
+from mmdp.packing.weighing import weigh as weighing
+from mmdp.packing.weighing.weigh import TOKEN_FEATURES, environment_kept, weigh_rows
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +285,7 @@ def test_two_jobs_weighing_at_once_end_with_the_same_complete_weights(
 ):
     """Pre-tokenized, each job writes its tokens to a scratch folder of its own: when both used
     `KEY.map`, one job's start deleted the other's half-written tokens (FileNotFoundError in 1
-    of 4 pairs, before weights_cache.scratch_path)."""
+    of 4 pairs, before mmdp.packing.weighing.cache.scratch_path)."""
     done = list(two_jobs.map(weigh_in_a_new_process, [str(fresh_cache)] * 2, [pretokenize] * 2))
     assert done[0][2] != done[1][2]  # each job in a process of its own
     assert done[0][:2] == done[1][:2]
@@ -294,7 +294,7 @@ def test_two_jobs_weighing_at_once_end_with_the_same_complete_weights(
 
 def weigh_in_a_new_process(cache: str, pretokenize: bool) -> tuple[list[int], list | None, int]:
     os.environ["MMDP_CACHE"] = cache
-    from mmdp.data.sources import load_vqa_dataset
+    from mmdp.data.reading.sources import load_vqa_dataset
     from mmdp.data.tokenizer import get_tokenizer
 
     weighed = weigh_rows(

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.training.loss import label_tokens, summed_loss
 from mmdp.training.recipes import (
@@ -124,7 +124,7 @@ def matrix_rows(num_rows: int = 36):
     samples each, fast on CPU, and every rank's micro-batches hold images."""
     from PIL import Image
 
-    from mmdp.data.synthetic import encode_png
+    from mmdp.data.synthetic.rows import encode_png
 
     sizes = [(40, 30), (24, 72), (64, 64), (90, 20), (33, 47), (56, 28)]
     rows = []

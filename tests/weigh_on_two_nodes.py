@@ -7,9 +7,9 @@ import sys
 
 import torch.distributed as dist
 
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
-from mmdp.packing.weighing import weigh_rows
+from mmdp.packing.weighing.weigh import weigh_rows
 
 
 def main():

@@ -19,13 +19,13 @@ import sys
 
 import torch
 
-from mmdp.data.sources import load_vqa_dataset
-from mmdp.data.stream import load_vqa_stream
+from mmdp.data.reading.sources import load_vqa_dataset
+from mmdp.data.reading.stream import load_vqa_stream
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing.streaming import StreamingDataLoader, StreamingPackedDataset
-from mmdp.packing.weighing import weigh_rows
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.packing.weighing.weigh import weigh_rows
 from mmdp.training.strategies import compare_strategies
 
 TENSORS = (

@@ -2,6 +2,7 @@
 loop, and printing a batch or a table."""
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -104,8 +105,8 @@ def add_data_args(parser: argparse.ArgumentParser, num_rows: int = config.DEFAUL
 
 def add_dataset_args(parser: argparse.ArgumentParser) -> None:
     """--dataset, --image-root, --format: a user's rows, where their files are, their format
-    (mmdp.data.sources.load_vqa_dataset)."""
-    from mmdp.data.formats import FORMATS
+    (mmdp.data.reading.sources.load_vqa_dataset)."""
+    from mmdp.data.reading.formats import FORMATS
 
     parser.add_argument(
         "--dataset",
@@ -207,6 +208,12 @@ def packing_config(args: argparse.Namespace, **overrides):
 
     given = {name: getattr(args, name) for name in FIELDS if hasattr(args, name)}
     return PackingConfig(**{**given, **overrides})
+
+
+def settings_of(cls, args: argparse.Namespace):
+    """The frozen dataclass `cls` of the parsed flags named as its fields (a flag it does not
+    name is left out): what a script hands the package instead of its Namespace."""
+    return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
 
 
 def add_batch_size_arg(

@@ -1,6 +1,6 @@
 """Errors reported as one sentence: those a user can fix (a wrong --dataset, no network, a
-package only an extra installs), a DataLoader worker that failed (mmdp.packing.workers names it,
-its batch and why), and a rank that stopped answering the others (mmdp.packing.sharding names
+package only an extra installs), a DataLoader worker that failed (mmdp.packing.loading.workers names
+it, its batch and why), and a rank that stopped answering the others (mmdp.ranks names
 it)."""
 
 import contextlib

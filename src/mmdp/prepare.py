@@ -1,6 +1,6 @@
 """Prepare a dataset once: weigh every row for a model and its budgets, and write the weights (and,
 with --pretokenize, every sample's input_ids and labels) with a manifest to a path or any fsspec
-URL, for every later run on every machine (mmdp.packing.prepared).
+URL, for every later run on every machine (mmdp.packing.weighing.prepared).
 
     uv run -m mmdp.prepare --out /data/prepared/synthetic --num-rows 2000
     uv run --extra s3 -m mmdp.prepare --out s3://bucket/prepared/ai2d \\
@@ -25,12 +25,12 @@ from mmdp.cli import (
     print_settings,
 )
 from mmdp.data.families import MODELS, family_for, offline_processor
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.errors import exit_on_user_error
 from mmdp.packing.packing_config import default_config
-from mmdp.packing.prepared import budget_report, describe, write_prepared
-from mmdp.packing.weighing import weigh_rows
+from mmdp.packing.weighing.prepared import budget_report, describe, write_prepared
+from mmdp.packing.weighing.weigh import weigh_rows
 
 
 def parse_args(argv=None):

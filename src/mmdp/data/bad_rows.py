@@ -20,7 +20,7 @@ from datasets import Dataset
 from PIL import Image
 
 from mmdp import drop_reasons
-from mmdp.data.sources import FEATURES
+from mmdp.data.reading.sources import FEATURES
 
 
 def encoded(image: Image.Image, fmt: str, **save_args) -> dict:
@@ -72,7 +72,7 @@ def mp4_with_broken_data(frames: int = 8, fps: int = 4, kept: int = 40) -> dict:
     """An MP4 whose container header reads (frames, rate and size: weighed and planned) and whose
     frames do not decode: its media data zeroed after the first `kept` bytes (FFmpeg reads the
     frame size there). kept=0: no size either (a 0x0 stream). Needs PyAV (the video extra)."""
-    from mmdp.data.synthetic_videos import encode_mp4, moving_shape
+    from mmdp.data.synthetic.videos import encode_mp4, moving_shape
 
     whole = encode_mp4(moving_shape("circle", "red", "left to right", frames, 48, 32), fps)
     start, end = whole.find(b"mdat") + 4 + kept, whole.find(b"moov") - 4

@@ -1,7 +1,7 @@
 """Turn one sample's conversation into `input_ids` and `labels` with the chat template.
 
 Where the images go. A row's user turns may hold `<image>` and `<video>` tags (the messages and
-LLaVA formats keep them: mmdp.data.formats): each file then stands where its tag stands, the
+LLaVA formats keep them: mmdp.data.reading.formats): each file then stands where its tag stands, the
 k-th `<image>` tag for the row's k-th image. A row with no tag at all (the_cauldron's) has its
 images, then its videos, first in the first user turn. A row whose tags do not match its files in
 number is dropped (MEDIA_TAG_MISMATCH): mmdp never guesses where an image goes. Only the user

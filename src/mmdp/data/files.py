@@ -1,8 +1,8 @@
 """Open the files a row names: local paths, `file://` URLs, and remote ones through fsspec
 (`s3://`, `gs://`, `hf://`, `https://`...), read the way a data engineer reads a bucket.
 
-A row's image or video is a {"bytes", "path"} cell (mmdp.data.sources); a cell without bytes is
-read from its path. A remote file is read in one of three ways:
+A row's image or video is a {"bytes", "path"} cell (mmdp.data.reading.sources); a cell without bytes
+is read from its path. A remote file is read in one of three ways:
 
     read_range(path, start, end)  one ranged GET: what weighing reads of an image (its header,
                                   mmdp.data.images.open_image: the first HEADER_BYTES, more only

@@ -13,7 +13,7 @@ A mixture file (JSON; `05_knapsack_multimodal.py --mixture FILE.json`):
 - `dataset`: `synthetic:TASK` (the rows of one task of the embedded synthetic data: count,
   colour, chart, diagram, describe, compare, multiturn, text_only), a user's files (JSON, JSON
   Lines, save_to_disk, parquet; local or remote) or a Hub name (`subset`, `split`, `num_rows`,
-  `image_root`, `format` as for one dataset: mmdp.data.sources.load_vqa_dataset).
+  `image_root`, `format` as for one dataset: mmdp.data.reading.sources.load_vqa_dataset).
 - `share`: the source's part of the epoch; shares are normalised to sum to 1.
 - `share_by`: "tokens" (default) or "rows". Tokens, because a step costs tokens, not rows: with
   packing a step is a fixed token budget, so a token share is that share of the compute and of
@@ -26,11 +26,12 @@ A mixture file (JSON; `05_knapsack_multimodal.py --mixture FILE.json`):
   loss (mmdp.training.loss.weighted_mean_over_tokens); batches carry it as `loss_weights`.
 - `labels`: "all_turns" (default) trains every reply; "last_turn" only the last one.
 
-Planning (mmdp.packing.mixture_plan, and mmdp.packing.planner step 0 and 3b): after the unusable
-rows are filtered out, each source's usable rows are shuffled with (seed, epoch, source) and taken
-until the source's token (or row) target is met; the chosen rows are packed together, and each
-step's batches are given to the ranks so that every rank's tokens of every source stay even over the
-epoch. Every rank computes the same plan. The epoch report's per-source table: mmdp.report.mixture.
+Planning (mmdp.packing.planning.mixture_plan, and mmdp.packing.planning.planner step 0 and 3b):
+after the unusable rows are filtered out, each source's usable rows are shuffled with (seed, epoch,
+source) and taken until the source's token (or row) target is met; the chosen rows are packed
+together, and each step's batches are given to the ranks so that every rank's tokens of every source
+stay even over the epoch. Every rank computes the same plan. The epoch report's per-source table:
+mmdp.report.mixture.
 """
 
 import json
@@ -59,7 +60,9 @@ class Source:
     split: str = "train"
     num_rows: int | None = None
     image_root: str | None = None  # where the files its rows name by a relative path are
-    format: str | None = None  # its rows' format (mmdp.data.formats; default: from its columns)
+    format: str | None = (
+        None  # its rows' format (mmdp.data.reading.formats; default: from its columns)
+    )
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,7 @@ class MixedRows:
 def load_mixture(mixture: Mixture, num_rows: int, seed: int = 0) -> MixedRows:
     """Load every source (`num_rows`: the synthetic data's size, and the default cap of each
     other source) and put them one after the other."""
-    from mmdp.data.sources import (
+    from mmdp.data.reading.sources import (
         CONVERSATION_FEATURES,
         FEATURES,
         VIDEOS,
@@ -187,8 +190,8 @@ def load_mixture(mixture: Mixture, num_rows: int, seed: int = 0) -> MixedRows:
 
 def synthetic_task(task: str, num_rows: int, seed: int) -> datasets.Dataset:
     """The rows of one task of the embedded synthetic dataset of `num_rows` rows."""
-    from mmdp.data.sources import load_synthetic
-    from mmdp.data.synthetic import TASKS
+    from mmdp.data.reading.sources import load_synthetic
+    from mmdp.data.synthetic.rows import TASKS
 
     if task not in TASKS:
         raise UserError(

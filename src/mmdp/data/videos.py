@@ -16,7 +16,7 @@ frames from the whole file, read in one request.
 The decoder is PyAV (the `video` extra): transformers' own `load_video` defaults to it
 (transformers/video_utils.py:677, `backend="pyav"`) and reads its metadata the way
 `video_metadata` does (video_utils.py:499-510); its wheels bundle FFmpeg, so it decodes (and
-mmdp.data.synthetic_videos encodes) offline on a bare machine. torchcodec, which a video
+mmdp.data.synthetic.videos encodes) offline on a bare machine. torchcodec, which a video
 processor's `fetch_videos` prefers (video_processing_utils.py:566), needs the system's FFmpeg
 libraries, which neither this machine nor CI has.
 """

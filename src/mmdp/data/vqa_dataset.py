@@ -5,11 +5,11 @@ from torch.utils.data import Dataset
 from mmdp import config
 from mmdp.data.families import family_for
 from mmdp.data.mixture import apply_source_rules
-from mmdp.data.sources import undecoded
+from mmdp.data.reading.sources import undecoded
 
 
 class VQADataset(Dataset):
-    """Wraps a dataset in the_cauldron's schema (see mmdp.data.sources) for training.
+    """Wraps a dataset in the_cauldron's schema (see mmdp.data.reading.sources) for training.
 
     `processor`: the tokenizer of mmdp's TinyVLM (the blog's path: 64 <|image|> tokens per image,
     images resized to `image_size` squares), or a transformers processor of a supported

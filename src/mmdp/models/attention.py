@@ -1,7 +1,8 @@
 """Attention implementations and packed batches: which transformers keeps samples apart, and a
 CPU stand-in for FlashAttention so that its routing can be tested without a GPU.
 
-What keeps the samples of a packed batch apart (see mmdp.packing.batch and docs/use-in-your-trainer.md):
+What keeps the samples of a packed batch apart (see mmdp.packing.loading.batch and
+docs/use-in-your-trainer.md):
 
     eager, sdpa, flex_attention   the per-sample causal mask transformers builds from restarting
                                   position_ids (masking_utils.find_packed_sequence_indices),

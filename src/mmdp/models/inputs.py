@@ -1,5 +1,5 @@
 """What a model takes from a packed batch: `model_inputs(batch, model)`, for every Hugging Face
-model mmdp packs for (the batch itself is mmdp.packing.batch's contract)."""
+model mmdp packs for (the batch itself is mmdp.packing.loading.batch's contract)."""
 
 import functools
 
@@ -9,7 +9,7 @@ from packaging.version import Version
 from mmdp.data.families import family_named
 from mmdp.data.families.base import VIDEO_INPUTS, VISION_INPUTS
 from mmdp.errors import UserError
-from mmdp.packing.batch import TOKEN_INPUTS
+from mmdp.packing.loading.batch import TOKEN_INPUTS
 
 # The keys of a packed batch that a Hugging Face causal LM takes, under every attention
 # implementation: eager, sdpa and flex_attention use position_ids and ignore the rest;
@@ -69,7 +69,8 @@ def model_inputs(batch: dict, model=None) -> dict:
     inputs = {key: batch[key] for key in MODEL_INPUTS}
     inputs["use_cache"] = False
     # the family that collated the batch says what its model takes; a batch collated without one
-    # holds whichever per-token and vision inputs its samples had (mmdp.packing.batch.collate_packs)
+    # holds whichever per-token and vision inputs its samples had
+    # (mmdp.packing.loading.batch.collate_packs)
     family = family_named(batch["model_family"]) if "model_family" in batch else None
     token_keys = family.token_keys if family else TOKEN_INPUTS
     inputs.update({key: batch[key] for key in token_keys if key in batch})

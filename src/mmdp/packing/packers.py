@@ -2,7 +2,8 @@
 
 Everything here is pure: lengths (and image and patch counts) in, packs out, as lists of indices
 into `lengths`. The thread/queue plumbing that streams packs lives elsewhere
-(mmdp.packing.background, mmdp.packing.toy, mmdp.packing.packed_dataset) and calls `pack`.
+(mmdp.packing.loading.background, mmdp.packing.loading.toy, mmdp.packing.loading.packed_dataset) and
+calls `pack`.
 
 The budgets, per pack:
 - tokens: at most `max_length` (the blog's `max_length` in stage 4, its `seq_length` in stage 5);
@@ -58,12 +59,12 @@ cauldron-like items packs in a few ms and a million items of 1 to 32,768 tokens 
 second; with a patch budget, a vectorised scan of the open packs takes tens of ms per buffer.
 """
 
-from collections.abc import Iterator
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import numpy as np
 
 from mmdp.packing import _engines
+from mmdp.packing.weights import Budgets, Weights
 
 Strategy = Literal["greedy", "binpack", "bfd", "images_first_bfd", "balanced_greedy"]
 STRATEGIES = ("greedy", "binpack", "bfd", "images_first_bfd", "balanced_greedy")
@@ -106,7 +107,8 @@ def pack_flat(
     patch_counts=None,
     max_patches: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`pack` as two flat arrays, for callers that plan millions of items (mmdp.packing.planner).
+    """`pack` as two flat arrays, for callers that plan millions of items
+    (mmdp.packing.planning.planner).
 
     Returns (items, starts): pack p holds items[starts[p] : starts[p + 1]], and
     len(starts) == packs + 1.
@@ -119,43 +121,48 @@ def pack_flat(
         raise ValueError(
             f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
         )
-    items = check_items(lengths, max_length, image_counts, max_images, patch_counts, max_patches)
-    if len(items.lengths) == 0:
+    items, budgets = check_items(
+        lengths, max_length, image_counts, max_images, patch_counts, max_patches
+    )
+    if len(items) == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
     if strategy == "greedy":
         return _engines.next_fit(
-            items.lengths, items.image_counts, items.patch_counts, items.budgets
+            items.lengths, items.image_counts, items.patch_counts, budgets.per_unit()
         )
     if patch_counts is None:
-        return pack_tokens_and_images(items, strategy)
-    return pack_every_budget(items, strategy)
+        return pack_tokens_and_images(items, budgets, strategy)
+    return pack_every_budget(items, budgets, strategy)
 
 
-class Items(NamedTuple):
-    """Items checked for packing, in `pack`'s argument order: int64 arrays (one entry per item)
-    and the budgets per pack, each an int (a budget left out is the items' total: never binds)."""
+def pack_weights(
+    weights: Weights, budgets: Budgets, strategy: Strategy = "binpack"
+) -> tuple[np.ndarray, np.ndarray]:
+    """`pack_flat` of rows' weights under a config's budgets, each passed whole (the planner
+    packs each buffer this way); the patch budget binds only when `budgets.max_patches` is set.
 
-    lengths: np.ndarray
-    max_length: int
-    image_counts: np.ndarray
-    max_images: int
-    patch_counts: np.ndarray
-    max_patches: int
-
-    @property
-    def budgets(self) -> tuple[int, ...]:
-        """A pack's budget in each unit: tokens, images, patches."""
-        return (self.max_length, self.max_images, self.max_patches)
-
-    def sizes(self) -> Iterator[tuple[int, ...]]:
-        """Each item's size in the same units, in item order: (length, images, patches)."""
-        return zip(self.lengths.tolist(), self.image_counts.tolist(), self.patch_counts.tolist())
+    >>> items, starts = pack_weights(Weights.from_lists([3, 6, 2, 5], [0, 0, 0, 0]), Budgets(8))
+    >>> items.tolist(), starts.tolist()
+    ([1, 2, 3, 0], [0, 2, 4])
+    """
+    with_patches = budgets.max_patches is not None
+    return pack_flat(
+        weights.lengths,
+        budgets.max_length,
+        strategy,
+        weights.image_counts,
+        budgets.max_images,
+        weights.patch_counts if with_patches else None,
+        budgets.max_patches,
+    )
 
 
 def check_items(
     lengths, max_length, image_counts=None, max_images=None, patch_counts=None, max_patches=None
-) -> Items:
+) -> tuple[Weights, Budgets]:
     """Validate the items against every budget; an item over one, alone, is a ValueError.
+    Returns the items' Weights (int64 arrays, zeros for counts not given) and the Budgets with
+    every budget an int (a budget left out is the items' total: it never binds).
 
     >>> check_items([3, 9], 8)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -189,7 +196,9 @@ def check_items(
                 f"{item} {what}; {int(bad.sum())} item(s) like it: filter them out (and count "
                 "them) before packing"
             )
-    return Items(lengths, int(max_length), images, max_images, patches, max_patches)
+    return Weights(lengths, images, patch_counts=patches), Budgets(
+        int(max_length), max_images, max_patches
+    )
 
 
 def per_item(counts, lengths, what: str) -> np.ndarray:
@@ -213,8 +222,10 @@ def pack_greedy(
     `pack` gives the same packs a pack at a time rather than an item at a time
     (mmdp.packing._engines.next_fit).
     """
-    items = check_items(lengths, max_length, image_counts, max_images, patch_counts, max_patches)
-    max_length, max_images, max_patches = items.budgets
+    items, budgets = check_items(
+        lengths, max_length, image_counts, max_images, patch_counts, max_patches
+    )
+    max_length, max_images, max_patches = budgets.per_unit()
     packs, current = [], []
     tokens = images = patches = 0  # what the current pack holds
     for i, (length, count, patch_count) in enumerate(items.sizes()):
@@ -254,10 +265,12 @@ def reference_fit_decreasing(
     """
     if strategy not in FIT_DECREASING:
         raise ValueError(f"{strategy!r} is not a fit-decreasing strategy: {FIT_DECREASING}")
-    items = check_items(lengths, max_length, image_counts, max_images, patch_counts, max_patches)
+    items, budgets = check_items(
+        lengths, max_length, image_counts, max_images, patch_counts, max_patches
+    )
     sizes = list(items.sizes())
     packs, room, image_room, patch_room = [], [], [], []  # what each pack has left
-    for i in decreasing_order(items, strategy).tolist():
+    for i in decreasing_order(items, budgets, strategy).tolist():
         length, count, patch_count = sizes[i]
         fitting = [
             p
@@ -274,9 +287,9 @@ def reference_fit_decreasing(
             chosen = fitting[0]
         else:
             packs.append([])
-            room.append(items.max_length)
-            image_room.append(items.max_images)
-            patch_room.append(items.max_patches)
+            room.append(budgets.max_length)
+            image_room.append(budgets.max_images)
+            patch_room.append(budgets.max_patches)
             chosen = len(packs) - 1
         packs[chosen].append(i)
         room[chosen] -= length
@@ -298,19 +311,21 @@ def reference_balanced_greedy(
     than binpack or bfd (bench/bench_packing.py). O(n * P log P); `pack` gives the same packs
     in O(n log P) (mmdp.packing._engines.pack_balanced_greedy).
     """
-    items = check_items(lengths, max_length, image_counts, max_images, patch_counts, max_patches)
-    if len(items.lengths) == 0:
+    items, budgets = check_items(
+        lengths, max_length, image_counts, max_images, patch_counts, max_patches
+    )
+    if len(items) == 0:
         return []
-    sizes, count = list(items.sizes()), balanced_greedy_packs(items)
+    sizes, count = list(items.sizes()), balanced_greedy_packs(items, budgets)
     packs = [[] for _ in range(count)]
     load, load_images, load_patches = [0] * count, [0] * count, [0] * count
     for i in np.lexsort((np.arange(len(items.lengths)), -items.lengths)).tolist():
         length, image_count, patch_count = sizes[i]
         for chosen in sorted(range(len(packs)), key=load.__getitem__):
             if (
-                load[chosen] + length <= items.max_length
-                and load_images[chosen] + image_count <= items.max_images
-                and load_patches[chosen] + patch_count <= items.max_patches
+                load[chosen] + length <= budgets.max_length
+                and load_images[chosen] + image_count <= budgets.max_images
+                and load_patches[chosen] + patch_count <= budgets.max_patches
             ):
                 break
         else:
@@ -326,7 +341,9 @@ def reference_balanced_greedy(
     return [p for p in packs if p]
 
 
-def decreasing_order(items: Items, strategy: Strategy = "binpack") -> np.ndarray:
+def decreasing_order(
+    items: Weights, budgets: Budgets, strategy: Strategy = "binpack"
+) -> np.ndarray:
     """The order a fit-decreasing strategy places items in; ties by index, so it is deterministic.
 
     binpack, bfd: longest first (then most images, then most patches): the classic FFD / BFD
@@ -334,16 +351,16 @@ def decreasing_order(items: Items, strategy: Strategy = "binpack") -> np.ndarray
     share of the budgets first, length/max_length + images/max_images + patches/max_patches
     (`budget_shares`), then the longest.
 
-    >>> items = check_items([4, 6, 4], 10, [2, 0, 1], 2)
-    >>> decreasing_order(items, "binpack").tolist()
+    >>> items, budgets = check_items([4, 6, 4], 10, [2, 0, 1], 2)
+    >>> decreasing_order(items, budgets, "binpack").tolist()
     [1, 0, 2]
-    >>> decreasing_order(items, "images_first_bfd").tolist()
+    >>> decreasing_order(items, budgets, "images_first_bfd").tolist()
     [0, 2, 1]
     """
     if strategy != "images_first_bfd":
         return largest_first(items.lengths, items.image_counts, items.patch_counts)
     has_images = (items.image_counts > 0).astype(np.int64)
-    return largest_first(has_images, budget_shares(items), items.lengths)
+    return largest_first(has_images, budget_shares(items, budgets), items.lengths)
 
 
 def largest_first(*columns: np.ndarray) -> np.ndarray:
@@ -367,7 +384,7 @@ def largest_first(*columns: np.ndarray) -> np.ndarray:
     return np.argsort(-key, kind="stable")
 
 
-def budget_shares(items: Items) -> np.ndarray:
+def budget_shares(items: Weights, budgets: Budgets) -> np.ndarray:
     """Each item's share of the budgets, length/L + images/I + patches/P, times L * I * P.
 
     In integers, so that equal shares tie exactly; a budget of 0 counts as 1 (every item has 0
@@ -375,7 +392,7 @@ def budget_shares(items: Items) -> np.ndarray:
     items' total), Python integers rank the shares instead.
     """
     columns = (items.lengths, items.image_counts, items.patch_counts)
-    L, I, P = (max(b, 1) for b in items.budgets)  # noqa: E741
+    L, I, P = (max(b, 1) for b in budgets.per_unit())  # noqa: E741
     weights = (I * P, L * P, L * I)  # share * L * I * P = length * I * P + ...
     largest = sum(int(column.max(initial=0)) * w for column, w in zip(columns, weights))
     if largest < 2**63:
@@ -392,9 +409,9 @@ def lower_bound(lengths, max_length: int) -> int:
     return -(-int(np.sum(lengths)) // max_length)
 
 
-def balanced_greedy_packs(items: Items) -> int:
+def balanced_greedy_packs(items: Weights, budgets: Budgets) -> int:
     """How many empty packs balanced_greedy opens: the lower bound, plus the blog's delta."""
-    return lower_bound(items.lengths, items.max_length) + BALANCED_GREEDY_EXTRA_PACKS
+    return lower_bound(items.lengths, budgets.max_length) + BALANCED_GREEDY_EXTRA_PACKS
 
 
 def pack_loads(packs, lengths) -> np.ndarray:
@@ -410,25 +427,29 @@ def flatten(packs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return items, np.r_[0, np.cumsum(sizes)]
 
 
-def pack_tokens_and_images(items: Items, strategy: Strategy) -> tuple[np.ndarray, np.ndarray]:
+def pack_tokens_and_images(
+    items: Weights, budgets: Budgets, strategy: Strategy
+) -> tuple[np.ndarray, np.ndarray]:
     """Tokens and images: the fast engines (mmdp.packing._engines)."""
     lengths, images = items.lengths, items.image_counts
     if strategy == "balanced_greedy":
-        opened = balanced_greedy_packs(items)
+        opened = balanced_greedy_packs(items, budgets)
         return _engines.pack_balanced_greedy(
-            lengths, images, items.max_length, items.max_images, opened
+            lengths, images, budgets.max_length, budgets.max_images, opened
         )
-    order = decreasing_order(items, strategy)
+    order = decreasing_order(items, budgets, strategy)
     return _engines.pack_fit_decreasing(
-        lengths, images, order, items.max_length, items.max_images, strategy
+        lengths, images, order, budgets.max_length, budgets.max_images, strategy
     )
 
 
-def pack_every_budget(items: Items, strategy: Strategy) -> tuple[np.ndarray, np.ndarray]:
+def pack_every_budget(
+    items: Weights, budgets: Budgets, strategy: Strategy
+) -> tuple[np.ndarray, np.ndarray]:
     """A patch budget too: the engine that scans the open packs in every budget."""
     sizes = np.stack([items.lengths, items.image_counts, items.patch_counts])
     if strategy == "balanced_greedy":
-        opened = balanced_greedy_packs(items)
-        return _engines.scan_balanced_greedy(sizes, items.budgets, opened)
-    order = decreasing_order(items, strategy)
-    return _engines.scan_fit_decreasing(sizes, items.budgets, order, strategy)
+        opened = balanced_greedy_packs(items, budgets)
+        return _engines.scan_balanced_greedy(sizes, budgets.per_unit(), opened)
+    order = decreasing_order(items, budgets, strategy)
+    return _engines.scan_fit_decreasing(sizes, budgets.per_unit(), order, strategy)

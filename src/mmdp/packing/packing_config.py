@@ -19,6 +19,7 @@ import dataclasses
 import warnings
 
 from mmdp import config as defaults
+from mmdp.packing.weights import Budgets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,16 @@ class PackingConfig:
     def __post_init__(self):
         if self.buffer_size < 1:
             raise ValueError(f"buffer_size must be positive, got {self.buffer_size}")
+
+    @property
+    def budgets(self) -> Budgets:
+        """What one pack may hold (tokens, images, patches), as one value: what the planner
+        passes whole to the packers.
+
+        >>> PackingConfig(max_length=1024, max_images=8).budgets
+        Budgets(max_length=1024, max_images=8, max_patches=None)
+        """
+        return Budgets(self.max_length, self.max_images, self.max_patches)
 
     def settings(self) -> dict:
         """The fields as a plain dict (what a loader's state_dict saves)."""

@@ -1,6 +1,10 @@
-"""What planning knows of each row of a dataset: its weight (tokens, images, vision patches) and
-why it is unusable, if it is: flat arrays, one entry per row (mmdp.packing.weighing makes them,
-mmdp.packing.planner plans from them)."""
+"""What planning knows of each row of a dataset, and what a pack may hold, in the same units.
+
+Weights: each row's weight (tokens, images, vision patches) and why it is unusable, if it is:
+flat arrays, one entry per row (mmdp.packing.weighing.weigh makes them, mmdp.packing.planning
+plans from them, the packers pack them). Budgets: a pack's limit in each unit, one frozen value
+that PackingConfig holds (`config.budgets`) and the planner passes whole to the packers.
+"""
 
 from dataclasses import dataclass
 
@@ -10,21 +14,44 @@ from mmdp.drop_reasons import CODE
 
 
 @dataclass(frozen=True)
+class Budgets:
+    """What one pack may hold, in each unit of a row's weight (None: that budget never binds).
+
+    >>> Budgets(max_length=8, max_images=3)
+    Budgets(max_length=8, max_images=3, max_patches=None)
+    """
+
+    max_length: int  # tokens per pack (and the pack's padded length)
+    max_images: int | None = None  # images per pack
+    max_patches: int | None = None  # vision-encoder patches per pack
+
+    def per_unit(self) -> tuple:
+        """(tokens, images, patches): the budgets in Weights.sizes()'s order."""
+        return (self.max_length, self.max_images, self.max_patches)
+
+
+@dataclass(frozen=True)
 class Weights:
     """What planning knows of each row of a dataset: one entry per row."""
 
     lengths: np.ndarray  # int32: tokens of the sample (text + image tokens); 0 if unusable
     image_counts: np.ndarray  # int32: images of the sample
-    reasons: np.ndarray  # uint8: 0, or why the row is unusable (its position in REASONS)
+    reasons: np.ndarray | None = None  # uint8: 0, or why the row is unusable (None: all usable)
     # int32: the vision encoder's patches for the sample's images (None: one per image)
     patch_counts: np.ndarray | None = None
 
     def __post_init__(self):
+        if self.reasons is None:
+            object.__setattr__(self, "reasons", np.zeros(len(self.lengths), dtype=np.uint8))
         if self.patch_counts is None:
             object.__setattr__(self, "patch_counts", self.image_counts)
 
     def __len__(self) -> int:
         return len(self.lengths)
+
+    def sizes(self):
+        """Each row's size in every unit, in row order: (length, images, patches)."""
+        return zip(self.lengths.tolist(), self.image_counts.tolist(), self.patch_counts.tolist())
 
     @classmethod
     def from_lists(cls, lengths, image_counts, reasons=None, patch_counts=None) -> "Weights":

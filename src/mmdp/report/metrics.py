@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmdp.packing.batch import real_token_mask
+from mmdp.packing.loading.batch import real_token_mask
 
 
 class EpochReport:

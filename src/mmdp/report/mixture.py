@@ -7,8 +7,9 @@ import numpy as np
 
 from mmdp.data.mixture import MixedRows
 from mmdp.drop_reasons import LEFT_OUT_BY_MIXTURE, LEFT_OUT_TO_EQUALISE_RANKS
-from mmdp.packing.mixture_plan import MixturePlan
-from mmdp.packing.planner import EpochPlan, Weights, filter_rows
+from mmdp.packing.planning.mixture_plan import MixturePlan
+from mmdp.packing.planning.planner import EpochPlan, filter_rows
+from mmdp.packing.weights import Budgets, Weights
 
 
 def planned_drops_by_source(
@@ -17,12 +18,7 @@ def planned_drops_by_source(
     """The rows the epoch's plan left out, by reason, for each source of the mixture: over a
     budget or unusable (filter_rows on the source's rows), not chosen by the mixture, chosen but
     in the packs left out to equalise ranks. Added over the sources, they are `plan.dropped`."""
-    budgets = {
-        "max_length": config.max_length,
-        "max_images": config.max_images,
-        "max_patches": config.max_patches,
-    }
-    usable, _ = filter_rows(weights, **budgets)
+    usable, _ = filter_rows(weights, config.budgets)
     chosen = mixture.choose(usable, weights.lengths, epoch)
     drops = []
     for s in range(len(mixture.shares)):
@@ -31,7 +27,7 @@ def planned_drops_by_source(
             *(a[mine] for a in (weights.lengths, weights.image_counts, weights.reasons)),
             patch_counts=weights.patch_counts[mine],
         )
-        _, dropped = filter_rows(part, **budgets)
+        _, dropped = filter_rows(part, config.budgets)
         mine_usable = usable[mine[usable]]
         dropped[LEFT_OUT_BY_MIXTURE] += len(mine_usable) - len(np.intersect1d(mine_usable, chosen))
         dropped[LEFT_OUT_TO_EQUALISE_RANKS] += int(mine[chosen].sum() - mine[plan.rows].sum())
@@ -45,7 +41,7 @@ def source_report(
     weights,
     sample_index_per_rank: list[list[int]],
     *,
-    budgets: dict,
+    budgets: Budgets,
     epoch: int = 0,
     report_by_source: dict | None = None,
 ) -> list[dict]:
@@ -55,7 +51,7 @@ def source_report(
     realised (in the mixture's unit), overall and per rank. `sample_index_per_rank`: the rows
     every rank yielded; `report_by_source`: the epoch report's drops per source (PackReport.by_source,
     which counts the rows dropped while their batches were built), else the plan's alone."""
-    usable, _ = filter_rows(weights, **budgets)
+    usable, _ = filter_rows(weights, budgets)
     chosen = plan.choose(usable, weights.lengths, epoch)
     amounts = weights.lengths if plan.share_by == "tokens" else np.ones_like(weights.lengths)
     yielded = [np.asarray(rows, dtype=np.int64) for rows in sample_index_per_rank]
@@ -74,7 +70,7 @@ def source_report(
             *(a[mine] for a in (weights.lengths, weights.image_counts, weights.reasons)),
             patch_counts=weights.patch_counts[mine],
         )
-        _, dropped = filter_rows(part, **budgets)
+        _, dropped = filter_rows(part, budgets)
         if report_by_source is not None:  # the one epoch report's: the plan's and the batches'
             dropped = report_by_source[source.name]["dropped"]
         else:

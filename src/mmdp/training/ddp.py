@@ -39,11 +39,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from mmdp import config
 from mmdp.cli import add_dataset_args, description, positive_int
-from mmdp.data.sources import load_vqa_dataset
+from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.metrics import write_json
 from mmdp.training.loss import label_tokens, summed_loss

@@ -30,14 +30,14 @@ from mmdp.cli import add_dataset_args, non_negative_int, positive_float, positiv
 from mmdp.data.families import OFFLINE as FAMILY_MODELS
 from mmdp.data.families import load_processor, tiny_processor, why
 from mmdp.data.hub import require_hub
-from mmdp.data.sources import load_synthetic_videos, load_vqa_dataset, with_videos
+from mmdp.data.reading.sources import load_synthetic_videos, load_vqa_dataset, with_videos
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import default_config
 
 IMAGE_SIZE = 32  # small images keep a CPU step short; 32 / 4-pixel patches = 64 image tokens

@@ -26,7 +26,7 @@ import torch
 
 from mmdp import config
 from mmdp.models.tiny_vlm import TinyVLM, vlm_inputs
-from mmdp.packing.batch import real_token_mask
+from mmdp.packing.loading.batch import real_token_mask
 from mmdp.training.loss import batch_loss, head_loss, label_tokens
 
 PARTS = (

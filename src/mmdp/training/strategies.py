@@ -3,8 +3,8 @@ assets/strategies.png, and stage 3's comparison of padded batches (compare_paddi
 
 Naive and constrained padding batch `batch_size` samples in the order of a seeded shuffle (as
 stages 2 and 3 do, so the figures match); the packers plan the epoch as stage 5 does
-(mmdp.packing.planner), and differ only in the strategy; grouped padded batches are planned as
-stage 3's --group-by does (mmdp.packing.grouping).
+(mmdp.packing.planning.planner), and differ only in the strategy; grouped padded batches are planned
+as stage 3's --group-by does (mmdp.packing.planning.grouping).
 """
 
 import warnings
@@ -14,10 +14,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from mmdp.drop_reasons import REASONS, TOO_LONG
-from mmdp.packing.grouping import plan_batches, plan_grouped_epoch
 from mmdp.packing.packers import STRATEGIES as PACKING_STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planner import Weights, plan_epoch
+from mmdp.packing.planning.grouping import plan_batches, plan_grouped_epoch
+from mmdp.packing.planning.planner import Weights, plan_epoch
 from mmdp.report.metrics import rank_balance, spread
 
 PADDING_STRATEGIES = ("naive", "constrained")
@@ -131,7 +131,7 @@ def compare_strategies(
     seed: int = 0,
 ) -> dict:
     """{strategy: epoch summary} for naive, constrained and every packing strategy, from the
-    same weights (mmdp.packing.weighing): `batch_size` samples per padded batch,
+    same weights (mmdp.packing.weighing.weigh): `batch_size` samples per padded batch,
     `packs_per_batch` packs per packed one (left out: batch_size, deprecated)."""
     if packs_per_batch is None:
         warnings.warn(

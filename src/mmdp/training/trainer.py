@@ -15,8 +15,8 @@ What a plain Trainer does to an mmdp loader, and what MMDPTrainer does instead (
 file:line in transformers/trainer.py):
 
 1. Trainer builds its own DataLoader and passes it to accelerator.prepare (1051), which cuts our
-   tensors or re-shards our packs (mmdp.packing.guards). MMDPTrainer hands Trainer the loader
-   itself (get_train_dataloader; nothing else prepares it: 1597, 1715-1817), so Trainer's own
+   tensors or re-shards our packs (mmdp.packing.loading.guards). MMDPTrainer hands Trainer the
+   loader itself (get_train_dataloader; nothing else prepares it: 1597, 1715-1817), so Trainer's own
    batching flags (per_device_train_batch_size, dataloader_num_workers, remove_unused_columns:
    1019-1022) never touch it. The model gets `model_inputs(batch, model)`, not the batch's ints and
    per-sample tensors.
@@ -101,7 +101,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from mmdp.errors import require_extra
 from mmdp.models.inputs import model_inputs as packed_model_inputs
-from mmdp.packing.packed_dataset import PackedDataLoader
+from mmdp.packing.loading.packed_dataset import PackedDataLoader
 from mmdp.training import evaluation
 from mmdp.training.loss import batch_loss, summed_weighted_loss
 from mmdp.training.recipes import (
@@ -141,7 +141,7 @@ def token_loss(outputs, labels, num_items_in_batch=None, loss_weights=None):
     them over ranks (2340-2342), multiplies the loss by the number of processes because DDP
     averages gradients (2199-2207) and does not divide it by the accumulation steps (2103-2111).
     It counts `labels[..., 1:] != -100` or `labels != -100` depending on the model; mmdp batches
-    give both the same count, since every sample's first label is -100 (mmdp.packing.batch).
+    give both the same count, since every sample's first label is -100 (mmdp.packing.loading.batch).
     MMDPTrainer passes `loss_weights` from the batch (Trainer itself passes only the labels).
     """
     if num_items_in_batch is None:

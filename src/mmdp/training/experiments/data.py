@@ -9,16 +9,17 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
-from mmdp.data.sources import load_vqa_dataset, no_progress_bars
+from mmdp.data.reading.sources import load_vqa_dataset, no_progress_bars
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
 from mmdp.models.tiny_vlm import TinyVLMConfig
-from mmdp.packing.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planner import EpochPlan, filter_rows, plan_epoch
-from mmdp.packing.weighing import weigh_rows
-from mmdp.packing.weights import Weights
+from mmdp.packing.planning.planner import EpochPlan, filter_rows, plan_epoch
+from mmdp.packing.weighing.weigh import weigh_rows
+from mmdp.packing.weights import Budgets, Weights
+from mmdp.training.experiments.settings import ExperimentSettings
 
 
 @dataclasses.dataclass
@@ -38,20 +39,20 @@ class StageData:
     device: str  # where the model trains: "cpu" or the GPU's name
 
 
-def load_data(args) -> StageData:
-    tokenizer = get_tokenizer(args.tokenizer)
+def load_data(settings: ExperimentSettings) -> StageData:
+    tokenizer = get_tokenizer(settings.tokenizer)
     rows = load_vqa_dataset(
-        args.dataset,
-        args.subset,
-        args.split,
-        args.num_rows,
-        image_root=args.image_root,
-        format=args.format,
+        settings.dataset,
+        settings.subset,
+        settings.split,
+        settings.num_rows,
+        image_root=settings.image_root,
+        format=settings.format,
     )
     weights = weigh_rows(rows, tokenizer).weights
-    fits = rows_that_fit(weights, args)
-    held_out, pool = hold_out(fits, len(rows), args)
-    num_packs = len(plan_whole_epoch(weights, args).pack_starts) - 1
+    fits = rows_that_fit(weights, settings)
+    held_out, pool = hold_out(fits, len(rows), settings)
+    num_packs = len(plan_whole_epoch(weights, settings).pack_starts) - 1
     return StageData(
         tokenizer=tokenizer,
         rows=rows,
@@ -66,35 +67,39 @@ def load_data(args) -> StageData:
         ),
         # Each packed batch holds about --batch-size samples, as a padded batch does, so that
         # the learning rate means the same: packs per batch from the epoch's samples per pack.
-        packs_per_batch=max(1, round(args.batch_size * num_packs / len(fits))),
+        packs_per_batch=max(1, round(settings.batch_size * num_packs / len(fits))),
         device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     )
 
 
-def rows_that_fit(weights: Weights, args) -> list[int]:
+def rows_that_fit(weights: Weights, settings: ExperimentSettings) -> list[int]:
     """The usable rows within --max-length and --max-images, in dataset order (the planner's
     own filter, step 1)."""
-    fits = filter_rows(weights, args.max_length, args.max_images)[0].tolist()
+    fits = filter_rows(weights, Budgets(settings.max_length, settings.max_images))[0].tolist()
     if not fits:
         raise UserError(
             f"nothing to do: none of the {len(weights):,} rows fits in a pack of max_length "
-            f"{args.max_length} and max_images {args.max_images}; raise --max-length"
+            f"{settings.max_length} and max_images {settings.max_images}; raise --max-length"
         )
     return fits
 
 
-def hold_out(fits: list[int], num_rows: int, args) -> tuple[list[int], list[int]]:
+def hold_out(
+    fits: list[int], num_rows: int, settings: ExperimentSettings
+) -> tuple[list[int], list[int]]:
     """Held out: the first --eval-samples rows of a shuffle (seeded by --seed) that fit a pack.
     The pool, every other row in the shuffle's order, is what every run of every seed trains on.
     """
-    order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(args.seed)).tolist()
+    order = torch.randperm(
+        num_rows, generator=torch.Generator().manual_seed(settings.seed)
+    ).tolist()
     fitting = set(fits)
-    held_out = [i for i in order if i in fitting][: args.eval_samples]
+    held_out = [i for i in order if i in fitting][: settings.eval_samples]
     held = set(held_out)
     pool = [i for i in order if i not in held]
-    if len(pool) < args.train_samples:
+    if len(pool) < settings.train_samples:
         raise UserError(
-            f"--train-samples {args.train_samples}: only {len(pool):,} rows are left after "
+            f"--train-samples {settings.train_samples}: only {len(pool):,} rows are left after "
             f"holding out {len(held_out)}; lower it or raise --num-rows"
         )
     return held_out, pool
@@ -103,13 +108,15 @@ def hold_out(fits: list[int], num_rows: int, args) -> tuple[list[int], list[int]
 # Stage 5's loader: the only place stage 6 builds a PackedDataset.
 
 
-def plan_whole_epoch(weights: Weights, args) -> EpochPlan:
+def plan_whole_epoch(weights: Weights, settings: ExperimentSettings) -> EpochPlan:
     """Stage 5's plan of one epoch of every row, packed with --strategy, on one rank (its packs
     are what counts: on one rank no pack is left out, however many packs a batch holds)."""
-    return plan_epoch(weights, packing(args, packs_per_batch=1, seed=args.seed))
+    return plan_epoch(weights, packing(settings, packs_per_batch=1, seed=settings.seed))
 
 
-def packed_batches(data: StageData, rows: list[int], args, *, seed: int, epoch=0) -> list[dict]:
+def packed_batches(
+    data: StageData, rows: list[int], settings: ExperimentSettings, *, seed: int, epoch=0
+) -> list[dict]:
     """Stage 5's batches of `rows`: all of one epoch, packed with --strategy.
 
     PackedDataset weighs the selected rows again, as a dataset of their own: a few rows, weighed
@@ -118,19 +125,19 @@ def packed_batches(data: StageData, rows: list[int], args, *, seed: int, epoch=0
     with no_progress_bars():
         dataset = PackedDataset(
             VQADataset(data.rows.select(rows), data.tokenizer),
-            packing(args, packs_per_batch=data.packs_per_batch, seed=seed),
+            packing(settings, packs_per_batch=data.packs_per_batch, seed=seed),
         )
     dataset.set_epoch(epoch)
     return list(PackedDataLoader(dataset, num_workers=0))
 
 
-def packing(args, *, packs_per_batch: int, seed: int) -> PackingConfig:
+def packing(settings: ExperimentSettings, *, packs_per_batch: int, seed: int) -> PackingConfig:
     """Stage 5's packing of --strategy under --max-length and --max-images."""
     return PackingConfig(
-        max_length=args.max_length,
-        max_images=args.max_images,
+        max_length=settings.max_length,
+        max_images=settings.max_images,
         packs_per_batch=packs_per_batch,
-        strategy=args.strategy,
+        strategy=settings.strategy,
         seed=seed,
     )
 
@@ -143,14 +150,19 @@ def padded_batches(samples, rows: list[int], collate, batch_size: int) -> list[d
     ]
 
 
-def strategy_batches(data: StageData, names, rows: list[int], args, seed: int, epoch=0) -> dict:
+def strategy_batches(
+    data: StageData, names, rows: list[int], settings: ExperimentSettings, seed: int, epoch=0
+) -> dict:
     """The same rows as naive padding, constrained padding and packing batch them."""
     naive, constrained, packed = names
     pad_id = data.tokenizer.pad_token_id
     return {
-        naive: padded_batches(data.samples, rows, NaivePadCollator(pad_id), args.batch_size),
+        naive: padded_batches(data.samples, rows, NaivePadCollator(pad_id), settings.batch_size),
         constrained: padded_batches(
-            data.samples, rows, ConstrainedPadCollator(pad_id, args.max_length), args.batch_size
+            data.samples,
+            rows,
+            ConstrainedPadCollator(pad_id, settings.max_length),
+            settings.batch_size,
         ),
-        packed: packed_batches(data, rows, args, seed=seed, epoch=epoch),
+        packed: packed_batches(data, rows, settings, seed=seed, epoch=epoch),
     }

@@ -2,18 +2,19 @@
 (mmdp.training.strategies), and what --metrics-json holds of the whole stage."""
 
 from mmdp.training.experiments.data import StageData
+from mmdp.training.experiments.settings import ExperimentSettings
 from mmdp.training.strategies import compare_strategies
 
 
-def compare_every_strategy(data: StageData, args) -> dict:
+def compare_every_strategy(data: StageData, settings: ExperimentSettings) -> dict:
     """compare_strategies on the rows weighed once, in load_data; the figure reads "per_row"."""
     return compare_strategies(
         data.weights,
-        max_length=args.max_length,
-        max_images=args.max_images,
-        batch_size=args.batch_size,
-        packs_per_batch=args.batch_size,  # as many packs a batch as padding batches samples
-        seed=args.seed,
+        max_length=settings.max_length,
+        max_images=settings.max_images,
+        batch_size=settings.batch_size,
+        packs_per_batch=settings.batch_size,  # as many packs a batch as padding batches samples
+        seed=settings.seed,
     )
 
 

@@ -14,11 +14,15 @@ import torch
 from mmdp.errors import UserError
 from mmdp.models.tiny_vlm import TinyVLM
 from mmdp.training.experiments.data import StageData, packed_batches, strategy_batches
+from mmdp.training.experiments.settings import ExperimentSettings
 from mmdp.training.loop import train_in_turns
 
 
 def train_over_seeds(
-    data: StageData, names, args, after_run: Callable[[int, int, dict, float], None] | None = None
+    data: StageData,
+    names,
+    settings: ExperimentSettings,
+    after_run: Callable[[int, int, dict, float], None] | None = None,
 ) -> dict:
     """For each seed: initial weights and a draw of training rows from the seed; every strategy
     trains from those weights on those rows and is evaluated on the same held-out batches.
@@ -27,23 +31,23 @@ def train_over_seeds(
     another epoch's shuffle), the initial weights unchanged: how much the order alone moves it.
     `after_run(seed, order, logs, seconds)` is called after each run (the script prints it).
     """
-    held_out = packed_batches(data, data.held_out, args, seed=args.seed)
-    seeds = list(range(args.seed, args.seed + args.seeds))
+    held_out = packed_batches(data, data.held_out, settings, seed=settings.seed)
+    seeds = list(range(settings.seed, settings.seed + settings.seeds))
     runs = {
         "seeds": seeds,
         "runs": [],
-        "checkpoints": checkpoints(args),
+        "checkpoints": checkpoints(settings),
         "logs": {name: [] for name in names},
         "load_average": [os.getloadavg()[0]],
     }
     for seed in seeds:
         draw = torch.randperm(len(data.pool), generator=torch.Generator().manual_seed(seed))
-        rows = [data.pool[i] for i in draw[: args.train_samples].tolist()]
+        rows = [data.pool[i] for i in draw[: settings.train_samples].tolist()]
         torch.manual_seed(seed)
         initial = TinyVLM(data.vlm_config).state_dict()
-        for order in range(args.orders):
+        for order in range(settings.orders):
             started = time.perf_counter()
-            logs = train_one_run(data, names, args, rows, initial, seed, order, held_out)
+            logs = train_one_run(data, names, settings, rows, initial, seed, order, held_out)
             for name in names:
                 runs["logs"][name].append(logs[name])
             runs["runs"].append({"seed": seed, "order": order})
@@ -53,13 +57,15 @@ def train_over_seeds(
     return runs
 
 
-def train_one_run(data: StageData, names, args, rows, initial, seed, order, held_out) -> dict:
+def train_one_run(
+    data: StageData, names, settings: ExperimentSettings, rows, initial, seed, order, held_out
+) -> dict:
     """Every strategy from the `initial` weights on the same rows, one step of each in turn (all
     three meet the same load on a shared machine); order 0 takes the rows as drawn, another a
     seeded shuffle of them. Returns {name: training log} (mmdp.training.loop.train)."""
     if order:
         rows = [rows[i] for i in np.random.default_rng([seed, order]).permutation(len(rows))]
-    batches = strategy_batches(data, names, rows, args, seed=seed, epoch=order)
+    batches = strategy_batches(data, names, rows, settings, seed=seed, epoch=order)
     empty = [name for name in names if not batches[name]]
     if empty:
         raise UserError(
@@ -73,26 +79,26 @@ def train_one_run(data: StageData, names, args, rows, initial, seed, order, held
         models[name].load_state_dict(copy.deepcopy(initial))
     return train_in_turns(
         {name: (models[name], batches[name]) for name in names},
-        lr=args.lr,
-        checkpoints=checkpoints(args),
+        lr=settings.lr,
+        checkpoints=checkpoints(settings),
         evaluate_on=held_out,
     )
 
 
-def checkpoints(args) -> list[int]:
+def checkpoints(settings: ExperimentSettings) -> list[int]:
     """Samples seen at each evaluation: 0, every --eval-every, and the end of training."""
-    return sorted({*range(0, args.train_samples, args.eval_every), args.train_samples})
+    return sorted({*range(0, settings.train_samples, settings.eval_every), settings.train_samples})
 
 
-def summarize_learning(runs, names, args) -> dict:
+def summarize_learning(runs, names, settings: ExperimentSettings) -> dict:
     """The runs' logs per strategy, one entry per run: what the JSON and the figure show."""
     logs = runs["logs"]
     return {
         "seeds": runs["seeds"],
-        "orders": args.orders,
+        "orders": settings.orders,
         "runs": runs["runs"],  # one per seed (and order): the rows of every per-run list below
         "samples_seen": runs["checkpoints"],
-        "eval_samples": args.eval_samples,
+        "eval_samples": settings.eval_samples,
         "eval_loss": {n: [log["eval_loss"] for log in logs[n]] for n in names},
         # a packed step may pass a checkpoint by a few samples: where each evaluation really was
         "eval_samples_seen": {n: [log["eval_samples_seen"] for log in logs[n]] for n in names},

@@ -10,6 +10,7 @@ import torch
 from mmdp.models.attention import flash_attention_on_cpu, use_attention
 from mmdp.models.tiny_vlm import TinyVLM, vlm_inputs
 from mmdp.training.experiments.data import StageData, strategy_batches
+from mmdp.training.experiments.settings import ExperimentSettings
 from mmdp.training.loss import label_tokens, summed_loss, summed_sample_means
 
 
@@ -32,17 +33,17 @@ def attention(implementation: str):
         torch._dynamo.config.automatic_dynamic_shapes = saved
 
 
-def check_same_loss(data: StageData, names, args) -> dict:
+def check_same_loss(data: StageData, names, settings: ExperimentSettings) -> dict:
     """The loss of the same samples through each strategy's batches, and a wrong image mapping.
 
     The model starts with large weights (initializer_range 0.5): one initialised near zero
     barely looks at its inputs, and a mistake (masks, images) could hide.
     """
-    rows = data.fits[: args.check_samples]
-    batches = strategy_batches(data, names, rows, args, seed=args.seed)
+    rows = data.fits[: settings.check_samples]
+    batches = strategy_batches(data, names, rows, settings, seed=settings.seed)
     vlm_config = dataclasses.replace(data.vlm_config, initializer_range=0.5)
-    model = use_attention(TinyVLM(vlm_config).eval(), args.attn_implementation)
-    with attention(args.attn_implementation), torch.no_grad():
+    model = use_attention(TinyVLM(vlm_config).eval(), settings.attn_implementation)
+    with attention(settings.attn_implementation), torch.no_grad():
         losses = {name: losses_of(model, batches[name]) for name in names}
         # The same packed batches with each batch's images shifted by one: every image now
         # lands on another sample's image tokens.
@@ -62,7 +63,7 @@ def check_same_loss(data: StageData, names, args) -> dict:
         "mean_over_tokens": {**over_tokens, "max_rel_diff": max_rel_diff(over_tokens)},
         "mean_over_samples": {**over_samples, "max_rel_diff": max_rel_diff(over_samples)},
         "samples": len(rows),
-        "attn_implementation": args.attn_implementation,
+        "attn_implementation": settings.attn_implementation,
     }
 
 

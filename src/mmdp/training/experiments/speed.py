@@ -7,15 +7,16 @@ import statistics
 
 from mmdp.models.tiny_vlm import TinyVLM
 from mmdp.training.experiments.data import StageData
+from mmdp.training.experiments.settings import ExperimentSettings
 from mmdp.training.loop import PARTS, median_time_per_part, speed_of_run, time_logits_per_position
 
 
-def summarize_speed(runs, names, data: StageData, args) -> dict:
+def summarize_speed(runs, names, data: StageData, settings: ExperimentSettings) -> dict:
     """Per strategy: each run's speed (speed_of_run), the median over runs, and what one epoch of
     every row would take; the gain of packing over naive padding, run by run."""
     naive, constrained, packed = names
     per_seed = {n: [speed_of_run(log) for log in runs["logs"][n]] for n in names}
-    steps_per_epoch = {naive: math.ceil(len(data.samples) / args.batch_size)}
+    steps_per_epoch = {naive: math.ceil(len(data.samples) / settings.batch_size)}
     steps_per_epoch[constrained] = steps_per_epoch[naive]
     steps_per_epoch[packed] = math.ceil(data.num_packs / data.packs_per_batch)
     ratios = {
@@ -28,7 +29,10 @@ def summarize_speed(runs, names, data: StageData, args) -> dict:
     ratios["recovered"] = [g / w for g, w in zip(ratios["real_tokens_per_s"], ratios["waste"])]
     # The logits of a padded batch: per position, do they cost more in a large tensor?
     model = TinyVLM(data.vlm_config)
-    shapes = [(data.packs_per_batch, args.max_length), (args.batch_size, args.max_length)]
+    shapes = [
+        (data.packs_per_batch, settings.max_length),
+        (settings.batch_size, settings.max_length),
+    ]
     return {
         "per_strategy": {n: strategy_speed(per_seed[n], steps_per_epoch[n]) for n in names},
         "gain": {k: median_and_range(v) for k, v in ratios.items()},

@@ -1,12 +1,12 @@
 """Stage 5 from a stream: pack a dataset you cannot (or will not) download first.
 
 This is the blog's stage 5 as it tells it: read samples into a buffer, pack the buffer with
-knapsacks, yield the packs, refill. `mmdp.packing.packed_dataset` plans a whole epoch from lengths
-instead, which packs a little better when the dataset is on disk; this module is for
+knapsacks, yield the packs, refill. `mmdp.packing.loading.packed_dataset` plans a whole epoch from
+lengths instead, which packs a little better when the dataset is on disk; this module is for
 `load_dataset(..., streaming=True)` (the_cauldron's 50 subsets, FineVision's ~24 M rows) or any
-other stream of rows in the_cauldron's schema. Same batches (mmdp.packing.batch), same
+other stream of rows in the_cauldron's schema. Same batches (mmdp.packing.loading.batch), same
 strategies, same two budgets, the same filter and packing steps as the planner
-(mmdp.packing.planner), applied to one buffer at a time.
+(mmdp.packing.planning.planner), applied to one buffer at a time.
 
 Every DataLoader worker of every rank is a *reader* with its own share of the stream. A reader:
 
@@ -59,19 +59,19 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
-from mmdp.packing.guards import RefusesAcceleratePrepare
+from mmdp.packing.loading.guards import RefusesAcceleratePrepare
+from mmdp.packing.loading.streaming.dataset import StreamingPackedDataset
+from mmdp.packing.loading.streaming.reader import ReaderState
+from mmdp.packing.loading.workers import check_temp_folder, name_failed_worker
 from mmdp.packing.packing_config import check_resume
-from mmdp.packing.sharding import ANSWER_TIMEOUT, all_ranks_have_a_batch
-from mmdp.packing.stream_reader import ReaderState
-from mmdp.packing.streaming_dataset import StreamingPackedDataset
-from mmdp.packing.workers import check_temp_folder, name_failed_worker
+from mmdp.ranks import ANSWER_TIMEOUT, all_ranks_have_a_batch
 
 # The loader: order, reader states, ranks that stop together ---------------------------------
 
 
 class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
-    """A DataLoader over a StreamingPackedDataset: yields its batches (mmdp.packing.batch, plus
-    `reader_state`), keeps every worker's latest reader state for `state_dict()`, and under
+    """A DataLoader over a StreamingPackedDataset: yields its batches (mmdp.packing.loading.batch,
+    plus `reader_state`), keeps every worker's latest reader state for `state_dict()`, and under
     torchrun stops every rank at the same step.
 
         loader = StreamingDataLoader(StreamingPackedDataset(stream, tokenizer), num_workers=2)
@@ -91,7 +91,7 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
 
     `len()` is not known ahead: a trainer needs a number of steps. It owns its dataset: another
     DataLoader that iterates the dataset (accelerate's, torchdata's) gets one sentence saying what
-    to do instead, and so does `accelerator.prepare(loader)` (mmdp.packing.guards).
+    to do instead, and so does `accelerator.prepare(loader)` (mmdp.packing.loading.guards).
     """
 
     def __init__(

@@ -1,5 +1,5 @@
 """Load a VQA dataset in the_cauldron's schema: the embedded synthetic default, a user's files
-(the_cauldron's, ms-swift / LLaMA-Factory messages, LLaVA: mmdp.data.formats), or the Hub.
+(the_cauldron's, ms-swift / LLaMA-Factory messages, LLaVA: mmdp.data.reading.formats), or the Hub.
 
 Schema (one row = one training sample):
     images: list of images          (a `datasets` Image feature per element)
@@ -26,10 +26,10 @@ from datasets import Dataset, Features, List, Value, load_dataset, load_from_dis
 from tqdm.auto import tqdm
 
 from mmdp import config
-from mmdp.data import formats
 from mmdp.data.files import is_remote, require_protocol
 from mmdp.data.hub import looks_like_a_path, require_hub
-from mmdp.data.synthetic import encode_png, generate_row
+from mmdp.data.reading import formats
+from mmdp.data.synthetic.rows import encode_png, generate_row
 from mmdp.errors import UserError
 
 SYNTHETIC_VERSION = 3  # bump when generate_row changes, so old caches are not reused
@@ -47,7 +47,8 @@ FEATURES = Features(
 # A row's videos (mmdp.data.videos): the encoded files, as images are stored, never decoded here.
 VIDEOS = List({"bytes": Value("binary"), "path": Value("string")})
 VIDEO_FEATURES = Features({**FEATURES, "videos": VIDEOS})
-# Rows read from a user's files (mmdp.data.formats): the same, with each row's system prompt.
+# Rows read from a user's files (mmdp.data.reading.formats): the same, with each row's system
+# prompt.
 CONVERSATION_FEATURES = Features(
     {
         "images": UNDECODED_IMAGES,
@@ -101,7 +102,7 @@ def load_vqa_dataset(
     - a remote .json, .jsonl or .parquet file (s3://, gs://, hf://, https://: fsspec);
     - anything else: a Hub name for `datasets.load_dataset`, e.g. "HuggingFaceM4/the_cauldron"
       with subset "ai2d".
-    The rows may be in any format of mmdp.data.formats (the_cauldron, messages, llava), told
+    The rows may be in any format of mmdp.data.reading.formats (the_cauldron, messages, llava), told
     from their columns unless `format` names it. Files named by a relative path are looked for
     under `image_root` (a folder or a remote prefix), else beside the file that names them.
     When `num_rows` is given, only the first `num_rows` rows are kept.
@@ -155,7 +156,8 @@ def json_files(path: Path) -> list[str]:
 
 
 def load_json(files: list[str], image_root: str | None, format: str | None) -> Dataset:
-    """Rows of JSON / JSON Lines files, in the_cauldron's schema (mmdp.data.formats.json_rows).
+    """Rows of JSON / JSON Lines files, in the_cauldron's schema
+    (mmdp.data.reading.formats.json_rows).
 
     Read by Python's json, not pyarrow's: real files mix types in a column (LLaVA-665k's "id" is a
     string in most rows and a number in others; "image" one path or a list) that a table cannot
@@ -210,7 +212,7 @@ def load_remote(url: str, image_root: str | None, format: str | None) -> Dataset
 
 
 def as_cauldron(rows: Dataset, format: str | None, base: str | None, source: str) -> Dataset:
-    """`rows` in the_cauldron's schema (mmdp.data.formats), converted by one cached
+    """`rows` in the_cauldron's schema (mmdp.data.reading.formats), converted by one cached
     `datasets.map` unless they are in it already, their images never decoded."""
     format = format or formats.detect_format(rows.column_names)
     rows = undecoded(rows)  # the features only: no row is rewritten
@@ -278,9 +280,9 @@ def save_once(dataset: Dataset, path: Path) -> None:
 
 
 def load_synthetic_videos(num_rows: int, seed: int = 0) -> Dataset:
-    """The synthetic video task (mmdp.data.synthetic_videos), generated once and cached like
+    """The synthetic video task (mmdp.data.synthetic.videos), generated once and cached like
     the images' rows: kept apart from them, for the families that take video."""
-    from mmdp.data.synthetic_videos import generate_video_row  # PyAV: the video extra
+    from mmdp.data.synthetic.videos import generate_video_row  # PyAV: the video extra
 
     path = cache_dir() / f"synthetic-videos-v{SYNTHETIC_VIDEOS_VERSION}-seed{seed}-rows{num_rows}"
     if not path.exists():

@@ -2,7 +2,7 @@
 
 LLaVA (`group_by_modality_length`) and OpenVLA pad rather than pack, and make padding cheap by
 choosing which samples share a batch. The plan needs only each row's weight (its tokens and
-images, from mmdp.packing.weighing: no image decoded, nothing tokenized twice), and every rank
+images, from mmdp.packing.weighing.weigh: no image decoded, nothing tokenized twice), and every rank
 computes the same plan for (seed, epoch) and takes its share:
 
 1. Filter: rows that cannot be used, or longer than max_length, are left out and counted.
@@ -36,9 +36,9 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS
-from mmdp.packing.planner import EpochPlan, deal_equal_steps, filter_rows, gather_packs
-from mmdp.packing.sharding import rank_and_world_size
-from mmdp.packing.weights import Weights
+from mmdp.packing.planning.planner import EpochPlan, deal_equal_steps, filter_rows, gather_packs
+from mmdp.packing.weights import Budgets, Weights
+from mmdp.ranks import rank_and_world_size
 
 GROUPINGS = ("modality_length",)  # the choices of stage 3's --group-by
 # Steps sorted together by length (HuggingFace's LengthGroupedSampler sorts 50 batches at a
@@ -61,11 +61,11 @@ def plan_grouped_epoch(
     """Steps 1-6: the epoch's padded batches for every rank, the same wherever computed.
 
     Returned as an EpochPlan whose packs hold one row each: plan.batch(step, rank) is a batch,
-    and mmdp.packing.planner.batch_loads gives every batch's tokens and images.
+    and mmdp.packing.planning.planner.batch_loads gives every batch's tokens and images.
     """
     # 1. Filter
     budget = NO_IMAGE_BUDGET if max_length is None else max_length
-    rows, dropped = filter_rows(weights, budget, NO_IMAGE_BUDGET)
+    rows, dropped = filter_rows(weights, Budgets(budget, NO_IMAGE_BUDGET))
     rng = np.random.default_rng([seed, epoch])
     # 2-5. Each modality apart: text-only rows, then rows with images
     has_images = weights.image_counts[rows] > 0
@@ -117,9 +117,9 @@ def modality_steps(
             continue
         part = rows[first:end]
         per_rank = batch_size if first == 0 else shared // world_size
-        # stage 5's dealer (mmdp.packing.planner), with tokens as its first key: they are what a
-        # padded batch costs, 64 per image included (on the default data, 2 ranks: images first
-        # left up to 377 tokens between ranks in a step, tokens first 11)
+        # stage 5's dealer (mmdp.packing.planning.planner), with tokens as its first key: they are
+        # what a padded batch costs, 64 per image included (on the default data, 2 ranks: images
+        # first left up to 377 tokens between ranks in a step, tokens first 11)
         order, _ = deal_equal_steps(
             weights.lengths[part], weights.image_counts[part], world_size, per_rank
         )

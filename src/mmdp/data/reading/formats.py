@@ -12,7 +12,7 @@ Three formats, told apart by their columns (or named: `load_vqa_dataset(..., for
     llava         LLaVA's (and ShareGPT4V's, LLaVA-Video's): {"image": "path" or [...],
                   "video": ..., "conversations": [{"from": "human" | "gpt", "value"}, ...]}
 
-What every row becomes (mmdp.data.sources.CONVERSATION_FEATURES, the_cauldron's schema):
+What every row becomes (mmdp.data.reading.sources.CONVERSATION_FEATURES, the_cauldron's schema):
 
     images  [{"bytes", "path"}, ...]   the files in order, undecoded; a path is absolute,
                                        file://, or remote (s3://, gs://, hf://, https://...)

@@ -1,6 +1,6 @@
-"""Step 1 of mmdp.packing.streaming: one reader's share of a stream (ReaderStream), the data files
-behind a datasets stream (to name the one at fault), and where a reader is (ReaderState: what a
-resume starts from)."""
+"""Step 1 of mmdp.packing.loading.streaming.loader: one reader's share of a stream (ReaderStream),
+the data files behind a datasets stream (to name the one at fault), and where a reader is
+(ReaderState: what a resume starts from)."""
 
 import copy
 import dataclasses
@@ -9,7 +9,7 @@ from itertools import islice
 
 import datasets
 
-from mmdp.data.sources import first_line, first_unreadable
+from mmdp.data.reading.sources import first_line, first_unreadable
 from mmdp.errors import UserError
 
 END = object()  # the end of a plain iterable

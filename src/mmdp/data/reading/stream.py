@@ -1,9 +1,10 @@
-"""Load a VQA dataset in the_cauldron's schema as a stream: mmdp.data.sources's sources, read row by row.
+"""Load a VQA dataset in the_cauldron's schema as a stream: mmdp.data.reading.sources's sources,
+read row by row.
 
 Nothing is downloaded or loaded ahead: a Hub dataset is read with `streaming=True`, parquet files
 one after the other. The stream's shards are what ranks and DataLoader workers share out
-(mmdp.packing.streaming): a Hub dataset or a folder of parquet files has one shard per file; the
-embedded dataset (and a `save_to_disk` folder) is cut into `num_shards`.
+(mmdp.packing.loading.streaming.loader): a Hub dataset or a folder of parquet files has one shard
+per file; the embedded dataset (and a `save_to_disk` folder) is cut into `num_shards`.
 """
 
 from pathlib import Path
@@ -11,10 +12,10 @@ from pathlib import Path
 import datasets
 from datasets import load_dataset
 
-from mmdp.data import formats
 from mmdp.data.files import is_remote
 from mmdp.data.hub import looks_like_a_path, require_hub
-from mmdp.data.sources import (
+from mmdp.data.reading import formats
+from mmdp.data.reading.sources import (
     CONVERSATION_FEATURES,
     absolute_root,
     check_schema,
@@ -41,7 +42,8 @@ def load_vqa_stream(
     image_root: str | None = None,
     format: str | None = None,
 ) -> datasets.IterableDataset:
-    """The dataset a stage runs on (see mmdp.data.sources.load_vqa_dataset), as a datasets.IterableDataset.
+    """The dataset a stage runs on (see mmdp.data.reading.sources.load_vqa_dataset), as a
+    datasets.IterableDataset.
 
     - `None`: the embedded synthetic dataset (`num_rows` rows), in `num_shards` shards;
     - a local path: parquet file(s), streamed from disk, one shard per file; or a folder written
@@ -87,8 +89,8 @@ def load_vqa_stream(
 def as_cauldron_stream(
     stream: datasets.IterableDataset, format: str | None, base: str | None, source: str
 ) -> datasets.IterableDataset:
-    """A stream's rows in the_cauldron's schema, converted as they are read (mmdp.data.formats)
-    when their columns say another format (or `format` does)."""
+    """A stream's rows in the_cauldron's schema, converted as they are read
+    (mmdp.data.reading.formats) when their columns say another format (or `format` does)."""
     if stream.features is None:
         if format in (None, "the_cauldron"):
             return stream

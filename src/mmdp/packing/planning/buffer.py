@@ -1,5 +1,5 @@
-"""Pack one buffer of a stream (steps 2-3 of mmdp.packing.streaming): pure, weights in, packs
-out. The planner's own steps (filter_rows, shuffle_and_pack), applied to one buffer."""
+"""Pack one buffer of a stream (steps 2-3 of mmdp.packing.loading.streaming.loader): pure, weights
+in, packs out. The planner's own steps (filter_rows, shuffle_and_pack), applied to one buffer."""
 
 import dataclasses
 from collections import Counter
@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 
 from mmdp.packing.packing_config import PackingConfig, with_old_keywords
-from mmdp.packing.planner import filter_rows, shuffle_and_pack
+from mmdp.packing.planning.planner import filter_rows, shuffle_and_pack
 from mmdp.packing.weights import Weights
 
 
@@ -25,7 +25,7 @@ def pack_buffer(
     [4, 0] (5 + 3), in a shuffled order; dropped {"too_long": 1}.
     """
     config = with_old_keywords(config, old_keywords, "pack_buffer")
-    rows, dropped = filter_rows(weights, config.max_length, config.max_images, config.max_patches)
+    rows, dropped = filter_rows(weights, config.budgets)
     whole_buffer = dataclasses.replace(config, buffer_size=max(len(weights), 1))
     packed_rows, pack_starts, order = shuffle_and_pack(rows, weights, rng, whole_buffer)
     starts = pack_starts.tolist()

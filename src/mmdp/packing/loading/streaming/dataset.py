@@ -1,6 +1,6 @@
-"""StreamingPackedDataset: what every reader of mmdp.packing.streaming runs, steps 1-4 (read a
-buffer of its share, weigh it, pack it, build the packs into batches in a producer thread).
-Iterate it with mmdp.packing.streaming.StreamingDataLoader."""
+"""StreamingPackedDataset: what every reader of mmdp.packing.loading.streaming.loader runs, steps
+1-4 (read a buffer of its share, weigh it, pack it, build the packs into batches in a producer
+thread). Iterate it with mmdp.packing.loading.streaming.loader.StreamingDataLoader."""
 
 import dataclasses
 from collections import Counter
@@ -13,15 +13,15 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from mmdp import config as defaults
 from mmdp.data.families import family_for
-from mmdp.data.sources import undecoded
-from mmdp.packing.background import iterate_in_background
-from mmdp.packing.batch import build_pack, collate_packs
-from mmdp.packing.buffer import pack_buffer
-from mmdp.packing.guards import iterated_elsewhere
+from mmdp.data.reading.sources import undecoded
+from mmdp.packing.loading.background import iterate_in_background
+from mmdp.packing.loading.batch import build_pack, collate_packs
+from mmdp.packing.loading.guards import iterated_elsewhere
+from mmdp.packing.loading.streaming.reader import ReaderState, ReaderStream
 from mmdp.packing.packing_config import PackingConfig, PackingSettings, with_old_keywords
-from mmdp.packing.sharding import rank_and_world_size, sharding_warning
-from mmdp.packing.stream_reader import ReaderState, ReaderStream
+from mmdp.packing.planning.buffer import pack_buffer
 from mmdp.packing.weights import Weights
+from mmdp.ranks import rank_and_world_size, sharding_warning
 
 
 class StreamingPackedDataset(PackingSettings, IterableDataset):

@@ -2,8 +2,9 @@
 
 Buffers are independent (a pack never crosses one), so ranges of whole buffers can be packed in
 forked processes and their results put back in order: the same plan as one process makes
-(tests/test_packing_engines.py). mmdp.packing.planner.pack_buffers decides how many processes
-(`planning_workers`) and calls `pack_in_processes`, or `PackingJob.pack` in its own process.
+(tests/test_packing_engines.py). mmdp.packing.planning.planner.pack_buffers decides how many
+processes (`planning_workers`) and calls `pack_in_processes`, or `PackingJob.pack` in its own
+process.
 """
 
 import multiprocessing
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmdp.packing.packers import pack_flat
-from mmdp.packing.weights import Weights
+from mmdp.packing.packers import pack_weights
+from mmdp.packing.weights import Budgets, Weights
 
 RANGE_ROWS = 1 << 20  # at most this many rows go to a process at a time
 
@@ -24,7 +25,7 @@ class PackingJob:
     """What packing a range of buffers needs: the weights, the budgets, the strategy."""
 
     weights: Weights
-    budgets: dict  # max_length, max_images, max_patches (None: no patch budget)
+    budgets: Budgets  # a PackingConfig's, whole
     strategy: str
     buffer_size: int
 
@@ -33,20 +34,11 @@ class PackingJob:
         weights, budgets, sizes = self.weights, self.budgets, []
         for start in range(0, len(rows), self.buffer_size):
             buffer = rows[start : start + self.buffer_size]
-            patch_budget = {}  # the third budget, only when there is one
-            if budgets["max_patches"] is not None:
-                patch_budget = {
-                    "patch_counts": weights.patch_counts[buffer],
-                    "max_patches": budgets["max_patches"],
-                }
-            items, starts = pack_flat(
-                weights.lengths[buffer],
-                budgets["max_length"],
-                self.strategy,
-                weights.image_counts[buffer],
-                budgets["max_images"],
-                **patch_budget,
+            patches = None if budgets.max_patches is None else weights.patch_counts[buffer]
+            of_buffer = Weights(
+                weights.lengths[buffer], weights.image_counts[buffer], None, patches
             )
+            items, starts = pack_weights(of_buffer, budgets, self.strategy)
             buffer[:] = buffer[items]  # buffer[items] is a copy: safe to write back
             sizes.append(np.diff(starts).astype(np.int32))
         return np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int32)

@@ -10,7 +10,7 @@ even: the encoder's YUV 4:2:0 needs it), so a family's video cost varies as it w
 Every answer is correct by construction: it is written from the same motion that is drawn.
 
 Row i depends only on (seed, i). These rows are kept out of the default (TinyVLM) dataset, whose
-batches must not change; mmdp.data.sources mixes them in for the families that take video.
+batches must not change; mmdp.data.reading.sources mixes them in for the families that take video.
 """
 
 import io
@@ -20,7 +20,7 @@ from fractions import Fraction
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mmdp.data.synthetic import BACKGROUND, COLOURS, SHAPES
+from mmdp.data.synthetic.rows import BACKGROUND, COLOURS, SHAPES
 from mmdp.data.videos import require_av
 
 FRAMES = (4, 6, 8, 12, 16, 24)

@@ -1,6 +1,6 @@
 """A prepared dataset: weigh once, train many times, on many machines.
 
-`uv run -m mmdp.prepare --out URL` weighs every row of a dataset (mmdp.packing.weighing; with
+`uv run -m mmdp.prepare --out URL` weighs every row of a dataset (mmdp.packing.weighing.weigh; with
 --pretokenize it keeps each sample's input_ids and labels too) and writes the result to a local
 folder or any fsspec URL (s3://, gs://, hf://, ...), with a manifest of everything the weights
 depend on. Training reads it from there on every rank and node (PackedDataset.from_prepared) and
@@ -42,13 +42,13 @@ from datasets import Dataset
 
 from mmdp.data.families.base import tokenizer_fingerprint
 from mmdp.data.families.tiny import TinyFamily
-from mmdp.data.sources import cache_dir
+from mmdp.data.reading.sources import cache_dir
 from mmdp.errors import UserError
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planner import filter_rows
-from mmdp.packing.weighing import WEIGHING_VERSION, Weighing
-from mmdp.packing.weights import Weights
-from mmdp.packing.weights_cache import ARRAYS, checksum, weights_of
+from mmdp.packing.planning.planner import filter_rows
+from mmdp.packing.weighing.cache import ARRAYS, checksum, weights_of
+from mmdp.packing.weighing.weigh import WEIGHING_VERSION, Weighing
+from mmdp.packing.weights import Budgets, Weights
 
 # Bump when the layout under URL or the manifest's meaning changes.
 PREPARED_VERSION = 1
@@ -165,7 +165,8 @@ def versions() -> dict:
 
 def budget_report(weights: Weights, run: dict) -> dict:
     """The rows usable under the run's budgets, and the others by reason (what prepare prints)."""
-    usable, dropped = filter_rows(weights, run["max_length"], run["max_images"], run["max_patches"])
+    budgets = Budgets(run["max_length"], run["max_images"], run["max_patches"])
+    usable, dropped = filter_rows(weights, budgets)
     return {"usable": len(usable), "dropped": dict(sorted(dropped.items()))}
 
 

@@ -15,7 +15,7 @@ computes the same plan and takes its share. In the blog's terms:
    same number of batches (DDP would hang otherwise) and no pack is left out: the last step is
    shared as evenly as it goes (some ranks one pack more), and when it holds fewer packs than
    ranks, a rank without one gets a `filler` batch (a copy of another rank's pack that trains
-   nothing: every label -100, mmdp.packing.batch.filler_batch).
+   nothing: every label -100, mmdp.packing.loading.batch.filler_batch).
 
 Everything is a flat array, so that 24 M rows plan in seconds and a worker receives a few bytes
 per row. An EpochPlan holds:
@@ -47,8 +47,8 @@ from mmdp.drop_reasons import (
     TOO_MANY_PATCHES,
 )
 from mmdp.packing.packing_config import PackingConfig, with_old_keywords
-from mmdp.packing.planning_processes import PackingJob, pack_in_processes, planning_workers
-from mmdp.packing.weights import Weights
+from mmdp.packing.planning.processes import PackingJob, pack_in_processes, planning_workers
+from mmdp.packing.weights import Budgets, Weights
 
 # Whole-epoch arrays are int32 (`index_dtype`) and written in place; element-wise work on them
 # goes a slice at a time, so that its temporaries (numpy's int64 indices, masks) stay a few MB
@@ -95,7 +95,7 @@ class EpochPlan:
         A batch of no pack (the rank's filler in a last step of fewer packs than ranks) becomes
         one pack, a copy of the step's first pack on another rank, marked in `fillers`: the rank
         still runs a forward and backward with the others (DDP and FSDP meet there), and the
-        copy trains nothing (mmdp.packing.batch.filler_batch)."""
+        copy trains nothing (mmdp.packing.loading.batch.filler_batch)."""
         if self.world_size == 1:
             return self  # the whole plan: its arrays, not a copy
         batches = np.arange(rank, len(self.batch_starts) - 1, self.world_size)
@@ -119,21 +119,18 @@ class EpochPlan:
 
 
 def filter_rows(
-    weights: Weights,
-    max_length: int,
-    max_images: int,
-    max_patches: int | None = None,
-    split: np.ndarray | None = None,
+    weights: Weights, budgets: Budgets, split: np.ndarray | None = None
 ) -> tuple[np.ndarray, Counter]:
-    """Step 1: the rows that can be packed, and the others counted by reason (a row over
-    several budgets counts once: too long first, then too many images, then patches).
+    """Step 1: the rows that can be packed under `budgets` (a PackingConfig's `budgets`), and
+    the others counted by reason (a row over several budgets counts once: too long first, then
+    too many images, then patches).
     `split` (bool per row, `eval_split`): only the rows it marks are judged and counted; the
     others belong to another split of the dataset.
 
     Example: row 2 has no texts, row 1 is too long, row 3 has too many images:
 
     >>> weights = Weights.from_lists([3, 9, 0, 5], [1, 0, 0, 4], [None, None, "no_texts", None])
-    >>> rows, dropped = filter_rows(weights, max_length=8, max_images=3)
+    >>> rows, dropped = filter_rows(weights, Budgets(max_length=8, max_images=3))
     >>> rows.tolist(), sorted(dropped.items())
     ([0], [('no_texts', 1), ('too_long', 1), ('too_many_images', 1)])
 
@@ -146,12 +143,7 @@ def filter_rows(
     for start in range(0, len(weights), CHUNK_ROWS):
         part = slice(start, start + CHUNK_ROWS)
         keep[part], part_codes, part_over = judge_rows(
-            weights,
-            part,
-            max_length,
-            max_images,
-            max_patches,
-            None if split is None else split[part],
+            weights, part, budgets, None if split is None else split[part]
         )
         codes += part_codes
         over += part_over
@@ -168,12 +160,7 @@ def filter_rows(
 
 
 def judge_rows(
-    weights: Weights,
-    part: slice,
-    max_length: int,
-    max_images: int,
-    max_patches: int | None,
-    in_split: np.ndarray | None = None,
+    weights: Weights, part: slice, budgets: Budgets, in_split: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """filter_rows on weights[part]: (which rows can be packed, the unusable ones counted by
     reason code, how many are too long / have too many images / too many patches); only the
@@ -182,8 +169,12 @@ def judge_rows(
     if in_split is not None:
         reasons = np.where(in_split, reasons, 0)  # out of the split: neither kept nor counted
     usable = reasons == 0 if in_split is None else (reasons == 0) & in_split
-    too_long = usable & (lengths > max_length)
-    too_many_images = usable & ~too_long & (weights.image_counts[part] > max_images)
+    max_images, max_patches = budgets.max_images, budgets.max_patches
+    too_long = usable & (lengths > budgets.max_length)
+    over_images = (
+        np.zeros_like(usable) if max_images is None else weights.image_counts[part] > max_images
+    )
+    too_many_images = usable & ~too_long & over_images
     over_patches = (
         np.zeros_like(usable) if max_patches is None else weights.patch_counts[part] > max_patches
     )
@@ -227,10 +218,8 @@ def index_dtype(size: int) -> type:
 def pack_buffers(
     rows: np.ndarray,
     weights: Weights,
+    budgets: Budgets,
     *,
-    max_length: int,
-    max_images: int,
-    max_patches: int | None = None,
     strategy: str,
     buffer_size: int,
     workers: int | None = None,
@@ -242,7 +231,6 @@ def pack_buffers(
     Buffers are independent: `workers` processes pack them (None: `planning_workers`), each a
     range of buffers at a time, and their results come back in order: the same plan.
     """
-    budgets = {"max_length": max_length, "max_images": max_images, "max_patches": max_patches}
     job = PackingJob(weights, budgets, strategy, buffer_size)
     num_buffers = -(-len(rows) // buffer_size)
     workers = planning_workers(num_buffers) if workers is None else workers
@@ -395,18 +383,16 @@ def plan_epoch(
     batched as `config` says (the loose keywords max_length=..., seed=... still work for one
     release).
 
-    `mixture` (a mmdp.packing.mixture_plan.MixturePlan): the rows come from several sources, each
-    with its share; after step 1 it chooses the epoch's rows (some left out, some repeated), and
-    after step 3 each step's batches go to the ranks so that every rank's share of every source
-    holds.
+    `mixture` (a mmdp.packing.planning.mixture_plan.MixturePlan): the rows come from several
+    sources, each with its share; after step 1 it chooses the epoch's rows (some left out, some
+    repeated), and after step 3 each step's batches go to the ranks so that every rank's share of
+    every source holds.
 
     `split` (bool per row, `eval_split`): the epoch takes only the rows it marks (a training or
     an evaluation split); the others are neither planned nor counted.
     """
     config = with_old_keywords(config, old_keywords, "plan_epoch")
-    rows, dropped = filter_rows(
-        weights, config.max_length, config.max_images, config.max_patches, split
-    )
+    rows, dropped = filter_rows(weights, config.budgets, split)
     if mixture is not None:
         usable = rows
         rows = mixture.choose(usable, weights.lengths, epoch)
@@ -472,13 +458,7 @@ def shuffle_and_pack(
     """
     rng.shuffle(rows)
     packed_rows, pack_starts = pack_buffers(
-        rows,
-        weights,
-        max_length=config.max_length,
-        max_images=config.max_images,
-        max_patches=config.max_patches,
-        strategy=config.strategy,
-        buffer_size=config.buffer_size,
+        rows, weights, config.budgets, strategy=config.strategy, buffer_size=config.buffer_size
     )
     pack_order = np.arange(len(pack_starts) - 1, dtype=pack_starts.dtype)
     rng.shuffle(pack_order)

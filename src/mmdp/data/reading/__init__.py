@@ -1,0 +1,6 @@
+"""Reading: rows from wherever they are kept, into the_cauldron's schema.
+
+sources  load_vqa_dataset(): the synthetic default, your own files, or the Hub
+formats  the formats users keep rows in (the_cauldron, messages, LLaVA), into one schema
+stream   load_vqa_stream(): the same sources, read as a stream (stage 5 --streaming)
+"""
