@@ -45,7 +45,6 @@ import torch.distributed as dist
 
 from mmdp import config
 from mmdp.cli import (
-    Renamed,
     add_data_args,
     add_loader_args,
     add_model_and_budget_args,
@@ -104,13 +103,6 @@ def parse_args():
         type=positive_int,
         default=config.PACKS_PER_BATCH,
         help=f"packs per batch, one pack a row (default: {config.PACKS_PER_BATCH})",
-    )
-    parser.add_argument(
-        "--batch-size",
-        dest="packs_per_batch",
-        type=positive_int,
-        action=Renamed,
-        new_name="--packs-per-batch",
     )
     parser.add_argument(
         "--processor",

@@ -137,7 +137,7 @@ def image_cell(image) -> dict:
 
 def config_and_rest(settings: dict) -> tuple:
     """A test's loader keywords split into a PackingConfig of its fields and the rest (rank=...,
-    image_size=...): the loaders' loose budget keywords are deprecated (they warn)."""
+    image_size=...): the loaders take their budgets as a PackingConfig only."""
     from mmdp.packing.packing_config import FIELDS, PackingConfig
 
     config = PackingConfig(**{key: settings[key] for key in FIELDS if key in settings})

@@ -2,8 +2,6 @@
 batch and `packs_per_batch` packs per packed one; a PackedDataset's `state()` is the loader's
 state (a `position()` is a stream reader's). The old spellings keep working, with a warning."""
 
-import pytest
-
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
@@ -29,12 +27,6 @@ def test_batch_size_counts_samples_and_packs_per_batch_counts_packs():
     assert batches(batch_size=1, packs_per_batch=2)["naive"] == 4
 
 
-def test_compare_strategies_without_packs_per_batch_warns_and_packs_batch_size_packs():
-    with pytest.warns(DeprecationWarning, match="packs_per_batch"):
-        old = batches(batch_size=2)
-    assert old == batches(batch_size=2, packs_per_batch=2)
-
-
 def test_a_packed_datasets_state_is_what_its_loader_saves(tokenizer):
     samples = VQADataset(load_vqa_dataset(num_rows=40), tokenizer, image_size=16)
     dataset = PackedDataset(samples, PackingConfig(max_length=512, packs_per_batch=2))
@@ -42,5 +34,3 @@ def test_a_packed_datasets_state_is_what_its_loader_saves(tokenizer):
     next(iter(loader))
     assert loader.state_dict() == dataset.state()
     assert dataset.state()["batches_done"] == 1
-    with pytest.warns(DeprecationWarning, match="state()"):
-        assert dataset.position() == dataset.state()

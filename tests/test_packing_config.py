@@ -1,5 +1,5 @@
-"""One PackingConfig for both loaders and the planner: the same plan as the loose keywords it
-replaces (which still work, with a DeprecationWarning), and one resume check for both loaders."""
+"""One PackingConfig for both loaders and the planner (the only way to give them budgets: the
+loose keywords max_length=..., seed=... are gone), and one resume check for both loaders."""
 
 import dataclasses
 import warnings
@@ -17,37 +17,31 @@ from mmdp.packing.planning.planner import plan_epoch
 from mmdp.packing.weights import Weights
 
 CONFIG = PackingConfig(max_length=8, max_images=2, packs_per_batch=2, strategy="binpack", seed=3)
-LOOSE = {"max_length": 8, "max_images": 2, "packs_per_batch": 2, "strategy": "binpack", "seed": 3}
 WEIGHTS = Weights.from_lists([3, 6, 2, 5, 7, 1, 4, 4, 9], [0, 1, 2, 0, 1, 3, 0, 1, 0])
 
 
-def test_the_config_plans_as_the_loose_keywords_did_which_warn():
+def test_the_config_is_what_plans_and_loose_keywords_are_refused():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the config itself: no warning
         plan = plan_epoch(WEIGHTS, CONFIG)
-    with pytest.warns(DeprecationWarning, match="plan_epoch.*PackingConfig"):
-        old = plan_epoch(WEIGHTS, **LOOSE)
-    assert [p.tolist() for p in plan.packs()] == [p.tolist() for p in old.packs()]
-    assert plan.batch_starts.tolist() == old.batch_starts.tolist() == [0, 2, 4, 5]
-    assert plan.dropped == old.dropped == {"too_long": 1, "too_many_images": 1}
+    assert plan.batch_starts.tolist() == [0, 2, 4, 5]
+    assert plan.dropped == {"too_long": 1, "too_many_images": 1}
     shorter = plan_epoch(WEIGHTS, dataclasses.replace(CONFIG, max_length=6))  # the config is read
     assert shorter.dropped == {"too_long": 2, "too_many_images": 1}
-
-
-def test_a_buffer_packs_as_with_the_loose_keywords():
-    with pytest.warns(DeprecationWarning, match="pack_buffer"):
-        old = pack_buffer(WEIGHTS, np.random.default_rng(0), max_length=8, max_images=2)
-    new = pack_buffer(WEIGHTS, np.random.default_rng(0), PackingConfig(max_length=8, max_images=2))
-    assert [p.tolist() for p in new[0]] == [p.tolist() for p in old[0]] and new[1] == old[1]
-
-
-def test_a_config_and_loose_keywords_together_or_a_misspelt_keyword_are_refused():
-    with pytest.raises(TypeError, match="not both"):
-        plan_epoch(WEIGHTS, CONFIG, max_length=8)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'max_lenght'"):
-        plan_epoch(WEIGHTS, max_lenght=8)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_length'"):
+        plan_epoch(WEIGHTS, max_length=8)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_length'"):
+        pack_buffer(WEIGHTS, np.random.default_rng(0), max_length=8)
     with pytest.raises(ValueError, match="buffer_size must be positive"):
         PackingConfig(buffer_size=0)
+
+
+def test_a_buffer_packs_as_the_planner_does():
+    packs, dropped = pack_buffer(WEIGHTS, np.random.default_rng(0), CONFIG)
+    assert sorted(sum((p.tolist() for p in packs), [])) == sorted(
+        plan_epoch(WEIGHTS, CONFIG).rows.tolist()
+    )
+    assert dropped == plan_epoch(WEIGHTS, CONFIG).dropped
 
 
 @pytest.fixture(scope="module")
@@ -65,16 +59,11 @@ def test_both_loaders_save_the_config_and_refuse_another_one_the_same_way(rows, 
         state = loader.state_dict()
         assert {k: state[k] for k in dataclasses.asdict(config)} == dataclasses.asdict(config)
     other = dataclasses.replace(config, seed=1)
-    with pytest.warns(DeprecationWarning, match="PackedDataset"):
-        old_planned = PackedDataset(
-            VQADataset(rows, tokenizer), max_length=512, packs_per_batch=2, buffer_size=30, seed=1
-        )
     for loader, state in (
         (
             PackedDataLoader(PackedDataset(VQADataset(rows, tokenizer), other), num_workers=0),
             planned.state_dict(),
         ),
-        (PackedDataLoader(old_planned, num_workers=0), planned.state_dict()),
         (
             StreamingDataLoader(StreamingPackedDataset(stream, tokenizer, other), num_workers=0),
             streamed.state_dict(),

@@ -4,7 +4,6 @@ loop, and printing a batch or a table."""
 import argparse
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Sequence
 
@@ -62,26 +61,6 @@ def int_value(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
 
 
-class Renamed(argparse.Action):
-    """A flag's old name, kept for one release: it still works, and says once what it is now.
-
-    parser.add_argument("--num-samples", dest="num_rows", type=positive_int,
-                        action=Renamed, new_name="--num-rows")
-    """
-
-    def __init__(self, option_strings, dest, new_name: str, **kwargs):
-        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
-        self.new_name = new_name
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(
-            f"warning: {option_string} is now {self.new_name}; {option_string} will be removed "
-            "in the next release",
-            file=sys.stderr,
-        )
-        setattr(namespace, self.dest, values)
-
-
 def add_data_args(parser: argparse.ArgumentParser, num_rows: int = config.DEFAULT_NUM_ROWS):
     add_dataset_args(parser)
     parser.add_argument("--subset", default=None, help="Hub subset (config), e.g. ai2d")
@@ -91,9 +70,6 @@ def add_data_args(parser: argparse.ArgumentParser, num_rows: int = config.DEFAUL
         type=positive_int,
         default=num_rows,
         help=f"rows of the dataset to read (default: {num_rows:,})",
-    )
-    parser.add_argument(
-        "--num-samples", dest="num_rows", type=positive_int, action=Renamed, new_name="--num-rows"
     )
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
     parser.add_argument(

@@ -10,13 +10,9 @@ it runs with now.
 Without a config, a loader packs under its model family's budgets: `default_config(family)`, the
 one place that resolves them (the stage scripts, the training examples and mmdp.prepare call it
 with the flags given).
-
-The loose keywords these took before (max_length=..., seed=...) still work for one release, with
-a DeprecationWarning.
 """
 
 import dataclasses
-import warnings
 
 from mmdp import config as defaults
 from mmdp.packing.weights import Budgets
@@ -83,7 +79,7 @@ def read_from_config(name: str) -> property:
 
 class PackingSettings:
     """The config's fields as read-only attributes of a loader's dataset (`dataset.max_length`,
-    `dataset.packs_per_batch`...): the names its loose keywords had."""
+    `dataset.packs_per_batch`...)."""
 
     config: PackingConfig
     max_length = read_from_config("max_length")
@@ -93,27 +89,6 @@ class PackingSettings:
     strategy = read_from_config("strategy")
     buffer_size = read_from_config("buffer_size")
     seed = read_from_config("seed")
-
-
-def with_old_keywords(
-    config: PackingConfig | None, keywords: dict, where: str, family=None
-) -> PackingConfig:
-    """`config`, or a PackingConfig of the loose keywords a caller still passes (max_length=...,
-    seed=...), with a DeprecationWarning; `default_config(family)` when neither is given."""
-    unknown = sorted(set(keywords) - set(FIELDS))
-    if unknown:
-        raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
-    if not keywords:
-        return default_config(family) if config is None else config
-    if config is not None:
-        raise TypeError(f"{where}(): pass a PackingConfig or {', '.join(keywords)}, not both")
-    warnings.warn(
-        f"{where}({'=..., '.join(keywords)}=...) is deprecated: pass a PackingConfig "
-        "(mmdp.packing.packing_config) instead; the loose keywords go in the next release",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return PackingConfig(**keywords)
 
 
 def check_resume(saved: dict, now: dict, why: str) -> None:

@@ -7,8 +7,6 @@ stages 2 and 3 do, so the figures match); the packers plan the epoch as stage 5 
 as stage 3's --group-by does (mmdp.packing.planning.grouping).
 """
 
-import warnings
-
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
@@ -127,20 +125,12 @@ def compare_strategies(
     max_length: int,
     max_images: int,
     batch_size: int,
-    packs_per_batch: int | None = None,
+    packs_per_batch: int,
     seed: int = 0,
 ) -> dict:
     """{strategy: epoch summary} for naive, constrained and every packing strategy, from the
     same weights (mmdp.packing.weighing.weigh): `batch_size` samples per padded batch,
-    `packs_per_batch` packs per packed one (left out: batch_size, deprecated)."""
-    if packs_per_batch is None:
-        warnings.warn(
-            "compare_strategies without packs_per_batch packs batch_size packs a batch; pass "
-            "packs_per_batch (batch_size is samples per padded batch)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        packs_per_batch = batch_size
+    `packs_per_batch` packs per packed one."""
     results = {
         name: padding_epoch(weights, name, max_length=max_length, batch_size=batch_size, seed=seed)
         for name in PADDING_STRATEGIES

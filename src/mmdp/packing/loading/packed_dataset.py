@@ -24,7 +24,6 @@ The packs and batches it yields are described in mmdp.packing.loading.batch (the
 """
 
 import functools
-import warnings
 
 import numpy as np
 import torch
@@ -45,7 +44,7 @@ from mmdp.packing.packing_config import (
     PackingConfig,
     PackingSettings,
     check_resume,
-    with_old_keywords,
+    default_config,
 )
 from mmdp.packing.planning.planner import EpochPlan, eval_split, plan_epoch
 from mmdp.packing.weighing.prepared import load_prepared
@@ -58,8 +57,7 @@ class PackedDataset(PackingSettings, IterableDataset):
     vision budgets: images (max_images) and the vision encoder's patches (max_patches, None: no
     patch budget), as `config` (a PackingConfig) says; `dataset.max_length` and the other fields
     read it. Without a config, the model family's budgets (`default_config(family)`: Qwen-VL's
-    2,048 tokens and 8,192 patches a pack, TinyVLM's 512 tokens). The loose keywords
-    (max_length=..., seed=...) still work for one release.
+    2,048 tokens and 8,192 patches a pack, TinyVLM's 512 tokens).
 
     Use it with `PackedDataLoader` (or a DataLoader with batch_size=packs_per_batch and
     collate_fn=dataset.collate). Works unchanged under torchrun: rank and world size come from
@@ -96,10 +94,9 @@ class PackedDataset(PackingSettings, IterableDataset):
         mixture=None,
         prepared: str | None = None,
         eval_ratio: float = 0.0,
-        **old_keywords,
     ):
         self.dataset = dataset
-        self.config = with_old_keywords(config, old_keywords, "PackedDataset", dataset.family)
+        self.config = default_config(dataset.family) if config is None else config
         self.mixture = mixture  # a MixturePlan: rows chosen by source shares
         self.max_queued_packs = max_queued_packs
         self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
@@ -251,11 +248,6 @@ class PackedDataset(PackingSettings, IterableDataset):
         """The loader's state: where this epoch is, with the settings that decide it
         (PackedDataLoader.state_dict; a stream's position is a ReaderStream's)."""
         return {**self.settings(), "epoch": self.epoch, "batches_done": self.batches_done}
-
-    def position(self) -> dict:
-        """Deprecated: state() (a position is where a stream reader is)."""
-        warnings.warn("PackedDataset.position() is now state()", DeprecationWarning, stacklevel=2)
-        return self.state()
 
     def resume_at(self, state: dict) -> None:
         """Continue an epoch after `batches_done` batches: the next iteration yields the rest.

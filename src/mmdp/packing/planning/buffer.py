@@ -6,7 +6,7 @@ from collections import Counter
 
 import numpy as np
 
-from mmdp.packing.packing_config import PackingConfig, with_old_keywords
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planning.planner import filter_rows, shuffle_and_pack
 from mmdp.packing.weights import Weights
 
@@ -15,7 +15,6 @@ def pack_buffer(
     weights: Weights,
     rng: np.random.Generator,
     config: PackingConfig | None = None,
-    **old_keywords,
 ) -> tuple[list[np.ndarray], Counter]:
     """Steps 2-3 for one buffer: its packs (positions in the buffer) and its drops, by reason.
 
@@ -24,7 +23,7 @@ def pack_buffer(
     "binpack": row 1 is too long; FFD takes 6, 5, 3, 2 and makes the packs [2, 3] (6 + 2) and
     [4, 0] (5 + 3), in a shuffled order; dropped {"too_long": 1}.
     """
-    config = with_old_keywords(config, old_keywords, "pack_buffer")
+    config = PackingConfig() if config is None else config
     rows, dropped = filter_rows(weights, config.budgets)
     whole_buffer = dataclasses.replace(config, buffer_size=max(len(weights), 1))
     packed_rows, pack_starts, order = shuffle_and_pack(rows, weights, rng, whole_buffer)

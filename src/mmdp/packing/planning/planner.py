@@ -46,7 +46,7 @@ from mmdp.drop_reasons import (
     TOO_MANY_IMAGES,
     TOO_MANY_PATCHES,
 )
-from mmdp.packing.packing_config import PackingConfig, with_old_keywords
+from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planning.processes import PackingJob, pack_in_processes, planning_workers
 from mmdp.packing.weights import Budgets, Weights
 
@@ -377,11 +377,9 @@ def plan_epoch(
     epoch: int = 0,
     mixture=None,
     split: np.ndarray | None = None,
-    **old_keywords,
 ) -> EpochPlan:
     """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed, packed and
-    batched as `config` says (the loose keywords max_length=..., seed=... still work for one
-    release).
+    batched as `config` says (None: PackingConfig()).
 
     `mixture` (a mmdp.packing.planning.mixture_plan.MixturePlan): the rows come from several
     sources, each with its share; after step 1 it chooses the epoch's rows (some left out, some
@@ -391,7 +389,7 @@ def plan_epoch(
     `split` (bool per row, `eval_split`): the epoch takes only the rows it marks (a training or
     an evaluation split); the others are neither planned nor counted.
     """
-    config = with_old_keywords(config, old_keywords, "plan_epoch")
+    config = PackingConfig() if config is None else config
     rows, dropped = filter_rows(weights, config.budgets, split)
     if mixture is not None:
         usable = rows

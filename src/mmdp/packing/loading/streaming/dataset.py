@@ -18,7 +18,7 @@ from mmdp.packing.loading.background import iterate_in_background
 from mmdp.packing.loading.batch import build_pack, collate_packs
 from mmdp.packing.loading.guards import iterated_elsewhere
 from mmdp.packing.loading.streaming.reader import ReaderState, ReaderStream
-from mmdp.packing.packing_config import PackingConfig, PackingSettings, with_old_keywords
+from mmdp.packing.packing_config import PackingConfig, PackingSettings, default_config
 from mmdp.packing.planning.buffer import pack_buffer
 from mmdp.packing.weights import Weights
 from mmdp.ranks import rank_and_world_size, sharding_warning
@@ -33,8 +33,7 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
     `iter()` and gives the same rows in the same order (a list, a reader of files): not an
     iterator, which can be read only once. `processor`: a tokenizer (mmdp's TinyVLM) or a
     transformers processor of a supported family, as for VQADataset. `config`: a PackingConfig
-    (default: the family's budgets, `default_config(family)`; the loose keywords max_length=...,
-    seed=... still work for one release). Under torchrun,
+    (default: the family's budgets, `default_config(family)`). Under torchrun,
     rank and world size come from torch.distributed; with tensor or pipeline parallelism, pass
     the data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`.
     """
@@ -51,7 +50,6 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
         image_size: int = defaults.IMAGE_SIZE,
         image_token_length: int = defaults.IMAGE_TOKEN_LENGTH,
         max_queued_batches: int = 2,
-        **old_keywords,
     ):
         if isinstance(rows, Iterator):
             raise TypeError(
@@ -62,7 +60,7 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
         self.family = family_for(
             processor, image_size=image_size, image_token_length=image_token_length
         )
-        self.config = with_old_keywords(config, old_keywords, "StreamingPackedDataset", self.family)
+        self.config = default_config(self.family) if config is None else config
         self.max_queued_batches = max_queued_batches
         self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
         self.total_shards = None  # a plain iterable has none
