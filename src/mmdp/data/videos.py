@@ -13,12 +13,12 @@ with its reason from mmdp.drop_reasons. A video cell without bytes is read from 
 remote (mmdp.data.files): its header through a file object that fetches blocks as PyAV seeks, its
 frames from the whole file, read in one request.
 
-The decoder is PyAV (the `video` extra): transformers' own `load_video` defaults to it
-(transformers/video_utils.py:677, `backend="pyav"`) and reads its metadata the way
-`video_metadata` does (video_utils.py:499-510); its wheels bundle FFmpeg, so it decodes (and
-mmdp.data.synthetic.videos encodes) offline on a bare machine. torchcodec, which a video
-processor's `fetch_videos` prefers (video_processing_utils.py:566), needs the system's FFmpeg
-libraries, which neither this machine nor CI has.
+The decoder is PyAV (the `video` extra): transformers' own `load_video` defaults to it (transformers
+5.23, `backend="pyav"` in transformers.video_utils.load_video) and reads its metadata the way
+`video_metadata` does (read_video_pyav); its wheels bundle FFmpeg, so it decodes (and
+mmdp.data.synthetic.videos encodes) offline on a bare machine. torchcodec, which a video processor's
+`fetch_videos` prefers (VideoProcessorMixin.fetch_videos), needs the system's FFmpeg libraries,
+which neither this machine nor CI has.
 """
 
 import io

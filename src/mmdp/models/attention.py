@@ -51,8 +51,9 @@ def reference_flash_attn_func(
     """flash_attn_func's contract in plain torch: q, k, v [B, L, heads, D], no padding.
 
     It declares `window_size` as flash_attn's does: transformers passes only the arguments a
-    kernel's signature names (modeling_flash_attention_utils.py:249-270), and without it every
-    sliding-window layer would silently run as full causal attention.
+    kernel's signature names (_lazy_define_process_function in modeling_flash_attention_utils,
+    transformers 5.23), and without it every sliding-window layer would silently run as full causal
+    attention.
     """
     return torch.stack(
         [attend(q[b], k[b], v[b], causal, softmax_scale, window_size) for b in range(len(q))]

@@ -9,23 +9,23 @@ from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_fo
 def packed_attention_masks(batch: dict, model) -> dict:
     """The attention masks of a packed Gemma 3 batch, right for every sample of every row: pass
     them as attention_mask (mmdp.models.inputs.model_inputs does); Gemma3Model uses a dict as is
-    (modeling_gemma3.py:879).
+    (Gemma3Model.forward).
 
     Why: transformers 5.23 builds the sliding-window layers' mask wrong in packed rows.
-    create_masks_for_vision_model (modeling_gemma3.py:697-755) hands each image's bidirectional
-    block to create_causal_mask as an or_mask_function, and create_causal_mask wraps it in its
-    packed-sequence function (masking_utils.py:1003-1007), which calls it with the positions
-    INSIDE each sample (masking_utils.py:193-205) where the blocks are indexed by row position
-    (masking_utils.py:112-127). So every sample that does not start its row takes its blocks from
-    where the row's first sample has its images: its own images turn causal and some of its text
-    sees later text. The full-attention mask is right (block_sequence_ids=, applied after the
-    packed wrapping, masking_utils.py:1009-1012), and so is this sliding mask, built the same way
-    (masking_utils.py:1235-1244). That gives OR(AND(window, causal), image block) where the model
-    means AND(window, OR(causal, image block)): the same whenever an image's run fits in the
+    create_masks_for_vision_model (in modeling_gemma3) hands each image's bidirectional block to
+    create_causal_mask as an or_mask_function, and create_causal_mask wraps it in its
+    packed-sequence function (in masking_utils.create_causal_mask), which calls it with the
+    positions INSIDE each sample (remap_positions_for_packed_sequence) where the blocks are indexed
+    by row position (blockwise_overlay). So every sample that does not start its row takes its
+    blocks from where the row's first sample has its images: its own images turn causal and some of
+    its text sees later text. The full-attention mask is right (block_sequence_ids=, applied after
+    the packed wrapping, in create_causal_mask), and so is this sliding mask, built the same way
+    (create_sliding_window_causal_mask). That gives OR(AND(window, causal), image block) where the
+    model means AND(window, OR(causal, image block)): the same whenever an image's run fits in the
     window (256 soft tokens; windows of 512 or 1024 in every Gemma 3), which is checked.
 
-    Under FlashAttention both masks are None (masking_utils.py:636-676): harmless. The masks are
-    made on the batch's device: move the batch to the model's first.
+    Under FlashAttention both masks are None (masking_utils.flash_attention_mask): harmless. The
+    masks are made on the batch's device: move the batch to the model's first.
     """
     if model is None:
         raise ValueError(
@@ -48,13 +48,14 @@ def masks_with_image_blocks(model, position_ids: torch.Tensor, blocks: torch.Ten
     """Gemma 3's two masks for rows whose samples restart `position_ids`: causal within each
     sample (window or not), and bidirectional within each image block of `blocks` [B, L] (an id
     per image run, -1 elsewhere). The ids must be numbered along the whole row, as
-    get_block_sequence_ids_for_mask numbers them (modeling_gemma3.py:686-694): blocks are
-    matched by id across the row (masking_utils.py:112-127), so ids restarting in each sample
+    get_block_sequence_ids_for_mask numbers them (transformers 5.23): blocks are
+    matched by id across the row (masking_utils.blockwise_overlay), so ids restarting in each sample
     would let one sample's images see another's (tests/test_families.py's trap)."""
     text_config = model.config.get_text_config()
     arguments = {
         "config": text_config,
-        # read for its batch size, length, dtype and device only (masking_utils.py:848, 975)
+        # read for its batch size, length, dtype and device only (_preprocess_mask_arguments,
+        # create_causal_mask: transformers 5.23)
         "inputs_embeds": torch.empty(*blocks.shape, 0, dtype=model.dtype, device=blocks.device),
         "attention_mask": None,
         "past_key_values": None,

@@ -61,7 +61,7 @@ def batches_forever(loader, *, epoch_ends: bool = False) -> Iterator:
 def optimizer_steps(loader, grad_accum: int) -> Iterator[list[dict]]:
     """The micro-batches of each optimizer step: `grad_accum` batches at a time, forever.
 
-    As transformers' Trainer groups them (transformers/trainer.py:1862-1873): a planned loader's
+    As transformers' Trainer groups them (Trainer._run_epoch, transformers 5.23): a planned loader's
     epoch ends with a shorter step when its batch count is not a multiple of `grad_accum`; a
     stream, whose epochs have no known length, runs as one endless pass (as
     mmdp.training.trainer hands it to Trainer), so a step may take its batches from two epochs.
@@ -145,11 +145,11 @@ def touch_every_parameter(loss: torch.Tensor, model) -> torch.Tensor:
 
 
 def mixed_precision(device, bf16: bool):
-    """The forward's autocast in a loop of your own, as accelerate's mixed_precision="bf16"
-    (and so Trainer's bf16=True) makes it: torch.autocast(device type, bfloat16) around the
-    forward and the loss only (accelerate/utils/modeling.py:2099-2113), never around backward()
-    or the optimizer step; the weights stay float32. The loss is taken in float32 either way
-    (mmdp.training.loss upcasts the logits)."""
+    """The forward's autocast in a loop of your own, as accelerate's mixed_precision="bf16" (and so
+    Trainer's bf16=True) makes it: torch.autocast(device type, bfloat16) around the forward and the
+    loss only (get_mixed_precision_context_manager in accelerate.utils.modeling, accelerate 1.15),
+    never around backward() or the optimizer step; the weights stay float32. The loss is taken in
+    float32 either way (mmdp.training.loss upcasts the logits)."""
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)
 
 
@@ -180,8 +180,8 @@ def check_launched_processes(num_processes: int) -> None:
     """Refuse to train when the launcher started more processes than train together.
 
     On a machine without a GPU, accelerate (and so Trainer) runs each torchrun process on its own
-    unless it is told cpu=True (accelerate/state.py:769-813): every process then trains alone, on
-    the whole data, and nothing says so.
+    unless it is told cpu=True (PartialState._prepare_backend, accelerate 1.15): every process then
+    trains alone, on the whole data, and nothing says so.
     """
     launched = os.environ.get("WORLD_SIZE")  # set by torchrun and accelerate launch
     if launched is not None and int(launched) != num_processes:
@@ -219,9 +219,9 @@ def checkpoint_loader_with(accelerator, loader) -> None:
     `accelerator.load_state(folder)` restore this rank's.
 
     Not `register_for_checkpointing(loader)`: it writes from the main process only
-    (accelerate/checkpointing.py:323-330, accelerate/utils/other.py:438-441) and loads that one
+    (accelerate 1.15: checkpointing.save_custom_state, utils.other.save) and loads that one
     file on every rank, while a streamed loader's position differs between ranks. The state
-    pre-hooks run on every rank (accelerate/accelerator.py:3740 and :3902).
+    pre-hooks run on every rank (Accelerator.save_state and Accelerator.load_state).
     """
     rank = accelerator.process_index
     accelerator.register_save_state_pre_hook(

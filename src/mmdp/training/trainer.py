@@ -12,53 +12,52 @@
     trainer.train(resume_from_checkpoint=True)                 # True: the last checkpoint
 
 What a plain Trainer does to an mmdp loader, and what MMDPTrainer does instead (transformers 5.23,
-file:line in transformers/trainer.py):
+methods of transformers' Trainer):
 
-1. Trainer builds its own DataLoader and passes it to accelerator.prepare (1051), which cuts our
-   tensors or re-shards our packs (mmdp.packing.loading.guards). MMDPTrainer hands Trainer the
-   loader itself (get_train_dataloader; nothing else prepares it: 1597, 1715-1817), so Trainer's own
-   batching flags (per_device_train_batch_size, dataloader_num_workers, remove_unused_columns:
-   1019-1022) never touch it. The model gets `model_inputs(batch, model)`, not the batch's ints and
-   per-sample tensors.
-2. Epochs. Trainer reads len() once and takes that many batches from every epoch (2504-2518,
-   1862-1880), but a planned epoch's batch count follows its shuffle (1344, 1343, ...): a
-   shorter epoch would carry its last micro-batch into the next epoch's first step, and a
-   longer one would leave batches untrained. MMDPTrainer shows Trainer no length, so Trainer
-   runs max_steps as one pass (2535-2546); each planned epoch ends with zero-loss `filler`
-   micro-batches up to a whole step (at most gradient_accumulation_steps - 1 per epoch), so
-   every optimizer step holds one epoch's batches, every row is trained once per epoch, and
-   a whole num_train_epochs becomes max_steps = the sum of each planned epoch's steps (a
+1. Trainer builds its own DataLoader and passes it to accelerator.prepare (_get_dataloader), which
+   cuts our tensors or re-shards our packs (mmdp.packing.loading.guards). MMDPTrainer hands Trainer
+   the loader itself (get_train_dataloader; nothing else prepares it: _inner_training_loop,
+   _prepare_for_training), so Trainer's own batching flags (per_device_train_batch_size,
+   dataloader_num_workers, remove_unused_columns: _get_dataloader) never touch it. The model gets
+   `model_inputs(batch, model)`, not the batch's ints and per-sample tensors.
+2. Epochs. Trainer reads len() once and takes that many batches from every epoch
+   (set_initial_training_values, _run_epoch), but a planned epoch's batch count follows its shuffle
+   (1344, 1343, ...): a shorter epoch would carry its last micro-batch into the next epoch's first
+   step, and a longer one would leave batches untrained. MMDPTrainer shows Trainer no length, so
+   Trainer runs max_steps as one pass (set_initial_training_values); each planned epoch ends with
+   zero-loss `filler` micro-batches up to a whole step (at most gradient_accumulation_steps - 1 per
+   epoch), so every optimizer step holds one epoch's batches, every row is trained once per epoch,
+   and a whole num_train_epochs becomes max_steps = the sum of each planned epoch's steps (a
    fraction of an epoch is refused: set max_steps).
-3. On resume Trainer calls accelerate's skip_first_batches (1844), which would rebuild a plain
-   DataLoader, decode the batches already trained and throw them away. MMDPTrainer turns that
+3. On resume Trainer calls accelerate's skip_first_batches (in _run_epoch), which would rebuild a
+   plain DataLoader, decode the batches already trained and throw them away. MMDPTrainer turns that
    skip into a restore of the loader's state saved with the checkpoint, and checks it is where
-   Trainer thinks it is (global_step x gradient_accumulation_steps micro-batches, fillers
-   included). Trainer's own counters (step, updates, RNG) stay those of the run that never
-   stopped.
+   Trainer thinks it is (global_step x gradient_accumulation_steps micro-batches, fillers included).
+   Trainer's own counters (step, updates, RNG) stay those of the run that never stopped.
 4. Every checkpoint gets each rank's loader state (`mmdp_loader_state_rank{r}.pt`), written
-   atomically by every rank at the start of Trainer's _save_checkpoint, before Trainer deletes
-   older checkpoints at its end (3414-3422; on_save runs after that: 2277-2278), so a kill
-   at any point leaves a checkpoint that resumes.
-5. The loss: compute_loss_func=token_loss, the summed token loss over the label tokens of the
-   whole optimizer step on every rank, each token weighed by a mixture's `loss_weights` when the
-   batch has them (Trainer passes only the labels to compute_loss_func: MMDPTrainer adds the
-   weights). Trainer counts those tokens whenever a compute_loss_func is set (2308-2318), so
-   this holds for models with accepts_loss_kwargs=False too (Qwen2.5-VL, Qwen3-VL), whose own
-   loss would be a per-rank, per-micro-batch mean: a gradient off by as much as the ranks'
-   label tokens differ (0.075 relative in the slow tests, docs/use-in-your-trainer.md).
-   With token_loss (the default), MMDPTrainer computes it over the trained positions only
-   (mmdp.training.loss.batch_loss: the logits of the label positions, a chunk at a time; the
-   model's `logits` cover no position), with a MoE model's router term when it returns router
-   logits (output_router_logits=True); a compute_loss_func of your own gets the full logits.
+   atomically by every rank at the start of Trainer's _save_checkpoint, before Trainer deletes older
+   checkpoints at its end (_save_checkpoint; on_save runs after that: _maybe_log_save_evaluate), so
+   a kill at any point leaves a checkpoint that resumes.
+5. The loss: compute_loss_func=token_loss, the summed token loss over the label tokens of the whole
+   optimizer step on every rank, each token weighed by a mixture's `loss_weights` when the batch has
+   them (Trainer passes only the labels to compute_loss_func: MMDPTrainer adds the weights). Trainer
+   counts those tokens whenever a compute_loss_func is set (_get_num_items_in_batch), so this holds
+   for models with accepts_loss_kwargs=False too (Qwen2.5-VL, Qwen3-VL), whose own loss would be a
+   per-rank, per-micro-batch mean: a gradient off by as much as the ranks' label tokens differ
+   (0.075 relative in the slow tests, docs/use-in-your-trainer.md). With token_loss (the default),
+   MMDPTrainer computes it over the trained positions only (mmdp.training.loss.batch_loss: the
+   logits of the label positions, a chunk at a time; the model's `logits` cover no position), with a
+   MoE model's router term when it returns router logits (output_router_logits=True); a
+   compute_loss_func of your own gets the full logits.
 6. DDP: a micro-batch without images leaves the vision tower unused, and DDP waits for every
    gradient. Trainer's cure for a PreTrainedModel is find_unused_parameters=True, which walks
    the autograd graph at every step and warns when a step used every parameter; MMDPTrainer
    leaves it False (ddp_find_unused_parameters unset) and adds 0 x every trainable parameter to
    the loss (mmdp.training.recipes.touch_every_parameter): the same gradient, no warning.
 7. Trainer's logs count samples and real tokens: "Num examples" and samples/s from the planned
-   samples of epoch 0 (Trainer's count packs: 2522-2546), tokens seen from `real_token_mask`
-   (include_num_input_tokens_seen="non_padding" counts tokens other than the pad id,
-   2722-2735, and ours is <|im_end|>).
+   samples of epoch 0 (Trainer's count packs: set_initial_training_values), tokens seen from
+   `real_token_mask` (include_num_input_tokens_seen="non_padding" counts tokens other than the pad
+   id, _track_num_input_tokens, and ours is <|im_end|>).
 8. Evaluation: `eval_loader` (a PackedDataLoader of `train.eval_dataset()`, or of any packed
    dataset) replaces Trainer's eval set. evaluate(), eval_strategy and load_best_model_at_end
    work as usual, but `eval_loss` is mmdp.training.evaluation's: every eval token's summed loss
@@ -81,7 +80,7 @@ Trainer's "Num examples" stays its estimate in packs (a stream's samples are unk
 TRL's SFTTrainer: `from mmdp.training.trainer import MMDPSFTTrainer` (made on first use: TRL is
 optional) is `class MMDPSFTTrainer(MMDPTrainerMixin, SFTTrainer)`, with the same arguments plus
 `processing_class` (your tokenizer or processor: without it SFTTrainer downloads one). SFTTrainer
-insists on a datasets.Dataset and reads its first row (trl/trainer/sft_trainer.py, 1.16: 660-762):
+insists on a datasets.Dataset and reads its first row (trl 1.16, SFTTrainer.__init__):
 MMDPSFTTrainer passes a one-row placeholder, which nothing trains on. Its loss is MMDPTrainer's,
 computed by Trainer.compute_loss in one forward (MMDPTrainerMixin.model_loss): SFTTrainer's own
 compute_loss would run the model a second time, without gradient, for its entropy and token
@@ -137,9 +136,10 @@ def token_loss(outputs, labels, num_items_in_batch=None, loss_weights=None):
     by its sample's `loss_weights` (a mixture's per-source weight; 1 without), divided by the
     label tokens of the whole optimizer step on every rank (`num_items_in_batch`).
 
-    Trainer counts them over the step's micro-batches (transformers/trainer.py:2322-2335), sums
-    them over ranks (2340-2342), multiplies the loss by the number of processes because DDP
-    averages gradients (2199-2207) and does not divide it by the accumulation steps (2103-2111).
+    Trainer counts them over the step's micro-batches and sums them over ranks
+    (Trainer._get_num_items_in_batch, transformers 5.23), multiplies the loss by the number of
+    processes because DDP averages gradients (Trainer.compute_loss) and does not divide it by the
+    accumulation steps (Trainer.training_step).
     It counts `labels[..., 1:] != -100` or `labels != -100` depending on the model; mmdp batches
     give both the same count, since every sample's first label is -100 (mmdp.packing.loading.batch).
     MMDPTrainer passes `loss_weights` from the batch (Trainer itself passes only the labels).
@@ -193,10 +193,11 @@ def load_model_weights(model, checkpoint: str) -> bool:
     when there is nothing of that kind to load (FSDP shards, a PEFT adapter: Trainer's own way).
 
     Trainer's resume reads model.safetensors and calls `model.load_state_dict(state_dict, False)`
-    (transformers/trainer.py:3686-3692), but save_pretrained wrote the keys under the names the
-    class's checkpoints use (Qwen2.5-VL: `visual.*`, `model.layers.*`, not `model.visual.*`,
-    `model.language_model.*`): no weight is loaded, a warning lists them as missing, and the run
-    goes on from its initial weights. from_pretrained knows the class's key mapping.
+    (Trainer._load_from_checkpoint, transformers 5.23), but save_pretrained wrote the keys under the
+    names the class's checkpoints use (Qwen2.5-VL: `visual.*`, `model.layers.*`, not
+    `model.visual.*`, `model.language_model.*`): no weight is loaded, a warning lists them as
+    missing, and the run goes on from its initial weights. from_pretrained knows the class's key
+    mapping.
     """
     names = ("model.safetensors", "model.safetensors.index.json")
     if not isinstance(model, PreTrainedModel) or not any(
@@ -348,8 +349,9 @@ class MMDPTrainerMixin:
 
     def set_initial_training_values(self, args, dataloader):
         """Trainer's figures for its logs, in samples rather than packs: "Num examples" is the
-        samples of the first planned epoch (all ranks), and the samples behind samples/s are
-        those of the planned steps (transformers/trainer.py:2522-2546 counts packs)."""
+        samples of the first planned epoch (all ranks), and the samples behind samples/s are those
+        of the planned steps (Trainer.set_initial_training_values, transformers 5.23, counts
+        packs)."""
         values = list(super().set_initial_training_values(args, dataloader))
         if self.loader_for_trainer.planned:
             values[2], values[3] = self.planned_samples(values[6])
@@ -365,8 +367,9 @@ class MMDPTrainerMixin:
 
     def _track_num_input_tokens(self, inputs):
         """Tokens seen, counted on real tokens: with include_num_input_tokens_seen="non_padding"
-        Trainer counts tokens that are not the pad id (transformers/trainer.py:2722-2735), and
-        our pad id is <|im_end|>, which ends every turn. A filler counts none."""
+        Trainer counts tokens that are not the pad id (Trainer._track_num_input_tokens,
+        transformers 5.23), and our pad id is <|im_end|>, which ends every turn. A filler counts
+        none."""
         name = getattr(self.model, "main_input_name", "input_ids")
         real = inputs.get("real_token_mask", inputs.get("attention_mask"))
         if real is None:
@@ -377,9 +380,9 @@ class MMDPTrainerMixin:
     def _save_checkpoint(self, model, trial):
         """Every rank writes its loader state into the checkpoint folder first, then Trainer
         saves the rest. Trainer deletes older checkpoints at the end of its save
-        (rotate_checkpoints, transformers/trainer.py:3414-3422) and runs on_save only after
-        that: a state written in on_save would leave a kill in between with a newest checkpoint
-        that cannot resume, and the previous one deleted."""
+        (rotate_checkpoints in Trainer._save_checkpoint, transformers 5.23) and runs on_save only
+        after that: a state written in on_save would leave a kill in between with a newest
+        checkpoint that cannot resume, and the previous one deleted."""
         folder = os.path.join(
             self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         )
@@ -406,8 +409,8 @@ class MMDPTrainerMixin:
     @contextlib.contextmanager
     def restore_instead_of_skipping(self, checkpoint: str | None):
         """While train() runs, Trainer's skip_first_batches (accelerate's, imported into
-        transformers.trainer: transformers/trainer.py:219, called at :1844) restores our loader
-        from `checkpoint` instead; any other loader still goes to accelerate's.
+        transformers.trainer at module level, called in Trainer._run_epoch; transformers 5.23)
+        restores our loader from `checkpoint` instead; any other loader still goes to accelerate's.
 
         If transformers stops calling it through that module name, Trainer hands our view to
         accelerate's, which fails at once (the view has no drop_last), never silently.

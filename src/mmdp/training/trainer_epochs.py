@@ -30,15 +30,15 @@ def epoch_steps(dataset, epoch: int, grad_accum: int) -> int:
 class LoaderForTrainer:
     """What Trainer iterates: the mmdp loader itself, as one endless pass (no len()).
 
-    Trainer reads len() once and takes that many batches from every epoch (the remainder of
-    gradient accumulation is fixed from it too: transformers/trainer.py:2504-2518, 1870-1880),
-    but a planned epoch's batch count changes with its shuffle (20k rows: 1344, 1343, ...). An
-    epoch shorter than len() would carry its last micro-batch into the next epoch's first step
-    and leave a batch of a longer one untrained. So Trainer sees no length (it then runs
-    max_steps as one pass: trainer_utils.has_length, trainer.py:2535-2546), and a planned
-    loader's epoch ends with `filler` micro-batches up to a whole step of `grad_accum`: every
-    step holds one epoch's batches, and every epoch's rows are trained once. A stream (no plan)
-    runs as one endless pass of full steps (mmdp.training.recipes.batches_forever).
+    Trainer reads len() once and takes that many batches from every epoch (the remainder of gradient
+    accumulation is fixed from it too: Trainer.set_initial_training_values and Trainer._run_epoch,
+    transformers 5.23), but a planned epoch's batch count changes with its shuffle (20k rows: 1344,
+    1343, ...). An epoch shorter than len() would carry its last micro-batch into the next epoch's
+    first step and leave a batch of a longer one untrained. So Trainer sees no length (it then runs
+    max_steps as one pass: trainer_utils.has_length, Trainer.set_initial_training_values), and a
+    planned loader's epoch ends with `filler` micro-batches up to a whole step of `grad_accum`:
+    every step holds one epoch's batches, and every epoch's rows are trained once. A stream (no
+    plan) runs as one endless pass of full steps (mmdp.training.recipes.batches_forever).
     """
 
     def __init__(self, loader, grad_accum: int = 1):
@@ -89,11 +89,11 @@ class LoaderForTrainer:
 class LoaderEpoch(TrainerCallback):
     """Trainer's `epoch` is the loader's, and its epoch strategies follow the loader's epochs.
 
-    Trainer, running one pass, would log the fraction of the run as `epoch`
-    (transformers/trainer.py:1948, set just before on_step_end) and save, log or evaluate "per
-    epoch" only at the end of that pass. Here the step that ends a loader epoch asks for them;
-    at the end of the pass Trainer's own "epoch" evaluation is dropped when that step has just
-    evaluated (DefaultFlowCallback.on_epoch_end asks again at the same step).
+    Trainer, running one pass, would log the fraction of the run as `epoch` (in Trainer._run_epoch,
+    transformers 5.23, set just before on_step_end) and save, log or evaluate "per epoch" only at
+    the end of that pass. Here the step that ends a loader epoch asks for them; at the end of the
+    pass Trainer's own "epoch" evaluation is dropped when that step has just evaluated
+    (DefaultFlowCallback.on_epoch_end asks again at the same step).
     """
 
     def __init__(self, loader):

@@ -3,14 +3,15 @@
 What the processor does with an image of width x height (transformers 5.23, Gemma3Processor and
 Gemma3ImageProcessor):
 
-    1. Pan-and-scan (off by default, processing_gemma3.py:26-33): an image whose aspect ratio is
-       at least 1.2 is also cut into 2 to 4 crops of at least 256 px, side by side along its long
-       edge (image_processing_gemma3.py:103-148). The full image and each crop are resized to
-       896 x 896 and encoded by SigLIP as separate images, one row of pixel_values each: the
-       vision encoder's work is (1 + crops) x (896 / 14)^2 patches.
+    1. Pan-and-scan (off by default: Gemma3Processor's images_kwargs): an image whose aspect ratio
+       is at least 1.2 is also cut into 2 to 4 crops of at least 256 px, side by side along its long
+       edge (Gemma3ImageProcessor.pan_and_scan_batched). The full image and each crop are resized to
+       896 x 896 and encoded by SigLIP as separate images, one row of pixel_values each: the vision
+       encoder's work is (1 + crops) x (896 / 14)^2 patches.
     2. Each image run becomes "\\n\\n<start_of_image>" + 256 x <image_soft_token> +
-       "<end_of_image>\\n\\n" in the text (processing_gemma3.py:48-49); with crops, the original
-       image's run and the crops' runs are joined by a sentence (processing_gemma3.py:154-163).
+       "<end_of_image>\\n\\n" in the text (Gemma3Processor.__init__); with crops, the original
+       image's run and the crops' runs are joined by a sentence
+       (Gemma3Processor.replace_image_token).
     3. The whole expanded text is tokenized again, so the "\\n\\n" around each image merges with
        its neighbours (SmolLM2's BPE: "user\\n" + "\\n\\n" is ONE token): an image's cost is not a
        constant. mmdp's generic encode handles it, since it tokenizes the expanded text too (one
@@ -18,7 +19,7 @@ Gemma3ImageProcessor):
 
 Pan-and-scan is a setting of the family, `Gemma3(processor, do_pan_and_scan=True)`, passed to the
 image processor at every call: Gemma3Processor sends its own `do_pan_and_scan=False` whatever the
-image processor was built with (processing_utils.py:1710-1712), so an image processor's own
+image processor was built with (ProcessorMixin._merge_kwargs), so an image processor's own
 setting is silently ignored. The setting is part of `fingerprint()`: weights are cached per setting.
 
 What a packed batch must carry (modeling_gemma3.py):
@@ -33,9 +34,9 @@ What a packed batch must carry (modeling_gemma3.py):
     pixel_values     every image and crop, in the order of their tokens
     position_ids, cu_seq_lens_q/k, max_length_q/k   as for every packed batch
 
-Under FlashAttention, Gemma 3 ignores token_type_ids (its layers are causal, modeling_gemma3.py:309,
-and the FlashAttention mask is None, masking_utils.py:636-676): images attend causally, packed
-or not (tests/test_gemma3.py measures it).
+Under FlashAttention, Gemma 3 ignores token_type_ids (its layers are causal,
+Gemma3Attention.__init__, and the FlashAttention mask is None, masking_utils.flash_attention_mask):
+images attend causally, packed or not (tests/test_gemma3.py measures it).
 
 `offline_processor(Gemma3)` builds the real checkpoint's processor with no network;
 `tiny_processor` the same at 28 px with 4 soft tokens per image, for mmdp.models.tiny.gemma3's
@@ -133,7 +134,7 @@ def pan_and_scan_crops(
     pan_and_scan_min_ratio_to_activate: float,
 ) -> int:
     """How many crops pan-and-scan cuts from an image of width x height, from its size alone:
-    Gemma3ImageProcessor.pan_and_scan_batched's rule (image_processing_gemma3.py:103-148).
+    Gemma3ImageProcessor.pan_and_scan_batched's rule (transformers 5.23).
 
     Crops follow the long edge, as many as the aspect ratio rounded half up, at least 2 and at
     most the maximum; none if the ratio is under the threshold or the crops would be smaller than

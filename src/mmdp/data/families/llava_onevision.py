@@ -1,44 +1,48 @@
 """LLaVA-OneVision: AnyRes crops, one token count per image, and images per sample.
 
 What the processor does with an image of width x height (transformers 5.23,
-models/llava_onevision/, cited below as IP = image_processing_llava_onevision.py,
-P = processing_llava_onevision.py, M = modeling_llava_onevision.py):
+methods cited below of IP = LlavaOnevisionImageProcessor, P = LlavaOnevisionProcessor,
+M = LlavaOnevisionModel):
 
 - An image alone in its sample goes through AnyRes: the grid pinpoint that keeps the most of the
-  image is chosen (select_best_resolution, image_processing_utils.py:642-677), the image is resized
-  and padded to it and cut into tile x tile crops, and the whole image, resized to one tile, comes
-  first (IP:121-153): crops = rows x cols + 1. The language model gets one feature per patch of the
-  base crop, the grid's features unpadded back to the image's aspect ratio and shrunk to at most
-  ~9 crops' worth ("anyres_max_9"), and one newline feature per row (P:106-154, M:281-344).
+  image is chosen (select_best_resolution in transformers.image_processing_utils), the image is
+  resized and padded to it and cut into tile x tile crops, and the whole image, resized to one tile,
+  comes first (IP._get_image_patches): crops = rows x cols + 1. The language model gets one feature
+  per patch of the base crop, the grid's features unpadded back to the image's aspect ratio and
+  shrunk to at most ~9 crops' worth ("anyres_max_9"), and one newline feature per row
+  (P._get_number_of_features and _get_unpadded_features, M.pack_image_features).
 - An image that shares its sample with others is padded to a square and gives ONE crop, and
-  (tile / patch)^2 + 1 features: a crop and its newline (IP:193, 218-222; P:84-85).
+  (tile / patch)^2 + 1 features: a crop and its newline (IP._preprocess; P.replace_image_token).
 
 Which images share a sample comes from `batch_num_images`, images per sample: the image processor
 reads it from the nesting of its input ([[a, b]] is one sample of two images; a flat [a, b] is two
-samples of one, IP:75-85), and the model reads it back to know how many crops each image has
-(M:371-385). Every image is one run of <image> tokens, newlines included.
+samples of one, IP.preprocess), and the model reads it back to know how many crops each image has
+(M.get_image_features). Every image is one run of <image> tokens, newlines included.
 
-What a packed batch must carry (M:352-420, 466-555):
+What a packed batch must carry (M.get_image_features, M.forward):
 
     pixel_values      [total crops, 3, tile, tile]: every image's crops, in the order of their
-                      tokens (4-D: no padding crops; the model takes it as it is, M:390)
+                      tokens (4-D: no padding crops; the model takes it as it is,
+                      M.get_image_features)
     image_sizes       [images, 2]: each image's original (height, width), the same order
     batch_num_images  [samples]: images per SAMPLE, every sample of the batch in order, 0 for a
-                      text-only one (the model reads it as a flat list over images, M:375)
+                      text-only one (the model reads it as a flat list over images,
+                      M.get_image_features)
     position_ids      restarting at 0 per sample, as for every packed batch
 
 The model checks only the TOTAL number of image features against the <image> tokens
-(M:446-452), so images out of order are silent when the totals agree (tests/test_families.py).
+(M.get_placeholder_mask), so images out of order are silent when the totals agree
+(tests/test_families.py).
 
-Videos (transformers 5.23, video_processing_llava_onevision.py, P:98-104, M:563-621): each sampled
-frame is resized to one tile and goes through the vision tower as a crop; its features are
-pooled 2 x 2 (ceil: 27 x 27 -> 14 x 14 = 196 a frame at 384 px), and one newline feature closes
-the video: frames x pooled^2 + 1 <video> tokens, one run. The model takes every video of a batch
-as ONE tensor, `pixel_values_videos` [videos, frames, 3, tile, tile], so the videos of a batch
-must have as many frames: mmdp needs a video processor that samples a fixed number of them
-(`do_sample_frames=True, num_frames=N`, as offline_processor and tiny_processor set it) and
-refuses another in one sentence. A clip with fewer frames than N is refused by the processor's
-own sampling rule (counted as `video_refused`).
+Videos (transformers 5.23, LlavaOnevisionVideoProcessor, P.replace_video_token, M.get_video_features
+and M.apply_pooling): each sampled frame is resized to one tile and goes through the vision tower as
+a crop; its features are pooled 2 x 2 (ceil: 27 x 27 -> 14 x 14 = 196 a frame at 384 px), and one
+newline feature closes the video: frames x pooled^2 + 1 <video> tokens, one run. The model takes
+every video of a batch as ONE tensor, `pixel_values_videos` [videos, frames, 3, tile, tile], so the
+videos of a batch must have as many frames: mmdp needs a video processor that samples a fixed number
+of them (`do_sample_frames=True, num_frames=N`, as offline_processor and tiny_processor set it) and
+refuses another in one sentence. A clip with fewer frames than N is refused by the processor's own
+sampling rule (counted as `video_refused`).
 
 `offline_processor(family)` builds the real processor with no network; `tiny_processor(family)`
 the same with 32 px tiles, for mmdp.models.tiny.llava_onevision's random model of the real class
@@ -79,13 +83,13 @@ CHAT_TEMPLATE = (
     "{{'<|im_end|>'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
     "{% endif %}"
 )
-# The processor looks these up on the tokenizer (P:59-70).
+# The processor looks these up on the tokenizer (P.__init__).
 SPECIAL_TOKENS = {"image_token": "<image>", "video_token": "<video>"}
-# As the llava-hf checkpoints set them (the processor their conversion script builds,
-# transformers' models/llava_onevision/convert_llava_onevision_weights_to_hf.py): SigLIP so400m
-# at 384 px, patch 14 -> 27 x 27 = 729 features per crop, and "full" (SigLIP has no CLS token to
-# drop; "default" makes the model raise, M:305-307, 407-408). The processor's defaults for both
-# are None (P:36-37), and with num_image_tokens=None it fails.
+# As the llava-hf checkpoints set them (the processor their conversion script builds, transformers'
+# models/llava_onevision/convert_llava_onevision_weights_to_hf.py): SigLIP so400m at 384 px, patch
+# 14 -> 27 x 27 = 729 features per crop, and "full" (SigLIP has no CLS token to drop; "default"
+# makes the model raise, M.pack_image_features, M.get_image_features). The processor's defaults for
+# both are None (P.__init__), and with num_image_tokens=None it fails.
 NUM_IMAGE_TOKENS = (384 // 14) ** 2
 FEATURE_SELECT_STRATEGY = "full"
 # The frames the offline processors' video processor samples from every clip (uniformly, by
@@ -113,8 +117,9 @@ class LlavaOnevision(ModelFamily):
 
     def __init__(self, processor):
         super().__init__(processor)
-        # The processor's defaults for both are None (P:36-37): it then fails on an image, and
-        # with "default" the model drops a feature of every crop and raises (M:305-307, 407-408).
+        # The processor's defaults for both are None (P.__init__): it then fails on an image, and
+        # with "default" the model drops a feature of every crop and raises (M.pack_image_features,
+        # M.get_image_features).
         strategy = processor.vision_feature_select_strategy
         if not processor.num_image_tokens or strategy != FEATURE_SELECT_STRATEGY:
             raise UserError(
@@ -128,7 +133,7 @@ class LlavaOnevision(ModelFamily):
         """The image processor's effective crop size and grid pinpoints (as its preprocess
         resolves them), and the processor's features a crop."""
         settings = effective_settings(self.processor.image_processor)
-        self.tile = settings["size"]["height"]  # crops are square (IP:202-207)
+        self.tile = settings["size"]["height"]  # crops are square (IP._preprocess)
         self.pinpoints = settings["image_grid_pinpoints"]
         return {
             "tile": self.tile,
@@ -139,7 +144,7 @@ class LlavaOnevision(ModelFamily):
 
     def model_settings(self) -> dict:
         """...and what decides each image's features: the model unpads an image's grid of
-        crops by its own pinpoints and feature strategy (M:281-344)."""
+        crops by its own pinpoints and feature strategy (M.pack_image_features)."""
         return {
             **super().model_settings(),
             "vision_feature_select_strategy": self.processor.vision_feature_select_strategy,
@@ -152,8 +157,9 @@ class LlavaOnevision(ModelFamily):
         return ImageLayout(self.feature_token, (features,), crops * self.processor.num_image_tokens)
 
     def crops(self, height: int, width: int, images_in_sample: int) -> int:
-        """The crops the image processor cuts: 1 in a multi-image sample (IP:218-222), else the
-        chosen pinpoint's grid plus the base crop (IP:136-151; the model's count, M:185-219)."""
+        """The crops the image processor cuts: 1 in a multi-image sample (IP._preprocess), else the
+        chosen pinpoint's grid plus the base crop (IP._get_image_patches; the model's count,
+        image_size_to_num_patches in modeling_llava_onevision)."""
         if images_in_sample > 1:
             return 1
         best_height, best_width = select_best_resolution((height, width), self.pinpoints)
@@ -161,7 +167,7 @@ class LlavaOnevision(ModelFamily):
 
     def features(self, height: int, width: int, images_in_sample: int) -> int:
         """The <image> tokens the processor writes for the image, by its own rule
-        (replace_image_token, P:74-96): newlines included, one run."""
+        (P.replace_image_token): newlines included, one run."""
         processor = self.processor
         if images_in_sample > 1:
             return processor.num_image_tokens + 1  # one crop and its newline
@@ -169,7 +175,7 @@ class LlavaOnevision(ModelFamily):
 
     def vision_inputs(self, images: list) -> dict:
         """The image processor on one sample's images, nested as ONE sample (so that several
-        images get one crop each, IP:75-85), unpadded: each image only its own crops."""
+        images get one crop each, IP.preprocess), unpadded: each image only its own crops."""
         out = self.processor.image_processor(images=[images], do_pad=False)
         return {
             "pixel_values": torch.cat(out["pixel_values"]),
@@ -224,8 +230,8 @@ class LlavaOnevision(ModelFamily):
 
     def video_layout(self, metadata, frames: list[int]) -> ImageLayout:
         """One run of <video> tokens, as many as the processor's replace_video_token writes for
-        `frames` frames (P:98-104: frames x pooled^2 + 1 newline); each frame is one crop of the
-        vision tower (num_image_tokens patches)."""
+        `frames` frames (frames x pooled^2 + 1 newline); each frame is one crop of the vision tower
+        (num_image_tokens patches)."""
         text = self.processor.replace_video_token({"pixel_values_videos": [frames]}, video_idx=0)
         features = len(text) // len(self.video_token)
         patches = len(frames) * self.processor.num_image_tokens

@@ -105,7 +105,7 @@ VIDEO_COUNT_SETTINGS = (
 )
 VIDEO_SAMPLING = ("do_sample_frames", "fps", "num_frames", "min_frames", "max_frames")
 
-# mm_token_type_ids' values (processing_utils.py:995)
+# mm_token_type_ids' values (ProcessorMixin.create_mm_token_type_ids, transformers 5.23)
 TEXT_TYPE, IMAGE_TYPE, VIDEO_TYPE = 0, 1, 2
 
 
@@ -258,7 +258,8 @@ class QwenVL(ModelFamily):
                 raise RuntimeError(f"weighed {weighed} patches, the processor made {made} ({key})")
 
     def token_types(self, input_ids: torch.Tensor) -> dict:
-        """mm_token_type_ids: 1 on image tokens, 2 on video tokens (processing_utils.py:995)."""
+        """mm_token_type_ids: 1 on image tokens, 2 on video tokens
+        (ProcessorMixin.create_mm_token_type_ids)."""
         image, video = self.feature_token_ids
         types = IMAGE_TYPE * (input_ids == image).long() + VIDEO_TYPE * (input_ids == video).long()
         return {"mm_token_type_ids": types}
@@ -343,9 +344,9 @@ class Qwen2_5_VL(QwenVL):
     model_class = transformers.Qwen2_5_VLModel
     config_class = transformers.Qwen2_5_VLConfig
     # A video's temporal positions step by tokens_per_second x second_per_grid_ts
-    # (modeling_qwen2_5_vl.py:1026-1027). The released checkpoints' vision_config says 2;
-    # transformers' Qwen2_5_VLVisionConfig defaults to 4: a model configured otherwise than its
-    # batches gets other positions for its videos (tests/test_video.py shows it).
+    # (Qwen2_5_VLModel.get_rope_index, transformers 5.23). The released checkpoints' vision_config
+    # says 2; transformers' Qwen2_5_VLVisionConfig defaults to 4: a model configured otherwise than
+    # its batches gets other positions for its videos (tests/test_video.py shows it).
     tokens_per_second = 2
     video_keys = (*QwenVL.video_keys, "second_per_grid_ts")
 
@@ -357,7 +358,7 @@ class Qwen2_5_VL(QwenVL):
 
     def video_inputs(self, videos: list, metadata: list) -> dict:
         """...and second_per_grid_ts, as Qwen2_5_VLProcessor computes it from the sampled fps
-        (processing_qwen2_5_vl.py:133-139)."""
+        (Qwen2_5_VLProcessor._process_videos)."""
         temporal = self.processor.video_processor.temporal_patch_size
         seconds = [temporal / m.sampled_fps for m in metadata]
         return {

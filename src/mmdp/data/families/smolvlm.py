@@ -9,8 +9,9 @@ larger than one tile is that single tile (rows = cols = 0). So a 640x480 photo i
 tiles; any image is 2 to 17 tiles at the real settings. The vision encoder reads each tile as its
 own M x M image: its work is (M / patch)^2 patches per tile.
 
-What the processor puts in the text for an image (processing_smolvlm.py:48-91, the same in
-processing_idefics3.py:200-227), S = image_seq_len <image> tokens per tile:
+What the processor puts in the text for an image (transformers 5.23: get_image_prompt_string and its
+helpers in processing_smolvlm, the same in Idefics3Processor.replace_image_token), S = image_seq_len
+<image> tokens per tile:
 
     <fake_token_around_image><row_1_col_1><image>*S<fake_token_around_image><row_1_col_2>...\n
     ...one line per row of tiles...\n
@@ -20,15 +21,16 @@ What a packed batch must carry (transformers 5.23, modeling_smolvlm.py; Idefics3
 
     position_ids    [B, L], restarting at 0 for each sample, as for every mmdp batch
     pixel_values    [1, T, 3, M, M]: all T tiles of the batch, in the order of their tokens.
-                    The model reads 5 dimensions (get_image_features, :476) but flattens the
-                    first two (:478), drops all-zero tiles as padding (:480-488) and scatters the
-                    features into the <image> positions in row-major order of input_ids
-                    (masked_scatter, :586): only the order of the tiles matters, not how they are
+                    The model reads 5 dimensions (SmolVLMModel.get_image_features) but flattens the
+                    first two, drops all-zero tiles as padding and scatters the features into the
+                    <image> positions in row-major order of input_ids (masked_scatter, in
+                    SmolVLMModel.forward): only the order of the tiles matters, not how they are
                     grouped. One row of tiles needs no padding tiles and no pixel_attention_mask
-                    (every tile is a full M x M square: the default all-ones mask, :490-495).
+                    (every tile is a full M x M square: the default all-ones mask,
+                    get_image_features).
     (nothing else)  no attention_mask, and call the model with use_cache=False: SmolVLMConfig
-                    defaults to use_cache=True (configuration_smolvlm.py:93), and the cache the
-                    model then builds (:552-553) turns off the per-sample mask.
+                    defaults to use_cache=True (SmolVLMConfig), and the cache the model then builds
+                    (in forward) turns off the per-sample mask.
 
 `offline_processor(family)` builds a processor with no network: the real image-processor class
 with SmolVLM-256M/500M's settings, mmdp's SmolLM2 tokenizer (SmolVLM's own text tokenizer) plus
@@ -52,9 +54,10 @@ from mmdp.data.families.base import (
 from mmdp.errors import UserError
 
 # The chat template saved with HuggingFaceTB/SmolVLM-*-Instruct and SmolVLM2 (verbatim, as in
-# transformers' tests/models/smolvlm/test_processor_smolvlm.py; processing_smolvlm.py:45 is the
-# same plus videos). Images render as <image>; no {% generation %} markers. Idefics3-8B's has
-# <|begin_of_text|> (its Llama 3 BOS) for <|im_start|>; with SmolLM2's tokenizer this one serves both.
+# transformers' tests/models/smolvlm/test_processor_smolvlm.py; processing_smolvlm's
+# DEFAULT_CHAT_TEMPLATE is the same plus videos). Images render as <image>; no
+# {% generation %} markers. Idefics3-8B's has <|begin_of_text|> (its Llama 3 BOS) for
+# <|im_start|>; with SmolLM2's tokenizer this one serves both.
 CHAT_TEMPLATE = (
     "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
     "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
@@ -67,7 +70,7 @@ CHAT_TEMPLATE = (
 # 49189, <image> 49190 and <end_of_utterance> 49279, 49,280 tokens in all (the real
 # text_config.vocab_size). The 88 tokens between stand in for the real tokenizer's other added
 # tokens, whose names mmdp does not rely on. The processors find the family's tokens by these
-# strings (processing_smolvlm.py:118-124; processing_idefics3.py:52-62).
+# strings (SmolVLMProcessor.__init__, Idefics3Processor.__init__; transformers 5.23).
 FAMILY_TOKENS = [
     "<global-img>",
     *[f"<row_{row}_col_{col}>" for row in range(1, 7) for col in range(1, 7)],
@@ -91,7 +94,7 @@ PATCH_SIZES = {512: 16, 384: 14, 364: 14, 32: 8}
 # 2 to 5 tiles as the real settings give 2 to 17), (32 / 8)^2 / 2^2 = 4 <image> a tile
 TINY_SETTINGS = {"size": {"longest_edge": 64}, "max_image_size": {"longest_edge": 32}}
 TINY_IMAGE_SEQ_LEN = 4
-MAX_IMAGE_SIZE = 4096  # image_processing_smolvlm.py:60: no side is resized above this
+MAX_IMAGE_SIZE = 4096  # as in image_processing_smolvlm: no side is resized above this
 
 
 class SmolVLM(ModelFamily):
@@ -142,7 +145,7 @@ class SmolVLM(ModelFamily):
 
     def check_vision(self, vision: dict, layouts: list[ImageLayout]) -> None:
         """The tiles made must be the tiles weighed, and none all zeros: the model would take
-        it for padding and drop it (modeling_smolvlm.py:480-488)."""
+        it for padding and drop it (SmolVLMModel.get_image_features, transformers 5.23)."""
         tiles = vision.get("pixel_values", torch.zeros(0, 3, 1, 1))
         weighed = sum(len(layout.runs) for layout in layouts)
         if len(tiles) != weighed:
@@ -175,9 +178,9 @@ def tile_grid(width: int, height: int, tiling: dict) -> tuple[int, int]:
     """The (rows, cols) of tiles the image processor cuts an image into, (0, 0) for one tile;
     `tiling`: its effective TILING_SETTINGS (SmolVLM.read_settings).
 
-    A line-by-line port of _preprocess (image_processing_smolvlm.py:369-490) for one image size,
-    no pixel decoded. The processor's own get_number_of_image_patches (:498-541) derives the
-    short side differently and ignores do_resize, so it can disagree.
+    A line-by-line port of SmolVLMImageProcessor._preprocess (transformers 5.23) for one image size,
+    no pixel decoded. The processor's own get_number_of_image_patches derives the short side
+    differently and ignores do_resize, so it can disagree.
 
     >>> tiling = {"do_resize": True, "do_image_splitting": True, **CHECKPOINT_SETTINGS}
     >>> tile_grid(640, 480, tiling), tile_grid(1, 1, tiling), tile_grid(4000, 300, tiling)
@@ -185,11 +188,11 @@ def tile_grid(width: int, height: int, tiling: dict) -> tuple[int, int]:
     """
     tile = tiling["max_image_size"]["longest_edge"]
     if not tiling["do_image_splitting"]:
-        return 0, 0  # squashed to one tile (:426-436)
+        return 0, 0  # squashed to one tile (in _preprocess)
     if tiling["do_resize"]:
         height, width = longest_edge_resized(height, width, tiling["size"]["longest_edge"])
-    # resize_for_vision_encoder (:308-337): the long side up to a multiple of the tile, the short
-    # side from the ROUNDED long side, then up to a multiple of the tile
+    # resize_for_vision_encoder: the long side up to a multiple of the tile, the short side from the
+    # ROUNDED long side, then up to a multiple of the tile
     aspect_ratio = width / height
     if width >= height:
         width = math.ceil(width / tile) * tile
@@ -197,14 +200,15 @@ def tile_grid(width: int, height: int, tiling: dict) -> tuple[int, int]:
     else:
         height = math.ceil(height / tile) * tile
         width = math.ceil(int(height * aspect_ratio) / tile) * tile
-    if height > tile or width > tile:  # split_images (:278-301)
+    if height > tile or width > tile:  # split_images
         return height // tile, width // tile
     return 0, 0
 
 
 def longest_edge_resized(height: int, width: int, longest_edge: int) -> tuple[int, int]:
     """(height, width) after the first resize: the long side to `longest_edge`, the short side
-    in proportion and even, then both within 4096 (image_processing_smolvlm.py:63-152)."""
+    in proportion and even, then both within 4096 (get_resize_output_image_size and its helpers in
+    image_processing_smolvlm, transformers 5.23)."""
     aspect_ratio = width / height
     if width >= height:
         width, height = longest_edge, int(longest_edge / aspect_ratio)
@@ -222,7 +226,7 @@ def longest_edge_resized(height: int, width: int, longest_edge: int) -> tuple[in
 
 
 def image_text(rows: int, cols: int) -> str:
-    """What the processor writes for an image of rows x cols tiles (processing_smolvlm.py:48-91),
+    """What the processor writes for an image of rows x cols tiles (get_image_prompt_string),
     with ONE <image> per tile (mmdp repeats each into its run of image_seq_len).
 
     >>> image_text(0, 0)

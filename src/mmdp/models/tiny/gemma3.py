@@ -57,9 +57,10 @@ def tiny_config(processor) -> Gemma3Config:
 def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa"):
     """A random Gemma3ForConditionalGeneration of tiny_config, float32, in eval mode.
 
-    Every parameter is drawn again (normal, std 0.3): Gemma 3's own initialisation zeroes the
-    image projection (modeling_gemma3.py:444) and its (1 + w) norm weights, so a fresh model
-    feeds all-zero image embeddings and no test could tell one image from another.
+    Every parameter is drawn again (normal, std 0.3): Gemma 3's own initialisation zeroes the image
+    projection (Gemma3PreTrainedModel._init_weights, transformers 5.23) and its (1 + w) norm
+    weights, so a fresh model feeds all-zero image embeddings and no test could tell one image from
+    another.
     """
     torch.manual_seed(seed)
     model = Gemma3ForConditionalGeneration._from_config(

@@ -13,7 +13,7 @@ def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa"):
     """A randomly initialised model of the real class, small enough for a CPU test, its token
     ids and its tiles aligned with `processor`: the vision encoder reads tiles of the
     processor's side in the patches of PATCH_SIZES, and its pixel shuffle leaves the processor's
-    image_seq_len tokens a tile (modeling_smolvlm.py:415-424)."""
+    image_seq_len tokens a tile (SmolVLMConnector.pixel_shuffle, transformers 5.23)."""
     family = Idefics3 if isinstance(processor, transformers.Idefics3Processor) else SmolVLM
     tokenizer, tile = processor.tokenizer, processor.image_processor.max_image_size["longest_edge"]
     patch_size = PATCH_SIZES[tile]

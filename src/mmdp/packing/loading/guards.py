@@ -7,23 +7,25 @@ DataLoader over `loader.dataset` instead, and then nothing of that holds:
 - `accelerator.prepare(loader)` (and so transformers' Trainer, which always prepares its train
   loader) builds a `DataLoaderDispatcher` by default for an IterableDataset: rank 0 reads, tensors
   are cut to the batch size (`cu_seq_lens_q` loses entries, images are dropped) and an int such as
-  `max_length_q` crashes rank 0 while the others wait (accelerate/data_loader.py:842, :930-933).
-  With `dispatch_batches=False` it wraps the dataset in `IterableDatasetShard`, which shards our
-  already sharded packs again and pads the last batch with duplicates (data_loader.py:1236).
+  `max_length_q` crashes rank 0 while the others wait (accelerate 1.15:
+  DataLoaderDispatcher._fetch_batches and __iter__). With `dispatch_batches=False` it wraps the
+  dataset in `IterableDatasetShard`, which shards our already sharded packs again and pads the last
+  batch with duplicates (accelerate's prepare_data_loader).
 - accelerate's `skip_first_batches` (what Trainer calls on resume) builds a `SkipDataLoader` that
-  decodes and throws away the first batches (data_loader.py:1355).
+  decodes and throws away the first batches (accelerate's SkipDataLoader).
 - torchdata's `StatefulDataLoader` saves the dataset's `state_dict()` inside each worker
-  (torchdata/stateful_dataloader/worker.py:46-52), where our position never advances.
+  (try_to_serialize in torchdata.stateful_dataloader.worker, torchdata 0.11), where our position
+  never advances.
 
 So each loader refuses: `accelerator.prepare` gets one sentence at once, on every rank and before
 any collective call (the `_is_accelerate_prepared` property below: accelerate reads it first,
-accelerate/accelerator.py:2715); any other DataLoader that iterates an owned dataset gets one
-sentence from the dataset's `__iter__`.
+Accelerator.prepare_data_loader in accelerate 1.15); any other DataLoader that iterates an owned
+dataset gets one sentence from the dataset's `__iter__`.
 
 Why not set `_is_accelerate_prepared = True`, so that prepare returns the loader as it is? A
-prepared loader is expected to move batches to the device, to tell `accelerator.accumulate()`
-where the epoch ends (accelerate/accelerator.py:1230-1237) and to be saved by `save_state`; ours
-would do none of it, and the last two silently. Saying what to do instead is clearer.
+prepared loader is expected to move batches to the device, to tell `accelerator.accumulate()` where
+the epoch ends (Accelerator._do_sync, accelerate 1.15) and to be saved by `save_state`; ours would
+do none of it, and the last two silently. Saying what to do instead is clearer.
 """
 
 DOCS = 'docs/use-in-your-trainer.md, "Use it in your trainer"'
@@ -57,8 +59,8 @@ class RefusesAcceleratePrepare:
     """For our DataLoaders: `accelerator.prepare(loader)` raises PREPARE_REFUSED.
 
     accelerate asks `getattr(loader, "_is_accelerate_prepared", False)` before it builds anything
-    (accelerate/accelerator.py:2715); getattr's default only covers AttributeError, so a TypeError
-    raised here reaches the caller, on every rank alike.
+    (Accelerator.prepare_data_loader, accelerate 1.15); getattr's default only covers
+    AttributeError, so a TypeError raised here reaches the caller, on every rank alike.
     """
 
     @property

@@ -214,7 +214,7 @@ class PackedDataset(PackingSettings, IterableDataset):
         """Reshuffle for a new epoch (call it before iterating, as with DistributedSampler).
 
         The epoch it is already in keeps its position: trainers call set_epoch before every pass
-        (transformers/trainer.py:1851-1852), and right after a resume that call must not restart
+        (Trainer._run_epoch, transformers 5.23), and right after a resume that call must not restart
         the epoch.
         """
         if epoch != self.epoch:
@@ -267,9 +267,9 @@ class PackedDataset(PackingSettings, IterableDataset):
     def state_dict(self) -> dict:
         """Refused: the state is the loader's (PackedDataLoader.state_dict).
 
-        torchdata's StatefulDataLoader saves the state_dict of any dataset that has one, inside
-        each worker (torchdata/stateful_dataloader/worker.py:46-52), where batches_done never
-        advances: it would resume at the start of the epoch. This raises instead.
+        torchdata's StatefulDataLoader saves the state_dict of any dataset that has one, inside each
+        worker (try_to_serialize in torchdata.stateful_dataloader.worker, torchdata 0.11), where
+        batches_done never advances: it would resume at the start of the epoch. This raises instead.
         """
         raise TypeError(STATEFUL_REFUSED)
 
@@ -401,7 +401,7 @@ class PackedDataLoader(RefusesAcceleratePrepare, DataLoader):
 
     def __len__(self) -> int:
         """The epoch's batches on this rank, wherever the epoch resumes: a trainer takes len()
-        once as the epoch's length (transformers/trainer.py:2504-2512)."""
+        once as the epoch's length (Trainer.set_initial_training_values, transformers 5.23)."""
         return self.dataset.num_batches()
 
     def set_epoch(self, epoch: int) -> None:

@@ -273,10 +273,10 @@ def environment_kept():
     """Leave os.environ as it was: the same object, the same variables.
 
     datasets' map with num_proc sets TOKENIZERS_PARALLELISM=false for its forked processes, then
-    puts in os.environ's place a copy of it taken before (datasets 5.2, arrow_dataset.py:3540-3553
-    and 3624). Afterwards the process's own environment still says "false" where os.environ does
-    not, and os.environ is another object: a variable set or restored through the old one (as
-    pytest's monkeypatch restores what it changed) no longer shows in os.environ.
+    puts in os.environ's place a copy of it taken before (Dataset.map, datasets 5.2). Afterwards the
+    process's own environment still says "false" where os.environ does not, and os.environ is
+    another object: a variable set or restored through the old one (as pytest's monkeypatch restores
+    what it changed) no longer shows in os.environ.
     """
     environ, parallelism = os.environ, os.environ.get("TOKENIZERS_PARALLELISM")
     try:

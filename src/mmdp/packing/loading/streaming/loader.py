@@ -126,7 +126,7 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         """A new shuffle for a new epoch. The epoch it is already in keeps its position:
-        trainers call set_epoch before every pass (transformers/trainer.py:1851-1852), and right
+        trainers call set_epoch before every pass (Trainer._run_epoch, transformers 5.23), and right
         after a resume that call must not restart the epoch."""
         if epoch != self.dataset.epoch:
             self.dataset.set_epoch(epoch)
