@@ -2,8 +2,8 @@
 processor of a path ("tiny" or a real family's, offline), a PackedDataset of them, one epoch of
 its PackedDataLoader as a trainer runs it, and the CPU seconds and peak memory of an epoch.
 
-Used by bench_loader_memory.py, bench_decode_floor.py, bench_worker_profile.py and
-bench_decoders.py; not a script itself.
+Used by bench_loader_memory.py, bench_decode_floor.py, bench_worker_profile.py,
+bench_decoders.py and bench_streaming.py; not a script itself.
 """
 
 import io
