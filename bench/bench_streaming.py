@@ -22,14 +22,12 @@ mapped), and 8 parquet files read with `load_dataset(..., streaming=True)`, as a
 
 import argparse
 import json
-import resource
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from datasets import load_dataset
+from loader_epochs import cpu_seconds, in_fresh_process, peak_mib
 
 from mmdp.data.reading.sources import cache_dir, load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
@@ -103,24 +101,7 @@ LOADERS = {
 def child(loader: str, size: int, workers: int):
     """One full epoch of one loader in this process; prints its figures and peak memory."""
     result = LOADERS[loader](load_vqa_dataset(num_rows=size), get_tokenizer(), workers)
-    kib = 1024  # ru_maxrss is in KiB on Linux
-    print(
-        json.dumps(
-            {
-                **result,
-                "main_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / kib,
-                "largest_worker_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-                / kib,
-            }
-        )
-    )
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process and of its finished children (the DataLoader workers)."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    workers = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
+    print(json.dumps({**result, **peak_mib()}))
 
 
 def main():
@@ -139,21 +120,7 @@ def main():
     for size in args.sizes:
         parquet_files(load_vqa_dataset(num_rows=size))  # written once, outside the measurement
         for loader in LOADERS:
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    loader,
-                    str(size),
-                    "--workers",
-                    str(args.workers),
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            r = json.loads(out.stdout.strip().splitlines()[-1])
+            r = in_fresh_process(__file__, "--child", loader, size, "--workers", args.workers)
             print(
                 f"| {loader} | {size:,} | {r['samples']:,} | {r['utilization']:.4f} | "
                 f"{r['seconds']:.1f} | {r['main_peak_mib']:.0f} | "

@@ -1,4 +1,4 @@
-"""The benches' instruments still fit the code they measure: bench/bench_stage5.py --profile
+"""The benches' instruments still fit the code they measure: bench/bench_worker_profile.py
 patches the loader's own functions by name, and broke once without a word when one of them moved
 (TinyFamily's load_image, to mmdp.data.families.tiny)."""
 
@@ -11,7 +11,8 @@ from conftest import REPO, RUN_DIR
 from mmdp.data.reading.sources import load_vqa_dataset
 
 sys.path.insert(0, str(REPO / "bench"))
-import bench_stage5  # noqa: E402 - the benches are scripts, not a package
+import bench_decode_floor  # noqa: E402 - the benches are scripts, not a package
+import bench_worker_profile  # noqa: E402
 
 STEPS = {
     "tiny": ["decode", "resize to the model's pixels"],
@@ -22,12 +23,12 @@ STEPS = {
 # Tokenizing each pack: the same patches as pre-tokenized (timed_steps patches every step either
 # way), without pre-tokenizing the rows first.
 @pytest.mark.parametrize("path", STEPS)
-def test_the_stage5_profile_times_each_step_of_a_worker(path, one_thread, capsys, monkeypatch):
+def test_the_worker_profile_times_each_step_of_a_worker(path, one_thread, capsys, monkeypatch):
     # The profile hands each batch over as a worker does, which starts multiprocessing's fd
     # sharer in a temporary folder that multiprocessing removes at exit, after the run's folder
     # is gone: the sharer's folder goes in the machine's temporary folder instead.
     monkeypatch.setattr(tempfile, "tempdir", str(RUN_DIR.parent))
-    bench_stage5.profile(path, load_vqa_dataset(num_rows=12), pretokenize=False)
+    bench_worker_profile.profile(path, load_vqa_dataset(num_rows=12), pretokenize=False)
     table = capsys.readouterr().out
     timed = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")]
     expected = STEPS[path] + ["make the sample (the rest)", "lay out the pack", "collate the batch"]
@@ -36,7 +37,7 @@ def test_the_stage5_profile_times_each_step_of_a_worker(path, one_thread, capsys
 
 
 def test_an_epochs_cpu_counts_its_dataloader_workers_once_the_epoch_returns():
-    """bench_stage5's CPU columns: when an epoch returns, its DataLoader workers have ended and
+    """bench_decode_floor's CPU columns: when an epoch returns, its DataLoader workers have ended and
     been reaped, so their CPU is in this process's children's (getrusage counts a child only
     then); with no workers, nothing is (the control: the check can fail)."""
     import resource
@@ -51,7 +52,7 @@ def test_an_epochs_cpu_counts_its_dataloader_workers_once_the_epoch_returns():
     rows, family = load_vqa_dataset(num_rows=12), family_for(get_tokenizer())
     for workers in (0, 1):
         before = children_cpu()
-        bench_stage5.floor_epoch(rows, family, workers=workers, batch_size=4)
+        bench_decode_floor.floor_epoch(rows, family, workers=workers, batch_size=4)
         assert (children_cpu() > before) == (workers > 0)
 
 
