@@ -138,6 +138,7 @@ def main():
     if rank != 0:
         dist.destroy_process_group()
         return
+    # One batch, as a trainer gets it, and the epoch's report
     print_epoch_report(epoch, packing.max_patches)
     print_rank_balance(epoch["rank_balance"])
     print_videos(epoch["report"], samples, packing)
