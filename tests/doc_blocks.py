@@ -52,7 +52,7 @@ CHECKED = {
     ),
     "uv run 04_knapsack_toy.py": "test_stage_scripts.py::test_stage4 (exact)",
     "uv run 05_knapsack_multimodal.py": "test_stage_scripts.py (template; exact: -m slow)",
-    "uv run 05_knapsack_multimodal.py --mixture examples/mixture.json": (
+    "uv run examples/pack_mixture.py --mixture examples/mixture.json": (
         "test_stage_scripts.py (exact: -m slow)"
     ),
     "uv run torchrun --standalone --nproc_per_node 2 05_knapsack_multimodal.py --metrics-json "
@@ -60,10 +60,10 @@ CHECKED = {
     "uv run torchrun --standalone --nproc_per_node 2 03_constrained_pad_dataloader.py --group-by "
     "modality_length": "test_stage_scripts.py (template: -m slow)",
     "uv run -m mmdp.prepare --out /tmp/prepared/synthetic": "test_prepared.py (template)",
-    "uv run 05_knapsack_multimodal.py --prepared /tmp/prepared/synthetic": (
+    "uv run examples/pack_prepared.py --prepared /tmp/prepared/synthetic": (
         "test_prepared.py (template: -m slow)"
     ),
-    "uv run 05_knapsack_multimodal.py --prepared /tmp/prepared/synthetic --max-length 256": (
+    "uv run examples/pack_prepared.py --prepared /tmp/prepared/synthetic --max-length 256": (
         "test_prepared.py (template)"
     ),
     "uv run 01_check_dataset.py --dataset train.jsonl --row 0": (
@@ -85,9 +85,9 @@ UNCHECKED = {
     "over 2,100 rows; test_video.py runs a small Qwen3-VL stage 5 (-m slow)",
     "uv run --extra s3 moto_server -p 5077 &": "an S3 server and a torchrun job; "
     "test_prepared.py reads the same prepared dataset from a moto server",
-    "uv run torchrun --standalone --nproc_per_node 2 05_knapsack_multimodal.py --streaming": (
-        "2 ranks x 2 workers over 2,000 rows; test_streaming.py runs stage 5 --streaming under "
-        "torchrun on unequal shards of 152 rows (-m slow)"
+    "uv run torchrun --standalone --nproc_per_node 2 examples/pack_streaming.py": (
+        "2 ranks x 2 workers over 2,000 rows; test_streaming.py runs examples/pack_streaming.py "
+        "under torchrun on unequal shards of 152 rows (-m slow)"
     ),
     "uv run torchrun --nproc-per-node 2 examples/trainer.py --model qwen3_vl_moe --lora "
     "--videos 24 --num-rows 120 --num-train-epochs 3 --grad-accum 16 --eval-ratio 0.1 "

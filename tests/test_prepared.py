@@ -128,35 +128,37 @@ def test_a_prepared_dataset_made_for_another_run_is_refused_naming_both_values(
 
 
 @pytest.mark.docs  # and both print what docs/use-in-your-trainer.md quotes (tests/doc_blocks.py)
-def test_stage_5_with_another_max_length_exits_2_with_one_sentence(tmp_path, run_main, capsys):
+def test_pack_prepared_with_another_max_length_exits_2_with_one_sentence(
+    tmp_path, run_main, capsys
+):
     quoted = {str(tmp_path): "/tmp/prepared/synthetic"}
     flags = ["--out", str(tmp_path), "--num-rows", str(NUM_ROWS)]
     prepare(flags)
     command = "uv run -m mmdp.prepare --out /tmp/prepared/synthetic"
     check_output(command, ["-m", "mmdp.prepare", *flags], capsys.readouterr().out, paths=quoted)
-    argv = ["05_knapsack_multimodal.py", "--prepared", str(tmp_path), "--num-rows", str(NUM_ROWS),
+    argv = ["examples/pack_prepared.py", "--prepared", str(tmp_path), "--num-rows", str(NUM_ROWS),
             "--max-length", "256"]  # fmt: skip
     status, out, err = run_main(*argv)
     assert status == 2
     assert err.strip().splitlines() == [err.strip()]
     assert "max_length 512, but this run has 256" in err
-    command = "uv run 05_knapsack_multimodal.py --prepared /tmp/prepared/synthetic --max-length 256"
+    command = "uv run examples/pack_prepared.py --prepared /tmp/prepared/synthetic --max-length 256"
     check_output(command, argv, err, paths=quoted)
 
 
-@pytest.mark.slow  # a whole stage-5 run, figures included
+@pytest.mark.slow  # a whole epoch of stage 5's packing
 @pytest.mark.docs
-def test_stage_5_reads_a_prepared_dataset_with_its_budgets_and_weighs_nothing(
+def test_pack_prepared_reads_a_prepared_dataset_with_its_budgets_and_weighs_nothing(
     tmp_path, run_main, capsys
 ):
     prepare(["--out", str(tmp_path), "--num-rows", str(NUM_ROWS), "--max-length", "384"])
     capsys.readouterr()  # what prepare printed
-    argv = ["05_knapsack_multimodal.py", "--prepared", str(tmp_path), "--num-rows", str(NUM_ROWS),
-            "--num-workers", "0", "--out-dir", str(tmp_path)]  # fmt: skip
+    argv = ["examples/pack_prepared.py", "--prepared", str(tmp_path), "--num-rows", str(NUM_ROWS),
+            "--num-workers", "0"]  # fmt: skip
     status, out, err = run_main(*argv)
     assert status == 0, err
     assert "max_length=384" in out  # the prepared budget, not given on the command line
-    command = "uv run 05_knapsack_multimodal.py --prepared /tmp/prepared/synthetic"
+    command = "uv run examples/pack_prepared.py --prepared /tmp/prepared/synthetic"
     check_output(command, argv, out, paths={str(tmp_path): "/tmp/prepared/synthetic"})
     assert f"Read the prepared weights of {NUM_ROWS} rows from {tmp_path}" in out
     assert "(weighed nothing)" in out and "Weighing rows" not in err

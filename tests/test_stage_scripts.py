@@ -292,21 +292,15 @@ def test_without_a_network_a_hub_dataset_is_the_sentence_the_docs_quote(run_main
 
 
 @pytest.mark.slow  # two processes, each loading and packing a whole epoch
-def test_stage5_mixture_under_torchrun_realises_the_asked_token_shares(run_script, tmp_path):
+def test_pack_mixture_under_torchrun_realises_the_asked_token_shares(run_script, tmp_path):
     metrics = tmp_path / "m.json"
     result = run_script(
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "05_knapsack_multimodal.py",
+        *TORCHRUN_2,
+        "examples/pack_mixture.py",
         "--mixture",
         "examples/mixture.json",
         "--num-workers",
         "1",
-        "--out-dir",
-        str(tmp_path),
         "--metrics-json",
         str(metrics),
         python_args=True,
@@ -321,8 +315,27 @@ def test_stage5_mixture_under_torchrun_realises_the_asked_token_shares(run_scrip
     assert "The mixture (tokens):" in result.stdout
 
 
-# The README's runs of stages 2, 3 and 5 at their full 2,000 rows, in the README's order (stage 3
-# grouped weighs the rows that stage 5 then loads), each output held exactly to the README's
+def test_pack_mixture_prints_and_writes_every_sources_share(run_main, tmp_path):
+    """A small run of examples/pack_mixture.py (the README's is 2,000 rows, -m slow): a line per
+    source, the same under "mixture" in --metrics-json, and the batch's loss weights."""
+    metrics = tmp_path / "m.json"
+    argv = ["examples/pack_mixture.py", "--mixture", "examples/mixture.json", "--num-rows", "120",
+            "--num-workers", "0", "--metrics-json", str(metrics)]  # fmt: skip
+    status, out, err = run_main(*argv)
+    assert status == 0, err
+    assert "loss_weights" in out and "The mixture (tokens):" in out
+    report = json.loads(metrics.read_text())
+    assert [s["source"] for s in report["mixture"]["sources"]] == [
+        "describe",
+        "charts",
+        "multiturn",
+    ]
+    assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"]
+    assert set(report["weighing"]) == {"seconds", "rows_weighed_per_rank"}
+
+
+# The README's runs of stages 2, 3 and examples/pack_mixture.py at their full 2,000 rows, in the
+# README's order (stage 3 grouped weighs the rows that stage 5 then loads), each output held exactly to the README's
 # block: the default suite holds smaller runs to the same blocks as templates (above). About
 # 15 s of CPU each (stage 5's own run: test_stage5_default_run_packs_at_least_98_percent).
 @pytest.mark.slow
@@ -333,14 +346,14 @@ def test_stage5_mixture_under_torchrun_realises_the_asked_token_shares(run_scrip
         "uv run 02_naive_pad_dataloader.py",
         "uv run 03_constrained_pad_dataloader.py",
         "uv run 03_constrained_pad_dataloader.py --group-by modality_length",
-        "uv run 05_knapsack_multimodal.py --mixture examples/mixture.json",
+        "uv run examples/pack_mixture.py --mixture examples/mixture.json",
     ],
 )
 def test_the_readmes_runs_print_what_it_quotes(run_main, tmp_path, command):
     mixture = "--mixture" in command
     batch = tmp_path / "batch.pt"
-    argv = [*command.split()[2:], "--out-dir", str(tmp_path)]
-    argv += ["--save-batch", str(batch)] if mixture else []
+    argv = [*command.split()[2:]]
+    argv += ["--save-batch", str(batch)] if mixture else ["--out-dir", str(tmp_path)]
     status, out, err = run_main(*argv)
     assert status == 0, err
     assert check_output(command, argv, out, paths=assets(tmp_path)) == "exact"

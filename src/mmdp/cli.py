@@ -176,6 +176,43 @@ def add_strategy_arg(parser: argparse.ArgumentParser, help: str = "packer") -> N
     )
 
 
+def add_packing_args(parser: argparse.ArgumentParser) -> None:
+    """How rows become batches in a packing run (stage 5, examples/pack_*.py): --packs-per-batch,
+    --strategy, --buffer-size, --epoch; and --save-batch to keep the first batch."""
+    parser.add_argument(
+        "--packs-per-batch",
+        type=positive_int,
+        default=config.PACKS_PER_BATCH,
+        help=f"packs per batch, one pack a row (default: {config.PACKS_PER_BATCH})",
+    )
+    add_strategy_arg(parser)
+    parser.add_argument(
+        "--buffer-size",
+        type=positive_int,
+        default=4096,
+        help="rows packed together, the shuffle window (default: 4096)",
+    )
+    parser.add_argument(
+        "--epoch", type=non_negative_int, default=0, help="which epoch's shuffle (default: 0)"
+    )
+    parser.add_argument(
+        "--save-batch", default=None, help="torch.save the first collated batch to this path"
+    )
+
+
+def model_processor(args: argparse.Namespace):
+    """The processor of a packing run: --processor's (a Hub name or a local path) when given,
+    else --model's: TinyVLM's tokenizer (--tokenizer), or a real family's, built offline."""
+    from mmdp.data.families import load_processor, offline_processor
+    from mmdp.data.tokenizer import get_tokenizer
+
+    if getattr(args, "processor", None):
+        return load_processor(args.processor)
+    if args.model == "tiny":
+        return get_tokenizer(args.tokenizer)
+    return offline_processor(args.model)
+
+
 def packing_config(args: argparse.Namespace, **overrides):
     """The mmdp.packing.packing_config.PackingConfig of the parsed flags that name its fields
     (--max-length, --max-images, --max-patches, --packs-per-batch, --strategy, --buffer-size,
@@ -205,6 +242,25 @@ def add_batch_size_arg(
 def print_settings(args: argparse.Namespace) -> None:
     settings = ", ".join(f"{key}={value}" for key, value in vars(args).items())
     print(f"settings: {settings}")
+
+
+def config_for(family, args: argparse.Namespace, **budgets):
+    """The PackingConfig of a run: each flag that names one of its fields (--max-length,
+    --max-images, --max-patches, --packs-per-batch, --strategy, --buffer-size, --seed) as given;
+    a flag not given (None) takes its value from `budgets` (e.g. a prepared dataset's), else from
+    the model family (mmdp.packing.packing_config.default_config)."""
+    from mmdp.packing.packing_config import FIELDS, default_config
+
+    given = {name: getattr(args, name) for name in FIELDS if hasattr(args, name)}
+    return default_config(
+        family, **{**budgets, **{k: v for k, v in given.items() if v is not None}}
+    )
+
+
+def print_run_settings(args: argparse.Namespace, config, model: str) -> None:
+    """The `settings:` line of a packing run: the flags as parsed, but the model's name and the
+    PackingConfig's fields as resolved (the budgets a family or a prepared dataset set)."""
+    print_settings(argparse.Namespace(**{**vars(args), "model": model, **config.settings()}))
 
 
 def run_epoch(loader, report, keep_batch=None, hint="raise --num-rows") -> tuple[dict, float]:
@@ -288,3 +344,75 @@ def display_path(path) -> str:
     """A path as a user would type it: relative to the working directory when inside it."""
     relative = os.path.relpath(path)
     return str(path) if relative.startswith("..") else relative
+
+
+def print_weighing(packed) -> None:
+    """How a PackedDataset got its weights: read from a prepared dataset, weighed here, or loaded
+    from the cache."""
+    weighing = packed.weighing
+    if packed.prepared:
+        print(
+            f"Read the prepared weights of {len(weighing.weights):,} rows from {packed.prepared} "
+            f"in {weighing.seconds:.2f} s (weighed nothing)"
+        )
+        return
+    if weighing.weighed_here:
+        how = f"Weighed {weighing.rows_weighed_here:,} of {len(weighing.weights):,} rows here"
+    else:
+        how = f"Loaded the weights of {len(weighing.weights):,} rows"
+    print(f"{how} in {weighing.seconds:.2f} s (cached in {display_path(weighing.path)})")
+
+
+PACKING_HINT = "raise --max-length or --max-images, or use more --num-rows"
+
+
+def run_packed_epoch(packed, num_workers: int) -> dict:
+    """One epoch of a PackedDataset through its loader, on this rank; the report merged over
+    ranks (mmdp.report.metrics.merge_over_ranks: rows dropped while planning counted once), the
+    first batch, the seconds, and how many rows each rank weighed."""
+    from mmdp.packing.loading.packed_dataset import PackedDataLoader
+    from mmdp.packing.planning.planner import batch_loads
+    from mmdp.ranks import gather_from_ranks
+    from mmdp.report.metrics import PackReport, merge_over_ranks
+
+    if packed.num_batches() == 0:
+        raise nothing_to_do(len(packed.weights), packed.plan().dropped, PACKING_HINT)
+    loader = PackedDataLoader(packed, num_workers=num_workers)
+    report = PackReport()
+    first_batch, seconds = run_epoch(loader, report, hint=PACKING_HINT)
+    report.add_loader(loader)  # the plan's drops (and, for a mixture, of each source)
+    epoch = merge_over_ranks(report, batch_loads(packed.plan(), packed.weights))
+    weighed = gather_from_ranks(packed.weighing.rows_weighed_here)
+    weighing = {"seconds": round(packed.weighing.seconds, 3), "rows_weighed_per_rank": weighed}
+    return {**epoch, "first_batch": first_batch, "seconds": seconds, "weighing": weighing}
+
+
+def print_epoch_report(epoch: dict, max_patches: int | None) -> None:
+    """The epoch merged over ranks (merge_over_ranks, with its first batch and seconds): one
+    batch's shapes, the report, and under torchrun how evenly the ranks shared each step."""
+    print("\nOne batch:")
+    print_batch(epoch["first_batch"])
+    report, seconds = epoch["report"], epoch["seconds"]
+    print(f"\nOver the epoch ({seconds:.1f} s, {report.samples / seconds:,.0f} samples/s):")
+    print(report.summary(max_patches))
+
+
+def print_rank_balance(balance: dict) -> None:
+    """Under torchrun: batches per rank, and the spread of images between ranks per step."""
+    if balance["world_size"] > 1:
+        print(
+            f"ranks: {balance['world_size']}, batches per rank {balance['batches_per_rank']}, "
+            f"image spread between ranks per step: max {balance['image_spread_per_step']['max']}, "
+            f"mean {balance['image_spread_per_step']['mean']}"
+        )
+
+
+def write_outputs(metrics: dict, first_batch: dict, args: argparse.Namespace) -> None:
+    """--metrics-json (the epoch's `metrics`) and --save-batch (the first batch, as it is)."""
+    from mmdp.report.metrics import write_json
+
+    if args.metrics_json:
+        print(f"Wrote the epoch report to {display_path(write_json(metrics, args.metrics_json))}")
+    if args.save_batch:
+        torch.save(first_batch, args.save_batch)
+        print(f"Saved the first batch to {display_path(args.save_batch)}")

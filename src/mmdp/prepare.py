@@ -5,7 +5,7 @@ URL, for every later run on every machine (mmdp.packing.weighing.prepared).
     uv run -m mmdp.prepare --out /data/prepared/synthetic --num-rows 2000
     uv run --extra s3 -m mmdp.prepare --out s3://bucket/prepared/ai2d \\
         --dataset HuggingFaceM4/the_cauldron --subset ai2d --model qwen2_5_vl --pretokenize
-    uv run 05_knapsack_multimodal.py --prepared s3://bucket/prepared/ai2d --dataset ... --model qwen2_5_vl
+    uv run examples/pack_prepared.py --prepared s3://bucket/prepared/ai2d --dataset ... --model qwen2_5_vl
 
 Prints how many rows fit the budgets (and why the others do not) and where it wrote. The run
 that reads it must load the same rows with the same model, processor and budgets, or it is

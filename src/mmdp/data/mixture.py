@@ -2,7 +2,7 @@
 label policy, as VLMs are trained (the_cauldron alone has 50 subsets; ms-swift gives each
 dataset its own `loss_scale`).
 
-A mixture file (JSON; `05_knapsack_multimodal.py --mixture FILE.json`):
+A mixture file (JSON; `examples/pack_mixture.py --mixture FILE.json`):
 
     {"share_by": "tokens",
      "sources": [

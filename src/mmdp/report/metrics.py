@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from mmdp.packing.loading.batch import real_token_mask
+from mmdp.ranks import gather_from_ranks
 
 
 class EpochReport:
@@ -177,6 +178,7 @@ class PackReport(EpochReport):
         self.patches_per_row = []  # the vision encoder's
         self.samples_per_row = []
         self.batch_samples = []  # the dataset rows of each batch, in order
+        self.batch_loads = []  # (real tokens, images, patches) of each batch, in order
         self.dropped_rows = []  # (row, reason) of the rows dropped while batches were built
         # a mixture's sources (add_loader): names, each row's source, the plan's drops of each
         self.sources, self.source_of_row, self.planned_by_source = [], None, []
@@ -186,11 +188,15 @@ class PackReport(EpochReport):
         self.dropped_rows += batch.get("dropped_rows", [])
         samples_per_row = batch["samples_per_row"]
         images = np.bincount(row_of_image(batch), minlength=len(samples_per_row))
-        self.tokens_per_row += real_token_mask(batch).sum(dim=1).tolist()
+        tokens = real_token_mask(batch).sum(dim=1).tolist()
+        self.tokens_per_row += tokens
         self.images_per_row += images.tolist()
         self.patches_per_row += batch["patches_per_row"].tolist()
         self.samples_per_row += samples_per_row.tolist()
         self.batch_samples.append(batch["sample_index"].tolist())
+        self.batch_loads.append(
+            (sum(tokens), int(images.sum()), int(batch["patches_per_row"].sum()))
+        )
 
     @property
     def sample_index(self) -> list[int]:
@@ -281,3 +287,40 @@ class PackReport(EpochReport):
             used = sum(self.patches_per_row) / (len(self.patches_per_row) * max_patches or 1)
             lines.append(f"{'patch budget:':<18}{used:.1%} used ({max_patches:,} patches a row)")
         return "\n".join(lines)
+
+
+LOADS = ("tokens", "images", "patches")  # what rank_balance compares between ranks, per step
+
+
+def merge_over_ranks(report: PackReport, loads: dict | None = None) -> dict:
+    """This rank's epoch report and every other rank's (one all_gather_object under torchrun;
+    outside it, this rank's alone), merged: what rank 0 reports for all of them.
+
+    Returns {"report": the merged PackReport, "reports": one per rank, "rank_balance": ...}.
+    The balance is of `loads` when given (a planned epoch's, from its plan:
+    mmdp.packing.planning.planner.batch_loads), else of what each rank's batches held, step by
+    step (a stream's ranks stop at the same step).
+    """
+    reports = gather_from_ranks(report)
+    if loads is None:
+        steps = list(zip(*(r.batch_loads for r in reports)))  # [step][rank] (tokens, ...)
+        per_step = np.array(steps, dtype=np.int64).reshape(-1, len(reports), len(LOADS))
+        loads = {name: per_step[..., k] for k, name in enumerate(LOADS)}
+    return {
+        "report": PackReport.merged(reports),
+        "reports": reports,
+        "rank_balance": rank_balance(loads, len(reports)),
+    }
+
+
+def epoch_metrics(epoch: dict, **more) -> dict:
+    """What --metrics-json holds: the merged report (merge_over_ranks), the batches each rank
+    yielded, the rank balance, the seconds of the epoch, then `more` (a mixture's sources, the
+    weighing of a planned epoch)."""
+    return {
+        **epoch["report"].as_dict(),
+        "batches_per_rank_yielded": [r.batches for r in epoch["reports"]],
+        "rank_balance": epoch["rank_balance"],
+        "seconds": round(epoch["seconds"], 3),
+        **more,
+    }

@@ -2,5 +2,5 @@
 
 sources  load_vqa_dataset(): the synthetic default, your own files, or the Hub
 formats  the formats users keep rows in (the_cauldron, messages, LLaVA), into one schema
-stream   load_vqa_stream(): the same sources, read as a stream (stage 5 --streaming)
+stream   load_vqa_stream(): the same sources, read as a stream (examples/pack_streaming.py)
 """

@@ -1,0 +1,95 @@
+"""Stage 5's packing, streamed: read the dataset as a stream (a Hub dataset with streaming=True,
+parquet files one by one) and pack it a buffer at a time, as the blog's ConstantLengthDataset
+does (mmdp.packing.loading.streaming.loader).
+
+    uv run examples/pack_streaming.py --buffer-size 1024
+    uv run torchrun --standalone --nproc_per_node 2 examples/pack_streaming.py
+    uv run examples/pack_streaming.py --dataset data/ --model qwen2_5_vl   # parquet files, a real family
+
+Prints one batch and the epoch report of stage 5 (05_knapsack_multimodal.py), and writes the same
+--metrics-json keys but the weighing (a stream is weighed as it arrives). Under torchrun every
+rank reads its shards and all stop at the same step: the rows a rank still held when another ran
+out are counted (held_when_ranks_stopped).
+"""
+
+import argparse
+
+import torch.distributed as dist
+
+from mmdp.cli import (
+    PACKING_HINT,
+    add_data_args,
+    add_loader_args,
+    add_model_and_budget_args,
+    add_packing_args,
+    config_for,
+    description,
+    model_processor,
+    print_epoch_report,
+    print_rank_balance,
+    print_run_settings,
+    run_epoch,
+    write_outputs,
+)
+from mmdp.data.families import MODELS, family_for
+from mmdp.data.reading.stream import load_vqa_stream
+from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
+from mmdp.errors import exit_on_user_error
+from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.ranks import start_ranks
+from mmdp.report.metrics import PackReport, epoch_metrics, merge_over_ranks
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    add_data_args(parser)
+    add_loader_args(parser)
+    add_model_and_budget_args(parser, MODELS)
+    add_packing_args(parser)
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    rank = start_ranks()
+    processor = model_processor(args)
+    family = family_for(processor)
+    packing = config_for(family, args)
+    if rank == 0:
+        print_run_settings(args, packing, family.name)
+
+    # Read the dataset as a stream, pack it a buffer at a time, stop the ranks together
+    stream = load_vqa_stream(
+        args.dataset,
+        args.subset,
+        args.split,
+        args.num_rows,
+        image_root=args.image_root,
+        format=args.format,
+    )
+    loader = StreamingDataLoader(
+        StreamingPackedDataset(stream, processor, packing), num_workers=args.num_workers
+    )
+    loader.set_epoch(args.epoch)
+    report = PackReport()
+
+    def batches():
+        yield from loader
+        report.add_loader(loader)  # rows read after the last batch, or held
+
+    first_batch, seconds = run_epoch(batches(), report, hint=PACKING_HINT)
+    # rank 0 reports for every rank; each step's balance as the batches held it (no plan)
+    epoch = {**merge_over_ranks(report), "first_batch": first_batch, "seconds": seconds}
+    if rank != 0:
+        dist.destroy_process_group()
+        return
+    print_epoch_report(epoch, packing.max_patches)
+    if HELD_WHEN_RANKS_STOPPED in epoch["report"].dropped:
+        print(f"({HELD_WHEN_RANKS_STOPPED}: read, not yielded: another rank ran out first)")
+    print_rank_balance(epoch["rank_balance"])
+    write_outputs(epoch_metrics(epoch), first_batch, args)
+
+
+if __name__ == "__main__":
+    with exit_on_user_error():
+        main()
