@@ -281,27 +281,24 @@ def reference_fit_decreasing(
         raise ValueError(f"{strategy!r} is not a fit-decreasing strategy: {FIT_DECREASING}")
     items, budgets = check_items(lengths, budgets, image_counts, patch_counts)
     sizes = list(items.sizes())
-    packs, load = [], []  # what each pack holds: (tokens, images, patches)
-    max_length, max_images = budgets.max_length, budgets.max_images
+    packs, room = [], []  # what each pack has left: (tokens, images, patches)
     for i in decreasing_order(items, budgets, strategy).tolist():
         size = sizes[i]
-        fitting = [p for p in range(len(packs)) if fits(load[p], size, budgets)]
-        room = [max_length - tokens for tokens, _, _ in load]  # token room, per pack
-        image_room = [max_images - images for _, images, _ in load]
-        if strategy == "bfd":
-            fitting.sort(key=lambda p: room[p])
-        elif strategy == "images_first_bfd" and size[1]:  # a sample with images
-            fitting.sort(key=lambda p: (room[p], -image_room[p]))
-        elif strategy == "images_first_bfd":
-            fitting.sort(key=lambda p: (image_room[p], room[p]))
+        fitting = [p for p in range(len(packs)) if all(r >= s for r, s in zip(room[p], size))]
+        if strategy == "bfd":  # the least token room
+            fitting.sort(key=lambda p: room[p][0])
+        elif strategy == "images_first_bfd" and size[1]:  # then the most image slots
+            fitting.sort(key=lambda p: (room[p][0], -room[p][1]))
+        elif strategy == "images_first_bfd":  # text-only: the fewest image slots, then tokens
+            fitting.sort(key=lambda p: (room[p][1], room[p][0]))
         if fitting:
             chosen = fitting[0]
         else:
             packs.append([])
-            load.append(EMPTY)
+            room.append(budgets.per_unit())
             chosen = len(packs) - 1
         packs[chosen].append(i)
-        load[chosen] = add(load[chosen], size)
+        room[chosen] = tuple(r - s for r, s in zip(room[chosen], size))
     return packs
 
 
