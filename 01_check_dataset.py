@@ -16,10 +16,16 @@ seconds); later runs load it.
 import argparse
 import random
 
-from mmdp.cli import add_data_args, description, display_path, non_negative_int
+from mmdp.cli import (
+    DataSettings,
+    add_data_args,
+    description,
+    display_path,
+    non_negative_int,
+    settings_of,
+)
 from mmdp.data.conversation import marked_turns, system_prompt
 from mmdp.data.images import BadImage, decode_image
-from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.errors import UserError, exit_on_user_error
 from mmdp.report.plots import plot_sample, save_figure
 
@@ -38,14 +44,7 @@ def main():
     args = parse_args()
 
     # Load the dataset (the embedded synthetic one unless --dataset says otherwise)
-    dataset = load_vqa_dataset(
-        args.dataset,
-        args.subset,
-        args.split,
-        args.num_rows,
-        image_root=args.image_root,
-        format=args.format,
-    )
+    dataset = settings_of(DataSettings, args).load()
 
     # Pick a sample: the one asked for, or a random one
     if args.row is not None and args.row >= len(dataset):

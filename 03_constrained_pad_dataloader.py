@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 
 from mmdp import config
 from mmdp.cli import (
+    DataSettings,
     add_batch_size_arg,
     add_data_args,
     add_loader_args,
@@ -35,9 +36,9 @@ from mmdp.cli import (
     print_batch,
     print_settings,
     run_epoch,
+    settings_of,
 )
 from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
-from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import exit_on_user_error
@@ -81,14 +82,7 @@ def main():
 
     # Get the text tokenizer (SmolLM2's, shipped in the repo) and the dataset
     tokenizer = get_tokenizer(args.tokenizer)
-    rows = load_vqa_dataset(
-        args.dataset,
-        args.subset,
-        args.split,
-        args.num_rows,
-        image_root=args.image_root,
-        format=args.format,
-    )
+    rows = settings_of(DataSettings, args).load()
 
     # Wrap it: each item is tokenized with the chat template, 64 image tokens per image
     train_dataset = VQADataset(rows, tokenizer)

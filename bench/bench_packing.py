@@ -70,6 +70,7 @@ from mmdp.packing.packers import (
     pack_flat,
     reference_fit_decreasing,
 )
+from mmdp.packing.weights import Budgets
 
 IMAGE_TOKENS = 64
 # P(0, 1, 2, 3 images). Calibrated so that, as in the measurement, about a third of TRL's
@@ -345,7 +346,7 @@ def bench_worst_case(args, before):
     scale = (n / m) ** 2
     for strategy in FIT_DECREASING:
         seconds, packs = timed(
-            lambda s=strategy: reference_fit_decreasing(subset, max_length, strategy=s), 1
+            lambda s=strategy: reference_fit_decreasing(subset, Budgets(max_length), strategy=s), 1
         )
         assert packs == pack(subset, max_length, strategy)  # the fast packers give the same packs
         print(

@@ -50,6 +50,7 @@ from mmdp.training.examples import (
     make_model,
     print_result,
     training_flags,
+    training_settings,
     training_steps,
     video_rows,
     weights_digest,
@@ -90,40 +91,42 @@ def train_step(accelerator, model, optimizer, micro_batches, inputs) -> torch.Te
 
 
 def main(argv=None) -> dict | None:
-    args = training_flags(description(__doc__)).parse_args(argv)
+    settings = training_settings(argv, training_flags(description(__doc__)))
     # without cpu=True on a machine with no GPU, each process would train alone; DDP's
     # find_unused_parameters stays False: every loss touches every parameter (train_step)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     check_launched_processes(accelerator.num_processes)  # ... and that says so if it happens
     # the loader shards by rank itself: it is not prepared
     rank, world_size = accelerator.process_index, accelerator.num_processes
-    loader, tokenizer = make_loader(args, rank=rank, world_size=world_size)
-    model, inputs = make_model(args, tokenizer)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    loader, tokenizer = make_loader(settings, rank=rank, world_size=world_size)
+    model, inputs = make_model(settings, tokenizer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
     model, optimizer = accelerator.prepare(model, optimizer)
     checkpoint_loader_with(accelerator, loader)  # save_state/load_state: every rank's position
     step = 0
-    if args.resume_from_checkpoint:
-        accelerator.load_state(args.resume_from_checkpoint)
-        step = checkpoint_step(args.resume_from_checkpoint)
-    resumed_step = step if args.resume_from_checkpoint else None
-    log = SampleLog(args.log_samples, accelerator.process_index, resumed_step, video_rows(loader))
+    if settings.resume_from_checkpoint:
+        accelerator.load_state(settings.resume_from_checkpoint)
+        step = checkpoint_step(settings.resume_from_checkpoint)
+    resumed_step = step if settings.resume_from_checkpoint else None
+    log = SampleLog(
+        settings.log_samples, accelerator.process_index, resumed_step, video_rows(loader)
+    )
 
-    steps = optimizer_steps(loader, args.grad_accum)
+    steps = optimizer_steps(loader, settings.grad_accum)
     loss = torch.zeros((), device=accelerator.device)
-    max_steps = training_steps(args, loader)  # --max-steps, or --num-train-epochs whole epochs
+    max_steps = training_steps(settings, loader)  # --max-steps, or --num-train-epochs whole epochs
     while step < max_steps:  # test before pulling a step: a pulled step moves the loader
         micro_batches = next(steps)
         step += 1
         for micro_step, batch in enumerate(micro_batches):
             log.write(step, micro_step, batch)
         loss = train_step(accelerator, model, optimizer, micro_batches, inputs)
-        if step % args.save_steps == 0 or step == max_steps:
-            accelerator.save_state(checkpoint_folder(args.output_dir, step))
+        if step % settings.save_steps == 0 or step == max_steps:
+            accelerator.save_state(checkpoint_folder(settings.output_dir, step))
 
     loss = accelerator.reduce(loss, reduction="sum")  # the step's mean over every label token
     evaluation = None
-    eval_loader = make_eval_loader(loader, args)  # --eval-ratio's held-out rows, every rank's
+    eval_loader = make_eval_loader(loader, settings)  # --eval-ratio's held-out rows, every rank's
     if eval_loader is not None:  # every held-out token's mean over all ranks: one all-reduce
         evaluation = evaluate(model, eval_loader, inputs, device=accelerator.device)
     result = None

@@ -34,12 +34,13 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
-from mmdp.cli import description
+from mmdp.cli import description, settings_of
 from mmdp.errors import exit_on_user_error
 from mmdp.models.tiny_vlm import TinyVLM
 from mmdp.training.evaluation import evaluate
 from mmdp.training.examples import (
     SampleLog,
+    TrainingSettings,
     checkpoint_folder,
     checkpoint_step,
     make_eval_loader,
@@ -138,6 +139,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
+    settings = settings_of(TrainingSettings, args)  # what the package reads (not --fsdp2)
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else "cpu"
     if on_gpu:  # before anything touches the GPU: FSDP2's default mesh (and NCCL) use this one
@@ -147,31 +149,31 @@ def main(argv=None) -> dict | None:
         dist.init_process_group("nccl" if on_gpu else "gloo")
     rank = dist.get_rank()
 
-    loader, tokenizer = make_loader(args)  # this rank's share of every epoch
-    model, inputs = make_model(args, tokenizer)
+    loader, tokenizer = make_loader(settings)  # this rank's share of every epoch
+    model, inputs = make_model(settings, tokenizer)
     model = wrap(model, args.fsdp2, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
     step = 0
-    if args.resume_from_checkpoint:
-        step = load_checkpoint(args.resume_from_checkpoint, model, optimizer, loader)
-    resumed_step = step if args.resume_from_checkpoint else None
-    log = SampleLog(args.log_samples, rank, resumed_step, video_rows(loader))
+    if settings.resume_from_checkpoint:
+        step = load_checkpoint(settings.resume_from_checkpoint, model, optimizer, loader)
+    resumed_step = step if settings.resume_from_checkpoint else None
+    log = SampleLog(settings.log_samples, rank, resumed_step, video_rows(loader))
 
-    steps = optimizer_steps(loader, args.grad_accum)
+    steps = optimizer_steps(loader, settings.grad_accum)
     loss = torch.zeros(())
-    max_steps = training_steps(args, loader)  # --max-steps, or --num-train-epochs whole epochs
+    max_steps = training_steps(settings, loader)  # --max-steps, or --num-train-epochs whole epochs
     while step < max_steps:  # test before pulling a step: a pulled step moves the loader
         micro_batches = next(steps)
         step += 1
         for micro_step, batch in enumerate(micro_batches):
             log.write(step, micro_step, batch)
         loss = train_step(model, optimizer, micro_batches, inputs, device)
-        if step % args.save_steps == 0 or step == max_steps:
-            save_checkpoint(checkpoint_folder(args.output_dir, step), model, optimizer, loader)
+        if step % settings.save_steps == 0 or step == max_steps:
+            save_checkpoint(checkpoint_folder(settings.output_dir, step), model, optimizer, loader)
 
     dist.all_reduce(loss)  # the step's mean over every label token of every rank
     evaluation = None
-    eval_loader = make_eval_loader(loader, args)  # --eval-ratio's held-out rows, every rank's
+    eval_loader = make_eval_loader(loader, settings)  # --eval-ratio's held-out rows, every rank's
     if eval_loader is not None:  # every held-out token's mean over all ranks: one all-reduce
         evaluation = evaluate(model, eval_loader, inputs, device=device)
     model_state, _ = get_state_dict(model, optimizer, options=FULL)

@@ -40,6 +40,7 @@ from mmdp.training.examples import (
     make_model,
     print_result,
     training_flags,
+    training_settings,
     video_rows,
     weights_digest,
 )
@@ -73,20 +74,20 @@ def untie_output_layer(model) -> None:
 
 
 def main(argv=None) -> dict | None:
-    args = training_flags(description(__doc__)).parse_args(argv)
+    settings = training_settings(argv, training_flags(description(__doc__)))
     training_args = TrainingArguments(
-        output_dir=args.output_dir,
-        max_steps=args.max_steps or -1,  # -1: num_train_epochs whole epochs
-        num_train_epochs=args.num_train_epochs,
-        gradient_accumulation_steps=args.grad_accum,
-        learning_rate=args.lr,
+        output_dir=settings.output_dir,
+        max_steps=settings.max_steps or -1,  # -1: num_train_epochs whole epochs
+        num_train_epochs=settings.num_train_epochs,
+        gradient_accumulation_steps=settings.grad_accum,
+        learning_rate=settings.lr,
         lr_scheduler_type="constant",  # a run cut short by --max-steps is the same run
         save_strategy="steps",
-        save_steps=args.save_steps,
+        save_steps=settings.save_steps,
         logging_steps=1,
-        eval_strategy="epoch" if args.eval_ratio else "no",  # each loader epoch's end
-        seed=args.seed,
-        per_device_train_batch_size=args.packs_per_batch,  # for Trainer's logs only
+        eval_strategy="epoch" if settings.eval_ratio else "no",  # each loader epoch's end
+        seed=settings.seed,
+        per_device_train_batch_size=settings.packs_per_batch,  # for Trainer's logs only
         # without it, on a machine with no GPU, Trainer runs every process on its own
         use_cpu=not torch.cuda.is_available(),
         report_to="none",
@@ -94,25 +95,25 @@ def main(argv=None) -> dict | None:
     )
     # the loader shards by rank itself: this process's rank among Trainer's
     rank, world_size = training_args.process_index, training_args.world_size
-    loader, tokenizer = make_loader(args, rank=rank, world_size=world_size)
-    model, inputs = make_model(args, tokenizer)
+    loader, tokenizer = make_loader(settings, rank=rank, world_size=world_size)
+    model, inputs = make_model(settings, tokenizer)
     untie_output_layer(model)
     trainer = LoggedTrainer(
         model=model,
         args=training_args,
         train_loader=loader,
-        eval_loader=make_eval_loader(loader, args),  # None without --eval-ratio
+        eval_loader=make_eval_loader(loader, settings),  # None without --eval-ratio
         model_inputs=inputs,
     )
     resumed_step = None
-    if args.resume_from_checkpoint:
-        resumed_step = checkpoint_step(args.resume_from_checkpoint)
+    if settings.resume_from_checkpoint:
+        resumed_step = checkpoint_step(settings.resume_from_checkpoint)
     trainer.sample_log = SampleLog(
-        args.log_samples, training_args.process_index, resumed_step, video_rows(loader)
+        settings.log_samples, training_args.process_index, resumed_step, video_rows(loader)
     )
     trainer.micro_step, trainer.last_step = 0, None
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    evaluation = last_evaluation(trainer) if args.eval_ratio else None
+    trainer.train(resume_from_checkpoint=settings.resume_from_checkpoint)
+    evaluation = last_evaluation(trainer) if settings.eval_ratio else None
 
     if training_args.process_index != 0:
         return None

@@ -14,6 +14,7 @@ from mmdp.packing.packers import (
     reference_balanced_greedy,
     reference_fit_decreasing,
 )
+from mmdp.packing.weights import Budgets
 
 BLOG_ITEMS = list(range(1, 25))  # the blog's toy: start=1, end=25, max_length 100
 
@@ -91,8 +92,8 @@ def test_fast_binpack_and_bfd_match_the_readable_loop_with_images():
         a = pack(lengths, 20, "binpack", images, 3)
         b = pack(lengths, 20, "bfd", images, 3)
         differ += a != b
-        assert a == reference_fit_decreasing(lengths, 20, images, 3, strategy="binpack")
-        assert b == reference_fit_decreasing(lengths, 20, images, 3, strategy="bfd")
+        assert a == reference_fit_decreasing(lengths, Budgets(20, 3), images, strategy="binpack")
+        assert b == reference_fit_decreasing(lengths, Budgets(20, 3), images, strategy="bfd")
     assert differ > 0  # the two strategies are really different
 
 
@@ -104,12 +105,13 @@ def test_images_first_bfd_is_not_binpack():
     # left -> B (6, 0); then the text sample 6: A and B both have 0 image slots and 6 tokens
     # left, tie -> the lowest number, A
     assert pack([6, 4, 4], 10, "images_first_bfd", [0, 2, 2], 2) == [[1, 0], [2]]
-    assert reference_fit_decreasing([6, 4, 4], 10, [0, 2, 2], 2, strategy="images_first_bfd") == [
+    budgets = Budgets(10, max_images=2)
+    assert reference_fit_decreasing([6, 4, 4], budgets, [0, 2, 2], strategy="images_first_bfd") == [
         [1, 0],
         [2],
     ]
     with pytest.raises(ValueError, match="not a fit-decreasing strategy"):
-        reference_fit_decreasing([6, 4, 4], 10, strategy="greedy")
+        reference_fit_decreasing([6, 4, 4], Budgets(10), strategy="greedy")
 
 
 def test_items_that_cannot_fit_alone_are_named_not_dropped():
@@ -162,13 +164,14 @@ def test_packs_are_valid_whatever_the_input(case, strategy):
 
 
 def assert_fast_packers_match_the_readable_ones(lengths, max_length, images, max_images):
+    budgets = Budgets(max_length, max_images)
     for strategy in FIT_DECREASING:
         assert pack(lengths, max_length, strategy, images, max_images) == reference_fit_decreasing(
-            lengths, max_length, images, max_images, strategy=strategy
+            lengths, budgets, images, strategy=strategy
         )
     assert pack(
         lengths, max_length, "balanced_greedy", images, max_images
-    ) == reference_balanced_greedy(lengths, max_length, images, max_images)
+    ) == reference_balanced_greedy(lengths, budgets, images)
 
 
 @settings(max_examples=100, deadline=None)
@@ -286,7 +289,8 @@ def test_images_first_bfd_weighs_the_patches_share_too():
 def test_budget_shares_rank_exactly_when_the_products_would_overflow():
     # budgets of 2**31 images and patches: length * I * P is about 2**65, past int64. Shares:
     # 2/10 + 1/2**31 + 1/2 ~ 0.7; 3/10 + ... ~ 0.3; 1/10 + ... + 1 ~ 1.1 -> items 2, 0, 1
-    items, budgets = packing.check_items([2, 3, 1], 10, [1, 1, 1], 2**31, [2**30, 0, 2**31], 2**31)
+    budgets = Budgets(10, max_images=2**31, max_patches=2**31)
+    items, budgets = packing.check_items([2, 3, 1], budgets, [1, 1, 1], [2**30, 0, 2**31])
     assert packing.decreasing_order(items, budgets, "images_first_bfd").tolist() == [2, 0, 1]
 
 
@@ -339,13 +343,17 @@ def test_packs_respect_every_budget_whatever_the_input(case, strategy):
     assert pack(lengths, max_length, strategy, images, max_images, patches, max_patches) == packs
 
 
-def assert_patch_engine_matches_the_readable_loops(lengths, max_length, *budgets):
+def assert_patch_engine_matches_the_readable_loops(
+    lengths, max_length, images, max_images, patches, max_patches
+):
+    flags = (images, max_images, patches, max_patches)
+    budgets = Budgets(max_length, max_images, max_patches)
     for strategy in FIT_DECREASING:
-        assert pack(lengths, max_length, strategy, *budgets) == reference_fit_decreasing(
-            lengths, max_length, *budgets, strategy=strategy
+        assert pack(lengths, max_length, strategy, *flags) == reference_fit_decreasing(
+            lengths, budgets, images, patches, strategy=strategy
         )
-    assert pack(lengths, max_length, "balanced_greedy", *budgets) == reference_balanced_greedy(
-        lengths, max_length, *budgets
+    assert pack(lengths, max_length, "balanced_greedy", *flags) == reference_balanced_greedy(
+        lengths, budgets, images, patches
     )
 
 

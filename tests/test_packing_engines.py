@@ -15,7 +15,7 @@ from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.planning import planner
 from mmdp.packing.planning.planner import plan_epoch
 from mmdp.packing.planning.processes import PARALLEL_MIN_BUFFERS
-from mmdp.packing.weights import Weights
+from mmdp.packing.weights import Budgets, Weights
 
 # Items in up to three budgets; a budget of None is left out (never binds).
 items_in_budgets = st.integers(min_value=1, max_value=64).flatmap(
@@ -32,21 +32,26 @@ items_in_budgets = st.integers(min_value=1, max_value=64).flatmap(
 
 
 def columns(case):
+    """(lengths, budgets, images, patches): patches None without a patch budget."""
     max_length, triples, max_images, max_patches = case
     lengths, images, patches = (list(c) for c in zip(*triples)) if triples else ([], [], [])
-    budgets = {"max_images": max_images, "image_counts": images}
-    if max_patches is not None:
-        budgets |= {"patch_counts": patches, "max_patches": max_patches}
-    return lengths, max_length, budgets
+    patches = None if max_patches is None else patches
+    return lengths, Budgets(max_length, max_images, max_patches), images, patches
 
 
 @settings(max_examples=100, deadline=None)
 @given(items_in_budgets)
 def test_greedy_a_pack_at_a_time_matches_the_item_by_item_loop(case):
-    lengths, max_length, budgets = columns(case)
-    assert pack(lengths, max_length, "greedy", **budgets) == pack_greedy(
-        lengths, max_length, **budgets
-    )
+    lengths, budgets, images, patches = columns(case)
+    assert pack(
+        lengths,
+        budgets.max_length,
+        "greedy",
+        images,
+        budgets.max_images,
+        patches,
+        budgets.max_patches,
+    ) == pack_greedy(lengths, budgets, images, patches)
 
 
 def test_greedy_ends_a_pack_where_either_budget_would_pass():
@@ -60,11 +65,11 @@ def test_greedy_ends_a_pack_where_either_budget_would_pass():
 def test_items_over_half_the_budget_open_their_own_packs_as_the_loop_does(case):
     # lengths from 1 to max_length: often a head of items longer than half of it, which the
     # engines place before the runs, each alone
-    lengths, max_length, budgets = columns(case)
-    budgets.pop("patch_counts", None), budgets.pop("max_patches", None)
+    lengths, budgets, images, _ = columns(case)
+    max_length, max_images = budgets.max_length, budgets.max_images
     for strategy in FIT_DECREASING:
-        assert pack(lengths, max_length, strategy, **budgets) == reference_fit_decreasing(
-            lengths, max_length, budgets["image_counts"], budgets["max_images"], strategy=strategy
+        assert pack(lengths, max_length, strategy, images, max_images) == reference_fit_decreasing(
+            lengths, Budgets(max_length, max_images), images, strategy=strategy
         )
 
 

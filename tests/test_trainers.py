@@ -38,7 +38,7 @@ from mmdp.packing.loading.guards import PREPARE_REFUSED, STATEFUL_REFUSED
 from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.training.examples import SampleLog, make_loader, tiny_vlm
+from mmdp.training.examples import SampleLog, make_loader, tiny_vlm, training_settings
 from mmdp.training.recipes import (
     EPOCH_END,
     batches_forever,
@@ -327,7 +327,9 @@ def test_token_loss_is_the_summed_loss_over_the_steps_label_tokens():
 
 
 def test_the_examples_loader_shards_by_the_rank_it_is_given():
-    args = Namespace(num_rows=52, max_length=256, packs_per_batch=2, seed=0, num_workers=0)
+    args = training_settings(
+        ["--output-dir", "-", "--num-rows", "52", "--max-length", "256", "--num-workers", "0"]
+    )
     ranks = [make_loader(args, rank=r, world_size=2)[0] for r in (0, 1)]
     assert [len(loader) for loader in ranks] == [5, 5]
 
@@ -366,7 +368,9 @@ def test_each_way_trains_every_planned_sample_once_per_epoch_and_resumes_exactly
     assert [m for _, m in per_rank[0]] == [0, 1, 0, 1, 0, 0, 1, 0, 1, 0]  # 2, 2, 1 per epoch
 
     # over both ranks, each epoch trains every row of its plan once: no repeat, none missing
-    args = Namespace(num_rows=52, max_length=256, packs_per_batch=2, seed=0, num_workers=0)
+    args = training_settings(
+        ["--output-dir", "-", "--num-rows", "52", "--max-length", "256", "--num-workers", "0"]
+    )
     dataset = make_loader(args, rank=0, world_size=2)[0].dataset
     for epoch in (0, 1):
         steps = range(epoch * STEPS_PER_EPOCH + 1, (epoch + 1) * STEPS_PER_EPOCH + 1)

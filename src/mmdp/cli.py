@@ -107,6 +107,32 @@ def add_dataset_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """The rows a run reads, named as the data flags are (add_data_args): a script's own are
+    `settings_of(DataSettings, args)`, and `load()` reads them."""
+
+    dataset: str | None = None  # None: the embedded synthetic dataset
+    subset: str | None = None
+    split: str = "train"
+    num_rows: int | None = None  # None: every row
+    image_root: str | None = None
+    format: str | None = None  # None: told from the columns
+
+    def load(self):
+        """The rows, in the_cauldron's schema (mmdp.data.reading.sources.load_vqa_dataset)."""
+        from mmdp.data.reading.sources import load_vqa_dataset
+
+        return load_vqa_dataset(
+            self.dataset,
+            self.subset,
+            self.split,
+            self.num_rows,
+            image_root=self.image_root,
+            format=self.format,
+        )
+
+
 def add_loader_args(parser: argparse.ArgumentParser):
     """--tokenizer, --num-workers, --metrics-json; each stage adds how big a batch is (samples
     per padded batch: --batch-size; packs per packed batch: --packs-per-batch)."""
@@ -213,20 +239,12 @@ def model_processor(args: argparse.Namespace):
     return offline_processor(args.model)
 
 
-def packing_config(args: argparse.Namespace, **overrides):
-    """The mmdp.packing.packing_config.PackingConfig of the parsed flags that name its fields
-    (--max-length, --max-images, --max-patches, --packs-per-batch, --strategy, --buffer-size,
-    --seed), with `overrides`; a field without a flag keeps its default."""
-    from mmdp.packing.packing_config import FIELDS, PackingConfig
-
-    given = {name: getattr(args, name) for name in FIELDS if hasattr(args, name)}
-    return PackingConfig(**{**given, **overrides})
-
-
-def settings_of(cls, args: argparse.Namespace):
-    """The frozen dataclass `cls` of the parsed flags named as its fields (a flag it does not
-    name is left out): what a script hands the package instead of its Namespace."""
-    return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
+def settings_of(cls, args):
+    """The frozen dataclass `cls` of the parsed flags (or another settings value) named as its
+    fields: a flag it does not name is left out, a field no flag names keeps its default. What
+    a script hands the package instead of its Namespace."""
+    fields = dataclasses.fields(cls)
+    return cls(**{f.name: getattr(args, f.name) for f in fields if hasattr(args, f.name)})
 
 
 def add_batch_size_arg(
@@ -239,8 +257,11 @@ def add_batch_size_arg(
     )
 
 
-def print_settings(args: argparse.Namespace) -> None:
-    settings = ", ".join(f"{key}={value}" for key, value in vars(args).items())
+def print_settings(args: argparse.Namespace, config=None) -> None:
+    """The flags as parsed; with a PackingConfig, its values for the flags that name its fields
+    (a budget left unset shows the one resolved)."""
+    resolved = {} if config is None else config.settings()
+    settings = ", ".join(f"{key}={resolved.get(key, value)}" for key, value in vars(args).items())
     print(f"settings: {settings}")
 
 

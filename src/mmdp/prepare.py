@@ -17,18 +17,18 @@ import time
 
 from mmdp import config
 from mmdp.cli import (
+    DataSettings,
     add_dataset_args,
     add_model_and_budget_args,
+    config_for,
     description,
-    packing_config,
+    model_processor,
     positive_int,
     print_settings,
+    settings_of,
 )
-from mmdp.data.families import MODELS, family_for, offline_processor
-from mmdp.data.reading.sources import load_vqa_dataset
-from mmdp.data.tokenizer import get_tokenizer
+from mmdp.data.families import MODELS, family_for
 from mmdp.errors import exit_on_user_error
-from mmdp.packing.packing_config import default_config
 from mmdp.packing.weighing.prepared import budget_report, describe, write_prepared
 from mmdp.packing.weighing.weigh import weigh_rows
 
@@ -72,27 +72,16 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
-    processor = (
-        get_tokenizer(args.tokenizer) if args.model == "tiny" else offline_processor(args.model)
-    )
-    family = family_for(processor)
-    budgets = default_config(family, max_length=args.max_length, max_patches=args.max_patches)
-    args.max_length, args.max_patches = budgets.max_length, budgets.max_patches
-    print_settings(args)
+    family = family_for(model_processor(args))
+    packing = config_for(family, args)  # the family's budgets where a flag is unset
+    print_settings(args, packing)
 
     # Weigh every row (and keep its tokens): the same pass a training run would make
-    rows = load_vqa_dataset(
-        args.dataset,
-        args.subset,
-        args.split,
-        args.num_rows,
-        image_root=args.image_root,
-        format=args.format,
-    )
+    rows = settings_of(DataSettings, args).load()
     weighing = weigh_rows(rows, family, pretokenize=args.pretokenize, num_proc=args.num_proc)
 
     # Describe what the weights depend on, check them against the budgets, write them
-    run = describe(rows, family, packing_config(args))
+    run = describe(rows, family, packing)
     source = {
         "name": args.dataset or "synthetic",
         "subset": args.subset,

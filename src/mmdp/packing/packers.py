@@ -8,10 +8,11 @@ calls `pack`.
 The budgets, per pack:
 - tokens: at most `max_length` (the blog's `max_length` in stage 4, its `seq_length` in stage 5);
 - images: when image counts are given, at most `max_images` (the blog's "image limit");
-- patches: when patch counts are given, at most `max_patches` vision-encoder patches (real
+- patches: when patch counts are given, at most that many vision-encoder patches (real
   vision-language models give each image its own number of patches: a sample's patch count is
   the sum over its images).
-Every strategy honours every budget given. An item that cannot fit even alone raises ValueError
+Past `pack` and `pack_flat`, the three are one value, a `Budgets`, against each item's size in
+the same three units (mmdp.packing.weights). Every strategy honours every budget given. An item that cannot fit even alone raises ValueError
 naming it: callers filter (and count) such items first.
 
 Example: lengths [3, 6, 2, 5], max_length 8
@@ -39,7 +40,7 @@ Strategies:
 - "images_first_bfd": mmdp's multimodal knapsack (stage 5's default), a best-fit decreasing that
   weighs the budgets together.
   1. Place the samples with images first, largest share of the budgets first
-     (length/max_length + images/max_images, + patches/max_patches with a patch budget); each
+     (length/max_length + images/max_images, + patches over the patch budget if any); each
      goes to the pack it fits tightest in tokens, ties to the pack with the most image slots.
   2. Then the text-only samples, longest first; each goes to the pack with the fewest image slots
      left, ties to the tightest: text-only samples fill the token room of packs whose images are
@@ -87,7 +88,7 @@ def pack(
 
     `lengths`: positive integer weights (tokens per sample). `image_counts` (optional): images
     per sample, at most `max_images` per pack; `patch_counts` (optional): vision-encoder patches
-    per sample, at most `max_patches` per pack. A budget left out (None) never binds. Packs come
+    per sample, under the patch budget. A budget left out (None) never binds. Packs come
     in the order they were opened; within a pack, items come in the order they were placed. Same
     input, same output. Without patch counts the fast engines run (a few ms per 4,096 items);
     with them, an engine that scans the open packs in every budget (tens of ms).
@@ -117,13 +118,33 @@ def pack_flat(
     >>> items.tolist(), starts.tolist()
     ([1, 2, 3, 0], [0, 2, 4])
     """
+    budgets = Budgets(max_length, max_images, max_patches)
+    return pack_checked(lengths, budgets, strategy, image_counts, patch_counts)
+
+
+def pack_weights(
+    weights: Weights, budgets: Budgets, strategy: Strategy = "binpack"
+) -> tuple[np.ndarray, np.ndarray]:
+    """`pack_flat` of rows' weights under a config's budgets, each passed whole (the planner
+    packs each buffer this way); the rows' patches count only under a patch budget.
+
+    >>> items, starts = pack_weights(Weights.from_lists([3, 6, 2, 5], [0, 0, 0, 0]), Budgets(8))
+    >>> items.tolist(), starts.tolist()
+    ([1, 2, 3, 0], [0, 2, 4])
+    """
+    patches = weights.patch_counts if budgets.max_patches is not None else None
+    return pack_checked(weights.lengths, budgets, strategy, weights.image_counts, patches)
+
+
+def pack_checked(
+    lengths, budgets: Budgets, strategy: Strategy, image_counts=None, patch_counts=None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Check the strategy and the items, then call the engine that fits the budgets."""
     if strategy not in STRATEGIES:
         raise ValueError(
             f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
         )
-    items, budgets = check_items(
-        lengths, max_length, image_counts, max_images, patch_counts, max_patches
-    )
+    items, budgets = check_items(lengths, budgets, image_counts, patch_counts)
     if len(items) == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
     if strategy == "greedy":
@@ -135,47 +156,33 @@ def pack_flat(
     return pack_every_budget(items, budgets, strategy)
 
 
-def pack_weights(
-    weights: Weights, budgets: Budgets, strategy: Strategy = "binpack"
-) -> tuple[np.ndarray, np.ndarray]:
-    """`pack_flat` of rows' weights under a config's budgets, each passed whole (the planner
-    packs each buffer this way); the patch budget binds only when `budgets.max_patches` is set.
-
-    >>> items, starts = pack_weights(Weights.from_lists([3, 6, 2, 5], [0, 0, 0, 0]), Budgets(8))
-    >>> items.tolist(), starts.tolist()
-    ([1, 2, 3, 0], [0, 2, 4])
-    """
-    with_patches = budgets.max_patches is not None
-    return pack_flat(
-        weights.lengths,
-        budgets.max_length,
-        strategy,
-        weights.image_counts,
-        budgets.max_images,
-        weights.patch_counts if with_patches else None,
-        budgets.max_patches,
-    )
-
-
 def check_items(
-    lengths, max_length, image_counts=None, max_images=None, patch_counts=None, max_patches=None
+    lengths, budgets: Budgets, image_counts=None, patch_counts=None
 ) -> tuple[Weights, Budgets]:
     """Validate the items against every budget; an item over one, alone, is a ValueError.
     Returns the items' Weights (int64 arrays, zeros for counts not given) and the Budgets with
     every budget an int (a budget left out is the items' total: it never binds).
 
-    >>> check_items([3, 9], 8)  # doctest: +ELLIPSIS
+    >>> check_items([3, 9], Budgets(8))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     ValueError: item 1 (length 9, 0 images) is longer than the token budget (max_length 8); ...
     """
     lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
-    if max_length < 1:
-        raise ValueError(f"max_length (the token budget) must be positive, got {max_length}")
-    images = per_item(image_counts, lengths, "image counts")
-    patches = per_item(patch_counts, lengths, "patch counts")
-    max_images = int(images.sum()) if max_images is None else int(max_images)
-    max_patches = int(patches.sum()) if max_patches is None else int(max_patches)
+    if budgets.max_length < 1:
+        raise ValueError(
+            f"max_length (the token budget) must be positive, got {budgets.max_length}"
+        )
+    sizes = (
+        lengths,
+        per_item(image_counts, lengths, "image counts"),
+        per_item(patch_counts, lengths, "patch counts"),
+    )
+    budgets = Budgets(
+        *(int(size.sum()) if b is None else int(b) for size, b in zip(sizes, budgets.per_unit()))
+    )
+    lengths, images, patches = sizes
+    max_length, max_images, max_patches = budgets.per_unit()
     problems = [
         (lengths < 1, "has a non-positive length"),
         (lengths > max_length, f"is longer than the token budget (max_length {max_length})"),
@@ -196,9 +203,7 @@ def check_items(
                 f"{item} {what}; {int(bad.sum())} item(s) like it: filter them out (and count "
                 "them) before packing"
             )
-    return Weights(lengths, images, patch_counts=patches), Budgets(
-        int(max_length), max_images, max_patches
-    )
+    return Weights(lengths, images, patch_counts=patches), budgets
 
 
 def per_item(counts, lengths, what: str) -> np.ndarray:
@@ -214,30 +219,41 @@ def per_item(counts, lengths, what: str) -> np.ndarray:
 # The readable loops, item by item, as the blog writes them -------------------------------------
 
 
-def pack_greedy(
-    lengths, max_length, image_counts=None, max_images=None, patch_counts=None, max_patches=None
-) -> list[list[int]]:
+def fits(load, size, budgets: Budgets) -> bool:
+    """Whether an item of `size` fits beside a pack's `load`, in every budget (each a tuple in
+    Weights.sizes()'s order: tokens, images, patches).
+
+    >>> fits((5, 1, 0), (3, 1, 0), Budgets(8, 2, 0)), fits((5, 1, 0), (3, 2, 0), Budgets(8, 2, 0))
+    (True, False)
+    """
+    return all(held + more <= most for held, more, most in zip(load, size, budgets.per_unit()))
+
+
+def add(load, size) -> tuple:
+    """A pack's load with one more item, in every unit."""
+    return tuple(held + more for held, more in zip(load, size))
+
+
+EMPTY = (0, 0, 0)  # an empty pack's load: no tokens, no images, no patches
+
+
+def pack_greedy(lengths, budgets: Budgets, image_counts=None, patch_counts=None) -> list[list[int]]:
     """Next fit, the blog's greedy: walk in order, start a new pack when an item does not fit.
 
     `pack` gives the same packs a pack at a time rather than an item at a time
     (mmdp.packing._engines.next_fit).
+
+    >>> pack_greedy([3, 6, 2, 5], Budgets(8))
+    [[0], [1, 2], [3]]
     """
-    items, budgets = check_items(
-        lengths, max_length, image_counts, max_images, patch_counts, max_patches
-    )
-    max_length, max_images, max_patches = budgets.per_unit()
-    packs, current = [], []
-    tokens = images = patches = 0  # what the current pack holds
-    for i, (length, count, patch_count) in enumerate(items.sizes()):
-        if current and (
-            tokens + length > max_length
-            or images + count > max_images
-            or patches + patch_count > max_patches
-        ):
+    items, budgets = check_items(lengths, budgets, image_counts, patch_counts)
+    packs, current, load = [], [], EMPTY  # load: what the current pack holds
+    for i, size in enumerate(items.sizes()):
+        if current and not fits(load, size, budgets):
             packs.append(current)
-            current, tokens, images, patches = [], 0, 0, 0
+            current, load = [], EMPTY
         current.append(i)
-        tokens, images, patches = tokens + length, images + count, patches + patch_count
+        load = add(load, size)
     if current:
         packs.append(current)
     return packs
@@ -245,11 +261,9 @@ def pack_greedy(
 
 def reference_fit_decreasing(
     lengths,
-    max_length,
+    budgets: Budgets,
     image_counts=None,
-    max_images=None,
     patch_counts=None,
-    max_patches=None,
     *,
     strategy: Strategy = "binpack",
 ) -> list[list[int]]:
@@ -265,41 +279,31 @@ def reference_fit_decreasing(
     """
     if strategy not in FIT_DECREASING:
         raise ValueError(f"{strategy!r} is not a fit-decreasing strategy: {FIT_DECREASING}")
-    items, budgets = check_items(
-        lengths, max_length, image_counts, max_images, patch_counts, max_patches
-    )
+    items, budgets = check_items(lengths, budgets, image_counts, patch_counts)
     sizes = list(items.sizes())
-    packs, room, image_room, patch_room = [], [], [], []  # what each pack has left
+    packs, room = [], []  # what each pack has left: (tokens, images, patches)
     for i in decreasing_order(items, budgets, strategy).tolist():
-        length, count, patch_count = sizes[i]
-        fitting = [
-            p
-            for p in range(len(packs))
-            if room[p] >= length and image_room[p] >= count and patch_room[p] >= patch_count
-        ]
-        if strategy == "bfd":
-            fitting.sort(key=lambda p: room[p])
-        elif strategy == "images_first_bfd" and count:
-            fitting.sort(key=lambda p: (room[p], -image_room[p]))
-        elif strategy == "images_first_bfd":
-            fitting.sort(key=lambda p: (image_room[p], room[p]))
+        size = sizes[i]
+        fitting = [p for p in range(len(packs)) if all(r >= s for r, s in zip(room[p], size))]
+        if strategy == "bfd":  # the least token room
+            fitting.sort(key=lambda p: room[p][0])
+        elif strategy == "images_first_bfd" and size[1]:  # then the most image slots
+            fitting.sort(key=lambda p: (room[p][0], -room[p][1]))
+        elif strategy == "images_first_bfd":  # text-only: the fewest image slots, then tokens
+            fitting.sort(key=lambda p: (room[p][1], room[p][0]))
         if fitting:
             chosen = fitting[0]
         else:
             packs.append([])
-            room.append(budgets.max_length)
-            image_room.append(budgets.max_images)
-            patch_room.append(budgets.max_patches)
+            room.append(budgets.per_unit())
             chosen = len(packs) - 1
         packs[chosen].append(i)
-        room[chosen] -= length
-        image_room[chosen] -= count
-        patch_room[chosen] -= patch_count
+        room[chosen] = tuple(r - s for r, s in zip(room[chosen], size))
     return packs
 
 
 def reference_balanced_greedy(
-    lengths, max_length, image_counts=None, max_images=None, patch_counts=None, max_patches=None
+    lengths, budgets: Budgets, image_counts=None, patch_counts=None
 ) -> list[list[int]]:
     """The blog's balanced greedy knapsack (after Eagle 2), item by item as the blog's code does.
 
@@ -311,33 +315,22 @@ def reference_balanced_greedy(
     than binpack or bfd (bench/bench_packing.py). O(n * P log P); `pack` gives the same packs
     in O(n log P) (mmdp.packing._engines.pack_balanced_greedy).
     """
-    items, budgets = check_items(
-        lengths, max_length, image_counts, max_images, patch_counts, max_patches
-    )
+    items, budgets = check_items(lengths, budgets, image_counts, patch_counts)
     if len(items) == 0:
         return []
     sizes, count = list(items.sizes()), balanced_greedy_packs(items, budgets)
-    packs = [[] for _ in range(count)]
-    load, load_images, load_patches = [0] * count, [0] * count, [0] * count
+    packs, load = [[] for _ in range(count)], [EMPTY] * count  # load: (tokens, images, patches)
     for i in np.lexsort((np.arange(len(items.lengths)), -items.lengths)).tolist():
-        length, image_count, patch_count = sizes[i]
-        for chosen in sorted(range(len(packs)), key=load.__getitem__):
-            if (
-                load[chosen] + length <= budgets.max_length
-                and load_images[chosen] + image_count <= budgets.max_images
-                and load_patches[chosen] + patch_count <= budgets.max_patches
-            ):
+        size = sizes[i]
+        for chosen in sorted(range(len(packs)), key=lambda p: load[p][0]):  # fewest tokens first
+            if fits(load[chosen], size, budgets):
                 break
         else:
             packs.append([])
-            load.append(0)
-            load_images.append(0)
-            load_patches.append(0)
+            load.append(EMPTY)
             chosen = len(packs) - 1
         packs[chosen].append(i)
-        load[chosen] += length
-        load_images[chosen] += image_count
-        load_patches[chosen] += patch_count
+        load[chosen] = add(load[chosen], size)
     return [p for p in packs if p]
 
 
@@ -348,10 +341,10 @@ def decreasing_order(
 
     binpack, bfd: longest first (then most images, then most patches): the classic FFD / BFD
     order. images_first_bfd: samples with images before text-only ones; within each, the largest
-    share of the budgets first, length/max_length + images/max_images + patches/max_patches
-    (`budget_shares`), then the longest.
+    share of the budgets first, the sum over the units of size / budget (`budget_shares`), then
+    the longest.
 
-    >>> items, budgets = check_items([4, 6, 4], 10, [2, 0, 1], 2)
+    >>> items, budgets = check_items([4, 6, 4], Budgets(10, max_images=2), [2, 0, 1])
     >>> decreasing_order(items, budgets, "binpack").tolist()
     [1, 0, 2]
     >>> decreasing_order(items, budgets, "images_first_bfd").tolist()

@@ -29,6 +29,18 @@ class Budgets:
         """(tokens, images, patches): the budgets in Weights.sizes()'s order."""
         return (self.max_length, self.max_images, self.max_patches)
 
+    def over(self, columns) -> list[np.ndarray]:
+        """Per unit, which rows are over that budget alone (`columns`: Weights.columns(); a
+        budget of None: none is).
+
+        >>> Budgets(8, max_images=1).over(Weights.from_lists([3, 9], [2, 0]).columns())
+        [array([False,  True]), array([ True, False]), array([False, False])]
+        """
+        return [
+            np.zeros(len(column), dtype=bool) if budget is None else column > budget
+            for column, budget in zip(columns, self.per_unit())
+        ]
+
 
 @dataclass(frozen=True)
 class Weights:
@@ -49,9 +61,13 @@ class Weights:
     def __len__(self) -> int:
         return len(self.lengths)
 
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every row's size per unit, one array a unit: (lengths, image counts, patch counts)."""
+        return (self.lengths, self.image_counts, self.patch_counts)
+
     def sizes(self):
         """Each row's size in every unit, in row order: (length, images, patches)."""
-        return zip(self.lengths.tolist(), self.image_counts.tolist(), self.patch_counts.tolist())
+        return zip(*(column.tolist() for column in self.columns()))
 
     @classmethod
     def from_lists(cls, lengths, image_counts, reasons=None, patch_counts=None) -> "Weights":

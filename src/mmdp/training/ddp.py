@@ -27,6 +27,7 @@ micro-steps) on stage 5's packed batches, and compares each gradient with one pr
 import argparse
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -38,8 +39,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from mmdp import config
-from mmdp.cli import add_dataset_args, description, positive_int
-from mmdp.data.reading.sources import load_vqa_dataset
+from mmdp.cli import DataSettings, add_dataset_args, description, positive_int, settings_of
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
@@ -50,7 +50,26 @@ from mmdp.training.loss import label_tokens, summed_loss
 from mmdp.training.recipes import all_reduced, collective_device, touch_every_parameter
 
 
-def parse_args(argv=None):
+@dataclasses.dataclass(frozen=True)
+class DdpSettings:
+    """This module's flags, as one frozen value (`parse_args`; --help tells each)."""
+
+    # the rows (stage 1's flags)
+    dataset: str | None
+    subset: str | None
+    split: str
+    num_rows: int
+    image_root: str | None
+    format: str | None
+    # the packed batches and the step
+    max_length: int
+    packs_per_batch: int
+    micro_steps: int
+    seed: int
+    metrics_json: str | None
+
+
+def parse_args(argv=None) -> DdpSettings:
     parser = argparse.ArgumentParser(description=description(__doc__))
     add_dataset_args(parser)
     parser.add_argument("--subset", default=None)
@@ -68,13 +87,15 @@ def parse_args(argv=None):
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--metrics-json", default=None, help="rank 0 writes the results here")
-    return parser.parse_args(argv)
+    return settings_of(DdpSettings, parser.parse_args(argv))
 
 
-def rank_batches(samples: VQADataset, args, rank: int, world_size: int) -> list[dict]:
+def rank_batches(
+    samples: VQADataset, settings: DdpSettings, rank: int, world_size: int
+) -> list[dict]:
     """The first `micro_steps` batches stage 5's loader gives `rank`."""
     config = PackingConfig(
-        max_length=args.max_length, packs_per_batch=args.packs_per_batch, seed=args.seed
+        max_length=settings.max_length, packs_per_batch=settings.packs_per_batch, seed=settings.seed
     )
     packed = PackedDataset(
         samples,
@@ -82,8 +103,8 @@ def rank_batches(samples: VQADataset, args, rank: int, world_size: int) -> list[
         rank=rank,
         world_size=world_size,
     )
-    batches = list(PackedDataLoader(packed, num_workers=0))[: args.micro_steps]
-    if len(batches) < args.micro_steps:
+    batches = list(PackedDataLoader(packed, num_workers=0))[: settings.micro_steps]
+    if len(batches) < settings.micro_steps:
         raise SystemExit(f"rank {rank} has {len(batches)} batches; raise --num-rows")
     return batches
 
@@ -128,30 +149,22 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
+    settings = parse_args(argv)
     dist.init_process_group("gloo")
-    compare_gradients(args)
+    compare_gradients(settings)
     dist.destroy_process_group()
 
 
-def compare_gradients(args) -> dict | None:
+def compare_gradients(settings: DdpSettings) -> dict | None:
     """One step both ways on this rank's batches, in the process group already started, each
     gradient against one process's on every rank's batches: rank 0's result (also printed, and
     written to --metrics-json), None on the other ranks."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     tokenizer = get_tokenizer()
-    rows = load_vqa_dataset(
-        args.dataset,
-        args.subset,
-        args.split,
-        args.num_rows,
-        image_root=args.image_root,
-        format=args.format,
-    )
-    samples = VQADataset(rows, tokenizer)
+    samples = VQADataset(settings_of(DataSettings, settings).load(), tokenizer)
 
     # The same initial weights on every rank and in the one-process reference
-    torch.manual_seed(args.seed)
+    torch.manual_seed(settings.seed)
     vlm_config = TinyVLMConfig(vocab_size=len(tokenizer), image_token_id=tokenizer.image_token_id)
     model = TinyVLM(vlm_config).train()
     reference = copy.deepcopy(model)
@@ -159,7 +172,7 @@ def compare_gradients(args) -> dict | None:
     # touches every parameter instead (ddp_gradient)
     ddp_model = DistributedDataParallel(model)
 
-    mine = rank_batches(samples, args, rank, world_size)
+    mine = rank_batches(samples, settings, rank, world_size)
     gradients = {
         name: ddp_gradient(ddp_model, mine, name) for name in ("global_tokens", "per_rank_mean")
     }
@@ -170,12 +183,14 @@ def compare_gradients(args) -> dict | None:
     tokens = torch.stack(gathered).cpu()
 
     if rank == 0:
-        union = [b for r in range(world_size) for b in rank_batches(samples, args, r, world_size)]
+        union = [
+            b for r in range(world_size) for b in rank_batches(samples, settings, r, world_size)
+        ]
         expected = one_process_gradient(reference, union)
         result = {
             "world_size": world_size,
-            "micro_steps": args.micro_steps,
-            "packs_per_batch": args.packs_per_batch,
+            "micro_steps": settings.micro_steps,
+            "packs_per_batch": settings.packs_per_batch,
             "label_tokens_per_rank": tokens.sum(dim=1).tolist(),
             "label_tokens_per_micro_batch": tokens.tolist(),
             # what a token weighs under the per-rank mean, relative to one process: there every
@@ -192,14 +207,14 @@ def compare_gradients(args) -> dict | None:
             ),
         }
         print(
-            f"{world_size} ranks x {args.micro_steps} micro-steps of {args.packs_per_batch} "
+            f"{world_size} ranks x {settings.micro_steps} micro-steps of {settings.packs_per_batch} "
             f"packs; label tokens per micro-batch {result['label_tokens_per_micro_batch']}; "
             f"gradient against "
             f"one process: global tokens {result['grad_rel_diff_global_tokens']:.1e}, "
             f"per-rank mean {result['grad_rel_diff_per_rank_mean']:.1e}"
         )
-        if args.metrics_json:
-            write_json(result, args.metrics_json)
+        if settings.metrics_json:
+            write_json(result, settings.metrics_json)
         return result
     return None
 

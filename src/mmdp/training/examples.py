@@ -16,6 +16,7 @@ seed user's run (Qwen3-VL-MoE, LoRA, images and videos, 3 epochs, 2 ranks) is on
 """
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -26,11 +27,19 @@ import pyarrow.compute
 import torch
 import torch.distributed as dist
 
-from mmdp.cli import add_dataset_args, non_negative_int, positive_float, positive_int, ratio
+from mmdp.cli import (
+    DataSettings,
+    add_dataset_args,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    ratio,
+    settings_of,
+)
 from mmdp.data.families import OFFLINE as FAMILY_MODELS
 from mmdp.data.families import load_processor, tiny_processor, why
 from mmdp.data.hub import require_hub
-from mmdp.data.reading.sources import load_synthetic_videos, load_vqa_dataset, with_videos
+from mmdp.data.reading.sources import load_synthetic_videos, with_videos
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
@@ -116,15 +125,53 @@ def training_flags(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def make_processor(args):
+@dataclasses.dataclass(frozen=True)
+class TrainingSettings:
+    """What the examples read of their flags, as one frozen value, named as the flags are
+    (`training_flags` tells each): an example's main parses them once (`training_settings`)
+    and hands this on."""
+
+    # how long, and the checkpoints
+    max_steps: int | None
+    num_train_epochs: int
+    save_steps: int
+    output_dir: str
+    resume_from_checkpoint: str | None
+    grad_accum: int
+    log_samples: str | None
+    # the rows (your own with --dataset), and how they are packed
+    num_rows: int
+    dataset: str | None
+    image_root: str | None
+    format: str | None
+    videos: int
+    eval_ratio: float
+    max_length: int | None
+    packs_per_batch: int
+    num_workers: int
+    # the model and its optimizer
+    lr: float
+    seed: int
+    model: str
+    model_path: str | None
+    lora: bool
+
+
+def training_settings(argv=None, parser: argparse.ArgumentParser | None = None):
+    """The flags of `argv` (`parser`: training_flags' unless an example adds its own) as
+    TrainingSettings."""
+    parser = parser or training_flags("")
+    return settings_of(TrainingSettings, parser.parse_args(argv))
+
+
+def make_processor(settings: TrainingSettings):
     """The model's processor: TinyVLM's tokenizer, a family's built in code, or a checkpoint's
     (one sentence, mmdp.errors.UserError, when it cannot be had)."""
-    model_path, model = getattr(args, "model_path", None), getattr(args, "model", "tiny_vlm")
-    if model_path:
-        return load_processor(model_path, hint=MODEL_PATH_HINT)
-    if model == "tiny_vlm":
+    if settings.model_path:
+        return load_processor(settings.model_path, hint=MODEL_PATH_HINT)
+    if settings.model == "tiny_vlm":
         return get_tokenizer()
-    return tiny_processor(family_of(model))
+    return tiny_processor(family_of(settings.model))
 
 
 def family_of(model: str) -> str:
@@ -132,20 +179,17 @@ def family_of(model: str) -> str:
     return "qwen3_vl" if model == "qwen3_vl_moe" else model
 
 
-def make_loader(args, *, rank: int | None = None, world_size: int | None = None):
+def make_loader(
+    settings: TrainingSettings, *, rank: int | None = None, world_size: int | None = None
+):
     """The embedded rows (and --videos clips), packed and planned: a PackedDataLoader that shards
     by rank itself (rank and world size from torch.distributed unless given), over the rows
     --eval-ratio does not hold out. Returns (loader, processor): the processor is TinyVLM's
     tokenizer unless --model or --model-path names another model."""
-    processor = make_processor(args)
-    rows = load_vqa_dataset(
-        getattr(args, "dataset", None),
-        num_rows=args.num_rows,
-        image_root=getattr(args, "image_root", None),
-        format=getattr(args, "format", None),
-    )
+    processor = make_processor(settings)
+    rows = settings_of(DataSettings, settings).load()  # --dataset, --num-rows...
     samples = VQADataset(rows, processor, image_size=IMAGE_SIZE)
-    videos = getattr(args, "videos", 0)
+    videos = settings.videos
     if videos and not samples.family.video_token:
         raise UserError(
             f"--videos: the {samples.family.name} family takes no video; use a --model that "
@@ -155,29 +199,28 @@ def make_loader(args, *, rank: int | None = None, world_size: int | None = None)
         samples = VQADataset(
             with_videos(rows, load_synthetic_videos(videos)), processor, image_size=IMAGE_SIZE
         )
-    max_length = getattr(args, "max_length", None)
+    max_length = settings.max_length
     if max_length is None and samples.family.name == "tiny":
         max_length = TINY_VLM_MAX_LENGTH
     # the family's budgets (a real family's tokens and patches a pack), unless given
     config = default_config(
-        samples.family, max_length=max_length, packs_per_batch=args.packs_per_batch, seed=args.seed
+        samples.family,
+        max_length=max_length,
+        packs_per_batch=settings.packs_per_batch,
+        seed=settings.seed,
     )
     dataset = PackedDataset(
-        samples,
-        config,
-        rank=rank,
-        world_size=world_size,
-        eval_ratio=getattr(args, "eval_ratio", 0.0),
+        samples, config, rank=rank, world_size=world_size, eval_ratio=settings.eval_ratio
     )
-    return PackedDataLoader(dataset, num_workers=args.num_workers), processor
+    return PackedDataLoader(dataset, num_workers=settings.num_workers), processor
 
 
-def make_eval_loader(loader, args) -> PackedDataLoader | None:
+def make_eval_loader(loader, settings: TrainingSettings) -> PackedDataLoader | None:
     """The rows --eval-ratio held out of `loader`'s dataset, packed: every one once, on every
     rank (mmdp.training.evaluation); None without --eval-ratio."""
-    if not getattr(args, "eval_ratio", 0.0):
+    if not settings.eval_ratio:
         return None
-    return PackedDataLoader(loader.dataset.eval_dataset(), num_workers=args.num_workers)
+    return PackedDataLoader(loader.dataset.eval_dataset(), num_workers=settings.num_workers)
 
 
 def video_rows(loader) -> set[int]:
@@ -191,18 +234,18 @@ def video_rows(loader) -> set[int]:
     return set(np.flatnonzero(lengths.to_numpy(zero_copy_only=False) > 0).tolist())
 
 
-def training_steps(args, loader) -> int:
+def training_steps(settings: TrainingSettings, loader) -> int:
     """--max-steps, or the optimizer steps of --num-train-epochs whole epochs on this loader:
     each epoch's batches for this rank (each epoch is planned anew, so their counts differ),
     --grad-accum a step, an epoch's last step short (mmdp.training.recipes.optimizer_steps)."""
-    if args.max_steps is not None:
-        return args.max_steps
+    if settings.max_steps is not None:
+        return settings.max_steps
     dataset = loader.dataset
     batches = [
         dataset.plan(epoch).for_rank(dataset.rank).num_steps()
-        for epoch in range(args.num_train_epochs)
+        for epoch in range(settings.num_train_epochs)
     ]
-    return sum(math.ceil(n / args.grad_accum) for n in batches)
+    return sum(math.ceil(n / settings.grad_accum) for n in batches)
 
 
 def tiny_vlm(tokenizer, seed: int):
@@ -219,22 +262,21 @@ def tiny_vlm(tokenizer, seed: int):
 MODELS = ("tiny_vlm", *FAMILY_MODELS, "qwen3_vl_moe")
 
 
-def make_model(args, processor):
+def make_model(settings: TrainingSettings, processor):
     """(model, model_inputs) for --model or --model-path, in train mode, the same initial
     weights on every rank (adapters included, with --lora); model_inputs(batch, model) picks
     the keys the model takes."""
-    lora = getattr(args, "lora", False)
-    if args.model_path:
-        model = checkpoint_model(args.model_path)
-    elif args.model == "tiny_vlm":
-        if lora:
+    if settings.model_path:
+        model = checkpoint_model(settings.model_path)
+    elif settings.model == "tiny_vlm":
+        if settings.lora:
             raise UserError("--lora needs a transformers model: add --model FAMILY")
-        return tiny_vlm(processor, args.seed)
+        return tiny_vlm(processor, settings.seed)
     else:
-        moe = {"moe": True} if args.model == "qwen3_vl_moe" else {}
-        model = tiny_model(processor, seed=args.seed, **moe).train()
-    if lora:
-        torch.manual_seed(args.seed)  # the adapters' initial weights, the same on every rank
+        moe = {"moe": True} if settings.model == "qwen3_vl_moe" else {}
+        model = tiny_model(processor, seed=settings.seed, **moe).train()
+    if settings.lora:
+        torch.manual_seed(settings.seed)  # the adapters' initial weights, the same on every rank
         model = with_lora(model)
     return model, model_inputs
 

@@ -165,19 +165,13 @@ def judge_rows(
     """filter_rows on weights[part]: (which rows can be packed, the unusable ones counted by
     reason code, how many are too long / have too many images / too many patches); only the
     rows `in_split` when given."""
-    reasons, lengths = weights.reasons[part], weights.lengths[part]
+    reasons = weights.reasons[part]
     if in_split is not None:
         reasons = np.where(in_split, reasons, 0)  # out of the split: neither kept nor counted
     usable = reasons == 0 if in_split is None else (reasons == 0) & in_split
-    max_images, max_patches = budgets.max_images, budgets.max_patches
-    too_long = usable & (lengths > budgets.max_length)
-    over_images = (
-        np.zeros_like(usable) if max_images is None else weights.image_counts[part] > max_images
-    )
+    too_long, over_images, over_patches = budgets.over([c[part] for c in weights.columns()])
+    too_long &= usable
     too_many_images = usable & ~too_long & over_images
-    over_patches = (
-        np.zeros_like(usable) if max_patches is None else weights.patch_counts[part] > max_patches
-    )
     too_many_patches = usable & ~too_long & ~too_many_images & over_patches
     keep = usable & ~too_long & ~too_many_images & ~too_many_patches
     codes = np.bincount(reasons, minlength=len(REASONS))  # code 0 (usable) is never reported

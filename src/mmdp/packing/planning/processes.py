@@ -34,10 +34,8 @@ class PackingJob:
         weights, budgets, sizes = self.weights, self.budgets, []
         for start in range(0, len(rows), self.buffer_size):
             buffer = rows[start : start + self.buffer_size]
-            patches = None if budgets.max_patches is None else weights.patch_counts[buffer]
-            of_buffer = Weights(
-                weights.lengths[buffer], weights.image_counts[buffer], None, patches
-            )
+            lengths, images, patches = (column[buffer] for column in weights.columns())
+            of_buffer = Weights(lengths, images, patch_counts=patches)
             items, starts = pack_weights(of_buffer, budgets, self.strategy)
             buffer[:] = buffer[items]  # buffer[items] is a copy: safe to write back
             sizes.append(np.diff(starts).astype(np.int32))

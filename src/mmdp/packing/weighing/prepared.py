@@ -23,6 +23,7 @@ themselves. Any difference is refused in one sentence naming both values (a User
 never reused silently.
 """
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -106,9 +107,7 @@ def describe(rows: Dataset, family, config: PackingConfig) -> dict:
         "chat_template": digest(getattr(family.processor, "chat_template", None)),
         "image_rule": image_rule(family),
         "processor": digest(family.fingerprint()),
-        "max_length": config.max_length,
-        "max_images": config.max_images,
-        "max_patches": config.max_patches,
+        **dataclasses.asdict(config.budgets),  # max_length, max_images, max_patches
         "rows": len(rows),
         "rows_digest": rows_digest(rows),
     }

@@ -8,8 +8,9 @@ import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from mmdp.cli import DataSettings, settings_of
 from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
-from mmdp.data.reading.sources import load_vqa_dataset, no_progress_bars
+from mmdp.data.reading.sources import no_progress_bars
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
@@ -41,14 +42,7 @@ class StageData:
 
 def load_data(settings: ExperimentSettings) -> StageData:
     tokenizer = get_tokenizer(settings.tokenizer)
-    rows = load_vqa_dataset(
-        settings.dataset,
-        settings.subset,
-        settings.split,
-        settings.num_rows,
-        image_root=settings.image_root,
-        format=settings.format,
-    )
+    rows = settings_of(DataSettings, settings).load()
     weights = weigh_rows(rows, tokenizer).weights
     fits = rows_that_fit(weights, settings)
     held_out, pool = hold_out(fits, len(rows), settings)
