@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from mmdp import config
 from mmdp.cli import (
+    DataSettings,
     add_data_args,
     add_loader_args,
     add_model_and_budget_args,
@@ -51,11 +52,12 @@ from mmdp.cli import (
     print_table,
     print_weighing,
     run_packed_epoch,
+    settings_of,
     write_outputs,
 )
 from mmdp.data.families import MODELS, OFFLINE, family_for, offline_processor
 from mmdp.data.padding import ConstrainedPadCollator
-from mmdp.data.reading.sources import load_synthetic_videos, load_vqa_dataset, with_videos
+from mmdp.data.reading.sources import load_synthetic_videos, with_videos
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import exit_on_user_error
 from mmdp.packing.loading.batch import real_token_mask
@@ -114,14 +116,7 @@ def main():
         print_run_settings(args, packing, family.name)
 
     # Get the dataset, and stage 2's tokenized map-style dataset
-    rows = load_vqa_dataset(
-        args.dataset,
-        args.subset,
-        args.split,
-        args.num_rows,
-        image_root=args.image_root,
-        format=args.format,
-    )
+    rows = settings_of(DataSettings, args).load()
     if args.dataset is None and args.video_rows > 0 and family.video_token:
         # A family that takes video packs the synthetic clips with the embedded rows
         rows = with_videos(rows, load_synthetic_videos(args.video_rows))

@@ -19,6 +19,7 @@ import argparse
 import torch.distributed as dist
 
 from mmdp.cli import (
+    DataSettings,
     add_data_args,
     add_loader_args,
     add_model_and_budget_args,
@@ -31,10 +32,10 @@ from mmdp.cli import (
     print_run_settings,
     print_weighing,
     run_packed_epoch,
+    settings_of,
     write_outputs,
 )
 from mmdp.data.families import MODELS, family_for
-from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import exit_on_user_error
 from mmdp.packing.loading.packed_dataset import PackedDataset
@@ -69,14 +70,7 @@ def main():
     if rank == 0:
         print_run_settings(args, packing, family.name)
 
-    rows = load_vqa_dataset(
-        args.dataset,
-        args.subset,
-        args.split,
-        args.num_rows,
-        image_root=args.image_root,
-        format=args.format,
-    )
+    rows = settings_of(DataSettings, args).load()
     packed = PackedDataset(VQADataset(rows, processor), packing, prepared=args.prepared)
     packed.set_epoch(args.epoch)
     if rank == 0:
