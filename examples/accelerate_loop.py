@@ -48,12 +48,12 @@ from mmdp.training.examples import (
     make_eval_loader,
     make_loader,
     make_model,
+    model_weights_digest,
     print_result,
     training_flags,
     training_settings,
     training_steps,
     video_rows,
-    weights_digest,
 )
 from mmdp.training.loop import to_device
 from mmdp.training.recipes import (
@@ -132,7 +132,7 @@ def main(argv=None) -> dict | None:
     result = None
     if accelerator.is_main_process:
         state = accelerator.unwrap_model(model).state_dict()
-        result = print_result(float(loss), step, weights_digest(state), evaluation)
+        result = print_result(float(loss), step, model_weights_digest(state), evaluation)
     accelerator.wait_for_everyone()  # (with trackers, accelerator.end_training() here)
     return result
 

@@ -38,10 +38,10 @@ from mmdp.data.mixture import load_mixture, read_mixture
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import exit_on_user_error
 from mmdp.packing.loading.packed_dataset import PackedDataset
-from mmdp.packing.planning.mixture_plan import MixturePlan
+from mmdp.packing.planning.source_shares import MixturePlan
 from mmdp.ranks import start_ranks
 from mmdp.report.metrics import epoch_metrics
-from mmdp.report.mixture import format_source_report, source_report
+from mmdp.report.sources import format_source_report, source_report
 
 
 def parse_args():

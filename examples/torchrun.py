@@ -46,11 +46,11 @@ from mmdp.training.examples import (
     make_eval_loader,
     make_loader,
     make_model,
+    model_weights_digest,
     print_result,
     training_flags,
     training_steps,
     video_rows,
-    weights_digest,
 )
 from mmdp.training.loop import to_device
 from mmdp.training.recipes import (
@@ -177,7 +177,7 @@ def main(argv=None) -> dict | None:
     if eval_loader is not None:  # every held-out token's mean over all ranks: one all-reduce
         evaluation = evaluate(model, eval_loader, inputs, device=device)
     model_state, _ = get_state_dict(model, optimizer, options=FULL)
-    digest = weights_digest(model_state)
+    digest = model_weights_digest(model_state)
     result = print_result(float(loss), step, digest, evaluation) if rank == 0 else None
     if started_here:
         dist.destroy_process_group()

@@ -38,11 +38,11 @@ from mmdp.training.examples import (
     make_eval_loader,
     make_loader,
     make_model,
+    model_weights_digest,
     print_result,
     training_flags,
     training_settings,
     video_rows,
-    weights_digest,
 )
 
 with exit_on_user_error():  # without accelerate: one sentence naming the extra that installs it
@@ -118,7 +118,7 @@ def main(argv=None) -> dict | None:
     if training_args.process_index != 0:
         return None
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    digest = weights_digest(trainer.model.state_dict())
+    digest = model_weights_digest(trainer.model.state_dict())
     return print_result(losses[-1], trainer.state.global_step, digest, evaluation)
 
 

@@ -18,10 +18,10 @@ from mmdp.data.mixture import (
 from mmdp.errors import UserError
 from mmdp.packing.loading.batch import collate_packs, layout_pack
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning.mixture_plan import MixturePlan, choose_rows
 from mmdp.packing.planning.planner import plan_epoch
+from mmdp.packing.planning.source_shares import MixturePlan, choose_rows
 from mmdp.packing.weights import Weights
-from mmdp.report.mixture import source_report
+from mmdp.report.sources import source_report
 from mmdp.training.loss import mean_over_tokens, weighted_mean_over_tokens
 
 ASKED = np.array([0.5, 0.3, 0.2])

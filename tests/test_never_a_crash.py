@@ -34,10 +34,10 @@ from mmdp.packing.loading.batch import build_pack, collate_packs
 from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning.mixture_plan import MixturePlan
+from mmdp.packing.planning.source_shares import MixturePlan
 from mmdp.packing.weights import Budgets
 from mmdp.report.metrics import PackReport
-from mmdp.report.mixture import source_report
+from mmdp.report.sources import source_report
 
 # The default suite checks Qwen2.5-VL (the family that crashed); the slow group every family (the
 # fuzz's fast profile draws any of them too).

@@ -187,7 +187,7 @@ def trainer_on_a_stream(module, out: str) -> dict:
 
     from mmdp.data.tokenizer import get_tokenizer
     from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
-    from mmdp.training.examples import IMAGE_SIZE, tiny_vlm, weights_digest
+    from mmdp.training.examples import IMAGE_SIZE, model_weights_digest, tiny_vlm
     from mmdp.training.trainer import MMDPTrainer
 
     def run(name: str, resume: int | None = None) -> dict:
@@ -216,7 +216,7 @@ def trainer_on_a_stream(module, out: str) -> dict:
         return {
             "seen": seen,
             "stream_epoch": dataset.epoch,
-            "digest": weights_digest(trainer.model.state_dict()),
+            "digest": model_weights_digest(trainer.model.state_dict()),
         }
 
     return {

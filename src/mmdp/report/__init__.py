@@ -1,6 +1,6 @@
 """What the stages report.
 
 metrics   EpochReport, PackReport: utilization and dropped samples over an epoch; rank balance
-mixture   source_report(): each source of a mixture, asked vs realised, and its drops
+sources   source_report(): each source of a mixture, asked vs realised, and its drops
 plots     the figures under assets/
 """

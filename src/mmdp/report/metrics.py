@@ -208,7 +208,7 @@ class PackReport(EpochReport):
         packed = getattr(loader, "dataset", None)
         if getattr(packed, "mixture", None) is None:
             return
-        from mmdp.report.mixture import planned_drops_by_source
+        from mmdp.report.sources import planned_drops_by_source
 
         self.sources = [source.name for source in packed.dataset.sources]
         self.source_of_row = packed.mixture.source_of_row

@@ -383,7 +383,7 @@ class SampleLog:
             os.close(fd)
 
 
-def weights_digest(state_dict: dict) -> str:
+def model_weights_digest(state_dict: dict) -> str:
     """A short sha256 of a model's weights: two runs that end the same print the same."""
     digest = hashlib.sha256()
     for name in sorted(state_dict):

@@ -65,7 +65,7 @@ class PackedDataset(PackingSettings, IterableDataset):
     data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`: the
     ranks that share a model replica's shard must read the same batches.
 
-    mixture (a mmdp.packing.planning.mixture_plan.MixturePlan, with a VQADataset made with the same
+    mixture (a mmdp.packing.planning.source_shares.MixturePlan, with a VQADataset made with the same
     MixedRows): each epoch takes every source's share of the rows, balanced across ranks per
     source.
 

@@ -375,7 +375,7 @@ def plan_epoch(
     """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed, packed and
     batched as `config` says (None: PackingConfig()).
 
-    `mixture` (a mmdp.packing.planning.mixture_plan.MixturePlan): the rows come from several
+    `mixture` (a mmdp.packing.planning.source_shares.MixturePlan): the rows come from several
     sources, each with its share; after step 1 it chooses the epoch's rows (some left out, some
     repeated), and after step 3 each step's batches go to the ranks so that every rank's share of
     every source holds.
