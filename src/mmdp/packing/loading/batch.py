@@ -38,7 +38,8 @@ A batch of B packs, each a row of L = max_length tokens:
     filler                   True only in a batch that trains nothing (`filler_batch`): a rank's
                              batch in a last step of fewer packs than ranks, or what pads an
                              epoch's last optimizer step under Trainer
-    model_family, model_settings   (a real family) its name, and what the batch assumes of the
+    model_family, model_settings   (a real family) its ModelFamily class, which model_inputs
+                             asks what the model takes, and what the batch assumes of the
                              model's config ({"vision_config.tokens_per_second": 2, ...}), which
                              model_inputs checks
 
@@ -172,7 +173,7 @@ def collate_packs(packs: list[dict], family=None) -> dict:
     """Stack packs (from build_pack, all of one planned batch) into a batch.
 
     `family` (a mmdp.data.families.base.ModelFamily) collates the vision inputs its model takes, and
-    names itself in the batch (`model_family`); without one, each vision input is concatenated
+    puts its class in the batch (`model_family`); without one, each vision input is concatenated
     along its first dimension, which is what TinyVLM, Qwen-VL, LLaVA-OneVision and Gemma 3 take.
     Packs marked `filler` (a rank's filler batch, mmdp.packing.planning.planner) make a
     `filler_batch`.
@@ -233,8 +234,10 @@ def stack_packs(packs: list[dict], family=None) -> dict:
         "dropped": dict(dropped),
         "dropped_rows": [row for p in packs for row in p.get("dropped_rows", ())],
         "converted": dict(converted),
+        # the family's class, not the family: a class pickles as its module and name (through the
+        # DataLoader's workers), while the family holds its processor (tokenizer and all)
         **(
-            {"model_family": family.name, "model_settings": family.model_settings()}
+            {"model_family": type(family), "model_settings": family.model_settings()}
             if family and family.name != "tiny"
             else {}
         ),
