@@ -244,26 +244,6 @@ class PackedDataset(PackingSettings, IterableDataset):
             **split,
         }
 
-    def state(self) -> dict:
-        """The loader's state: where this epoch is, with the settings that decide it
-        (PackedDataLoader.state_dict; a stream's position is a ReaderStream's)."""
-        return {**self.settings(), "epoch": self.epoch, "batches_done": self.batches_done}
-
-    def resume_at(self, state: dict) -> None:
-        """Continue an epoch after `batches_done` batches: the next iteration yields the rest.
-
-        Refuses, in one sentence naming each difference, a state saved with other settings
-        (another dataset, max_length, seed, world size...): the rest of that epoch is not this one's.
-        """
-        check_resume(
-            state,
-            self.settings(),
-            "they decide which rows go in which batch, so resume with the same ones (or start "
-            "the epoch afresh without load_state_dict)",
-        )
-        self.epoch = state["epoch"]
-        self.batches_done = state["batches_done"]
-
     def state_dict(self) -> dict:
         """Refused: the state is the loader's (PackedDataLoader.state_dict).
 
@@ -408,8 +388,21 @@ class PackedDataLoader(RefusesAcceleratePrepare, DataLoader):
         self.dataset.set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        return self.dataset.state()
+        """Where this epoch is, with the settings that decide it (PackedDataset.settings)."""
+        d = self.dataset
+        return {**d.settings(), "epoch": d.epoch, "batches_done": d.batches_done}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue an epoch after `batches_done` batches (PackedDataset.resume_at)."""
-        self.dataset.resume_at(state)
+        """Continue an epoch after `batches_done` batches: the next iteration yields the rest.
+
+        Refuses, in one sentence naming each difference, a state saved with other settings
+        (another dataset, max_length, seed, world size...): the rest of that epoch is not this one's.
+        """
+        check_resume(
+            state,
+            self.dataset.settings(),
+            "they decide which rows go in which batch, so resume with the same ones (or start "
+            "the epoch afresh without load_state_dict)",
+        )
+        self.dataset.epoch = state["epoch"]
+        self.dataset.batches_done = state["batches_done"]

@@ -112,9 +112,7 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
             yield {"end_of_stream": True, "worker": worker, "dropped": Counter()}
             return
         reader = self.rank * num_workers + worker
-        stream = ReaderStream(
-            self.rows, reader, self.world_size * num_workers, resume.buffer_position
-        )
+        stream = ReaderStream(self.rows, reader, self.world_size * num_workers, resume.buffer_start)
         buffer = dataclasses.replace(resume, rows_held=0)  # the buffer being read
         not_reported = Counter()  # rows dropped that no yielded pack has reported yet
         packs, state = [], None
@@ -133,7 +131,7 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
                     if len(packs) == self.packs_per_batch:
                         yield {"packs": packs, "reader_state": state}
                         packs = []
-                buffer = ReaderState(worker, stream.position(), buffer.buffer + 1)
+                buffer = ReaderState(worker, stream.state_dict(), buffer.buffer + 1)
             if packs:  # the reader's last, short batch
                 yield {"packs": packs, "reader_state": state}
             yield {"end_of_stream": True, "worker": worker, "dropped": not_reported}
