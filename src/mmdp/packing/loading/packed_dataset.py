@@ -277,16 +277,16 @@ class PackedDataset(PackingSettings, IterableDataset):
                 first, end = plan.batch_starts[step], plan.batch_starts[step + 1]
                 for p in range(first, end):
                     a, z = plan.pack_starts[p], plan.pack_starts[p + 1]
-                    pack = self.build_pack(plan.rows[a:z].tolist(), lengths[a:z].tolist(), step)
+                    pack = self.load_pack(plan.rows[a:z].tolist(), lengths[a:z].tolist(), step)
                     if plan.is_filler(step):  # another rank's pack: this rank trains nothing
                         pack["filler"] = True
                     yield pack
 
         return iterate_in_background(produce, max_queued=self.max_queued_packs)
 
-    def build_pack(self, rows: list[int], planned: list[int], batch_index: int) -> dict:
-        """The samples of the rows (tokenized, or their tokens sliced; images decoded), laid out
-        in one padded row; `planned` are the rows' tokens in the plan (mmdp.packing.loading.batch).
+    def load_pack(self, rows: list[int], planned: list[int], batch_index: int) -> dict:
+        """Load the rows' samples (tokenized, or their tokens sliced; images decoded) and build
+        them into one pack (build_pack); `planned` are the rows' tokens in the plan.
 
         Refuses, in one sentence, a processor whose settings changed since the rows were weighed
         (an attribute set after the PackedDataset was made): its samples would not be the
