@@ -105,7 +105,7 @@ def timed_steps(dataset: PackedDataset, clock: StepClock) -> list[tuple]:
             patch(family, name, step)
     for name, step in (
         ("samples", "slice the pre-computed tokens"),
-        ("build_pack", "lay out the pack"),
+        ("load_pack", "lay out the pack"),
         ("collate", "collate the batch"),
     ):
         patch(dataset, name, step)
@@ -149,7 +149,7 @@ def profile(path: str, rows, pretokenize: bool) -> None:
             for p in range(plan.batch_starts[step], plan.batch_starts[step + 1]):
                 a, z = plan.pack_starts[p], plan.pack_starts[p + 1]
                 packs.append(
-                    dataset.build_pack(plan.rows[a:z].tolist(), planned[a:z].tolist(), step)
+                    dataset.load_pack(plan.rows[a:z].tolist(), planned[a:z].tolist(), step)
                 )
             batch = dataset.collate(packs)
             seconds, count, size = hand_off(batch)

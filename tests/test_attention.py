@@ -165,7 +165,7 @@ def image_samples(tokenizer):
 def test_tiny_vlm_with_images_keeps_packed_samples_apart(attention, image_samples, tokenizer):
     config = PackingConfig(max_length=PACKED_LENGTH, packs_per_batch=2)  # flex: a shared kernel
     batch = next(iter(PackedDataLoader(PackedDataset(image_samples, config), num_workers=0)))
-    assert len(batch["pixel_values"]) >= 2 and len(batch["samples_per_row"]) == 2
+    assert len(batch["pixel_values"]) >= 2 and len(batch["samples_per_pack"]) == 2
     packed, alone = tiny_vlm_losses(batch, image_samples.__getitem__, tokenizer, attention)
     assert relative_difference(packed, alone) < 1e-5
 
@@ -202,7 +202,7 @@ def test_in_bf16_packing_differs_by_rounding_not_leakage(attention, image_sample
         PackedDataset(image_samples, PackingConfig(packs_per_batch=1)), num_workers=0
     )
     batch = next(iter(loader))
-    assert batch["samples_per_row"].min() >= 2  # one pack of several samples: they could mix
+    assert batch["samples_per_pack"].min() >= 2  # one pack of several samples: they could mix
     model = tiny_llama(len(tokenizer), attention).to(torch.bfloat16)
     rows = batch["sample_index"].tolist()
     with torch.no_grad():

@@ -61,7 +61,7 @@ def test_two_packs_of_8_laid_out_by_hand():
     assert isinstance(batch["max_length_q"], int)  # FlashAttention takes a Python int
     assert real_token_mask(batch).tolist() == [[True] * 7 + [False], [True] * 6 + [False] * 2]
     assert batch["sample_index"].tolist() == [10, 11, 12]
-    assert batch["samples_per_row"].tolist() == [2, 1]
+    assert batch["samples_per_pack"].tolist() == [2, 1]
     # images in sample order, each mapped to its sample's place in sample_index
     assert batch["pixel_values"][:, 0, 0, 0].tolist() == [10.0, 12.0, 12.0]
     assert batch["sample_of_image"].tolist() == [0, 2, 2]

@@ -235,7 +235,7 @@ def test_packed_samples_see_only_themselves(tiny_family, model, attention):
     if attention == "flex_attention" and not model._supports_flex_attn:
         pytest.skip(f"{type(model).__name__} does not accept flex_attention")
     batch, samples = packed_batch(tiny_family)
-    assert len(batch["samples_per_row"]) == 2 and batch["samples_per_row"].tolist() == [3, 3]
+    assert len(batch["samples_per_pack"]) == 2 and batch["samples_per_pack"].tolist() == [3, 3]
     alone_attention = "eager" if attention == "flex_attention" else attention
     try:
         use_attention(language_model(model), alone_attention)
@@ -258,7 +258,7 @@ def packs_tiles_swapped(batch: dict, inputs: dict, model) -> dict:
     the right number of tiles (it fills the <image> runs of the flattened rows in turn), so it
     raises nothing and gives each run another image's features."""
     tiles = inputs["pixel_values"][0]  # [T, 3, M, M]; every tile the same patches
-    patches = batch["patches_per_row"]
+    patches = batch["patches_per_pack"]
     first = len(tiles) * int(patches[0]) // int(patches.sum())
     return {**inputs, "pixel_values": torch.cat([tiles[first:], tiles[:first]])[None]}
 

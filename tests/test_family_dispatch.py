@@ -1,20 +1,24 @@
 """model_inputs asks the family that collated a batch what its model takes: its vision inputs
 (`vision_keys`), its per-token inputs (`token_keys`) and, for Gemma 3, the attention masks mmdp
-builds (`packed_mask`). Every registered family must answer, and its answers must match the
-batches it collates."""
+builds (`packed_mask`). The batch carries the family's class (`model_family`), so no name is looked
+up again. Every registered family must answer, and its answers must match the batches it
+collates."""
 
+import functools
 import importlib
+from types import SimpleNamespace
 
 import pytest
+import torch
+from accelerate.utils import concatenate, send_to_device
 from PIL import Image
+from transformers import Trainer
 
 from mmdp.data.families import (
     FAMILIES,
-    NAMED,
     OFFLINE,
     family_class,
     family_for,
-    family_named,
     tiny_processor,
 )
 from mmdp.data.families.base import VISION_INPUTS
@@ -22,7 +26,6 @@ from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.synthetic.rows import encode_png
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.errors import UserError
 from mmdp.models.inputs import PACKED_MASKS, model_inputs
 from mmdp.models.tiny import BUILDERS
 from mmdp.packing.loading.batch import TOKEN_INPUTS, build_pack, collate_packs
@@ -31,7 +34,7 @@ from mmdp.packing.loading.streaming.loader import StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig, default_config
 
 REGISTERED = sorted(
-    {family_class(where) for where in (*FAMILIES.values(), *NAMED.values())} | {TinyFamily},
+    {family_class(where) for where in (*FAMILIES.values(), *OFFLINE.values())} | {TinyFamily},
     key=lambda family: family.name,
 )
 
@@ -52,8 +55,7 @@ def packed_batch(family) -> dict:
 
 
 @pytest.mark.parametrize("family", REGISTERED, ids=lambda family: family.name)
-def test_every_registered_family_is_found_by_its_name_and_its_mask_is_built(family):
-    assert family_named(family.name) is family
+def test_every_registered_familys_mask_is_built(family):
     assert family.packed_mask is None or family.packed_mask in PACKED_MASKS
 
 
@@ -70,9 +72,28 @@ def test_the_inputs_a_batch_may_carry_are_the_families_keys():
     assert set(TOKEN_INPUTS) == {key for family in REGISTERED for key in family.token_keys}
 
 
-def test_an_unknown_family_name_is_one_sentence():
-    with pytest.raises(UserError, match="no model family is called 'qwen9'"):
-        family_named("qwen9")
+def test_the_family_a_batch_carries_reaches_model_inputs_through_loaders_and_trainers():
+    """The batch carries its family's class, and it arrives as it left: through a DataLoader
+    worker (pickled as its module and name), accelerate's send_to_device (accelerate 1.15: a value
+    without `.to` is returned as it is), accelerate's concatenate of one batch (returned as it is;
+    of several it refuses any non-tensor, a name as well: mmdp's loaders refuse
+    accelerator.prepare, mmdp.packing.loading.guards) and transformers' Trainer._prepare_input
+    (transformers 5.23: a value neither a mapping, a sequence nor a tensor is returned as it is)."""
+    family = family_for(tiny_processor("qwen2_5_vl"))
+    batch = packed_batch(family)
+    assert batch["model_family"] is type(family)
+    worker = torch.utils.data.DataLoader([batch], batch_size=None, num_workers=1)
+    (from_worker,) = list(worker)
+    trainer = SimpleNamespace(args=SimpleNamespace(device="cpu"), is_deepspeed_enabled=False)
+    trainer._prepare_input = functools.partial(Trainer._prepare_input, trainer)
+    for arrived in (
+        from_worker,
+        send_to_device(batch, "cpu"),
+        concatenate([batch]),
+        trainer._prepare_input(batch),
+    ):
+        assert arrived["model_family"] is type(family)
+        assert model_inputs(arrived).keys() == model_inputs(batch).keys()
 
 
 @pytest.mark.parametrize("name", OFFLINE)
@@ -83,7 +104,7 @@ def test_a_familys_batch_carries_its_vision_keys_and_the_model_gets_them(name, m
     monkeypatch.setitem(PACKED_MASKS, "gemma3", lambda batch, model: built.append(1) or {})
     family = family_for(tiny_processor(name))
     batch = packed_batch(family)
-    assert batch["model_family"] == family.name
+    assert batch["model_family"] is type(family)
     carried = {key for key in batch if key in VISION_INPUTS}
     assert carried == set(family.vision_keys)
     passed = model_inputs(batch)

@@ -147,12 +147,12 @@ class FaultyPackedDataset(PackedDataset):
 
     fault_at, signal = 3, None
 
-    def build_pack(self, rows, planned, batch_index):
+    def load_pack(self, rows, planned, batch_index):
         if batch_index == self.fault_at:
             if self.signal is None:
                 raise ValueError("boom")
             os.kill(os.getpid(), self.signal)
-        return super().build_pack(rows, planned, batch_index)
+        return super().load_pack(rows, planned, batch_index)
 
 
 def test_a_worker_that_raises_fails_in_one_sentence_naming_the_worker_and_the_batch(
@@ -186,14 +186,14 @@ def test_a_worker_killed_or_crashing_in_native_code_fails_within_seconds(sent, r
 def test_a_streaming_worker_that_raises_is_named_too(rows, tokenizer, monkeypatch):
     calls = Counter()
 
-    def build_pack(self, rows, lengths):
+    def load_pack(self, rows, planned):
         calls[os.getpid()] += 1
         if calls[os.getpid()] == 2:
             raise ValueError("boom")
-        return original(self, rows, lengths)
+        return original(self, rows, planned)
 
-    original = StreamingPackedDataset.build_pack
-    monkeypatch.setattr(StreamingPackedDataset, "build_pack", build_pack)
+    original = StreamingPackedDataset.load_pack
+    monkeypatch.setattr(StreamingPackedDataset, "load_pack", load_pack)
     stream = rows.to_iterable_dataset(num_shards=2)
     dataset = StreamingPackedDataset(
         stream, tokenizer, PackingConfig(max_length=512, buffer_size=16)

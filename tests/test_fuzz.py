@@ -340,14 +340,14 @@ def converted_modes(row: dict) -> Counter:
 
 def check_batch(batch: dict, family, config) -> None:
     """The family's keys, with consistent shapes."""
-    rows, length = len(batch["samples_per_row"]), config.max_length
+    rows, length = len(batch["samples_per_pack"]), config.max_length
     assert batch["input_ids"].shape == batch["labels"].shape == (rows, length)
     assert batch["real_token_mask"].shape == (rows, length)
     assert batch["position_ids"].shape == (*family.position_rows, rows, length)
     for key in family.token_keys:
         assert batch[key].shape == (rows, length), key
     assert int(batch["cu_seq_lens_q"][-1]) == rows * length
-    assert int(batch["samples_per_row"].sum()) == len(batch["sample_index"])
+    assert int(batch["samples_per_pack"].sum()) == len(batch["sample_index"])
     assert (batch["labels"][~batch["real_token_mask"]] == -100).all()
     if len(batch["sample_of_image"]):
         assert set(family.vision_keys) <= set(batch), family.vision_keys
@@ -415,7 +415,7 @@ def test_property_every_row_is_trained_once_or_counted(profile):
             for row, reason in batch["dropped_rows"]:
                 assert outcomes[row] == (True, reason)
             real = batch["real_token_mask"].sum(1).tolist()
-            samples = np.split(batch["sample_index"].numpy(), np.cumsum(batch["samples_per_row"]))
+            samples = np.split(batch["sample_index"].numpy(), np.cumsum(batch["samples_per_pack"]))
             assert real == [int(lengths[rows_of_pack].sum()) for rows_of_pack in samples[:-1]]
         converted = sum((converted_modes(rows[i]) for i in trained), Counter())
         assert report.converted == converted

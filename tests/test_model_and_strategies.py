@@ -96,7 +96,7 @@ def test_image_count_must_match_the_image_tokens(samples, model):
 def test_both_reductions_are_the_same_for_padded_and_packed_batches(three_packs):
     batch, padded = three_packs["batch"], three_packs["padded"]
     rows = batch["sample_index"].tolist()
-    assert (batch["samples_per_row"] > 1).all()
+    assert (batch["samples_per_pack"] > 1).all()
     packed_logits = three_packs["packed_logits"]
     padded_logits = three_packs["padded_output"].logits
     # mean over label tokens: transformers' own loss

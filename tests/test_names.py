@@ -1,6 +1,6 @@
 """One word per idea, where a name used to mean two things: `batch_size` is samples per padded
-batch and `packs_per_batch` packs per packed one; a PackedDataset's `state()` is the loader's
-state (a `position()` is a stream reader's). The old spellings keep working, with a warning."""
+batch and `packs_per_batch` packs per packed one; what resumes is a `state_dict()`, the loader's
+(a PackedDataset has none of its own) and a stream reader's."""
 
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
@@ -27,10 +27,15 @@ def test_batch_size_counts_samples_and_packs_per_batch_counts_packs():
     assert batches(batch_size=1, packs_per_batch=2)["naive"] == 4
 
 
-def test_a_packed_datasets_state_is_what_its_loader_saves(tokenizer):
+def test_what_resumes_is_the_loaders_state_dict(tokenizer):
     samples = VQADataset(load_vqa_dataset(num_rows=40), tokenizer, image_size=16)
     dataset = PackedDataset(samples, PackingConfig(max_length=512, packs_per_batch=2))
     loader = PackedDataLoader(dataset, num_workers=0)
     next(iter(loader))
-    assert loader.state_dict() == dataset.state()
-    assert dataset.state()["batches_done"] == 1
+    state = loader.state_dict()
+    assert state == {**dataset.settings(), "epoch": 0, "batches_done": 1}
+    resumed = PackedDataLoader(PackedDataset(samples, dataset.config), num_workers=0)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state
+    for old in ("state", "resume_at"):
+        assert not hasattr(dataset, old)

@@ -109,7 +109,7 @@ def test_a_pack_whose_samples_all_fail_is_padding_with_the_familys_keys_and_shap
     assert batch.keys() == both_good.keys()
     for key in ("input_ids", "labels", "position_ids", "real_token_mask", *family.token_keys):
         assert batch[key].shape == both_good[key].shape, key
-    assert batch["samples_per_row"].tolist() == [2, 0]
+    assert batch["samples_per_pack"].tolist() == [2, 0]
 
 
 @pytest.mark.parametrize("name", ["qwen3_vl", pytest.param("qwen2_5_vl", marks=pytest.mark.slow)])

@@ -50,7 +50,7 @@ def test_each_sample_of_a_batch_is_its_dataset_item(samples):
         assert torch.equal(
             batch["pixel_values"][batch["sample_of_image"] == i], item["pixel_values"]
         )
-    assert len(batch["sample_index"]) == int(batch["samples_per_row"].sum())
+    assert len(batch["sample_index"]) == int(batch["samples_per_pack"].sum())
 
 
 def test_same_seed_and_epoch_same_batches_new_epoch_new_order(samples):

@@ -230,7 +230,7 @@ def test_epoch_yields_every_row_once_or_counts_it(
     assert [b["batch_index"] for b in batches] == list(range(len(batches)))
     for worker in range(max(workers, 1)):  # only a worker's last batch may be short
         mine = [b for b in batches if b["reader_state"].worker == worker]
-        assert all(len(b["samples_per_row"]) == 3 for b in mine[:-1])
+        assert all(len(b["samples_per_pack"]) == 3 for b in mine[:-1])
     # the keys of the docs' batch contract, and the streamed batches' own (tests/doc_blocks.py)
     quoted = quoted_batch_keys("tiny") | {"reader_state"}
     differ = sorted({key for b in batches for key in set(b) ^ quoted})
@@ -421,7 +421,7 @@ def test_streamed_batches_keep_samples_apart(attention, rows, tokenizer):
     """The summed loss of a streamed batch equals that of its samples one at a time."""
     dataset = streamed(rows[:40], tokenizer, image_size=32, buffer_size=40)
     batch = next(iter(StreamingDataLoader(dataset, num_workers=0)))
-    assert len(batch["pixel_values"]) >= 2 and len(batch["samples_per_row"]) == 3
+    assert len(batch["pixel_values"]) >= 2 and len(batch["samples_per_pack"]) == 3
     assert set(model_inputs(batch)) - {"use_cache"} <= set(batch)
     packed, alone = tiny_vlm_losses(
         batch,

@@ -86,7 +86,7 @@ class EpochsDataset:
             "input_ids": ids,
             "labels": labels,
             "sample_index": torch.tensor([epoch * 100 + index]),
-            "samples_per_row": torch.tensor([1]),
+            "samples_per_pack": torch.tensor([1]),
             "real_token_mask": torch.ones(1, LENGTH, dtype=torch.bool),
             "batch_index": index,
         }

@@ -89,7 +89,7 @@ def test_called_as_trainer_calls_it_each_sample_sees_only_itself(family):
     if hasattr(model, "config"):
         model.config.use_cache = False  # all Trainer does about the cache (trainer.py:646)
     batch = next(iter(make_loader(case, rank=0, world_size=1)))
-    assert batch["samples_per_row"].min() >= 2  # packed: every row holds several samples
+    assert batch["samples_per_pack"].min() >= 2  # packed: every row holds several samples
     alone = alone_sample_losses(case, model, batch)
 
     inputs = case.inputs(batch, model)

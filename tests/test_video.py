@@ -279,7 +279,7 @@ def test_a_packed_batch_carries_the_videos_in_token_order(tiny_family, packed):
     assert ("second_per_grid_ts" in inputs) == (tiny_family.name == "qwen2_5_vl")
     video_tokens = int((inputs["mm_token_type_ids"] == 2).sum())
     assert video_tokens == int(grids.prod(-1).sum()) // tiny_family.merge_size**2
-    assert batch["patches_per_row"].tolist() == [
+    assert batch["patches_per_pack"].tolist() == [
         sum(s["patches"] for s in samples[:3]),
         sum(s["patches"] for s in samples[3:]),
     ]
@@ -409,7 +409,7 @@ def test_a_video_counts_against_the_patch_budget_whole_and_a_broken_one_is_count
     used = sorted(row for b in batches for row in b["sample_index"].tolist())
     assert used == sorted(set(range(len(rows))) - over - {4}) and set(used) & {0, 1, 2, 3}
     for batch in batches:
-        assert (batch["patches_per_row"] <= config.max_patches).all()
+        assert (batch["patches_per_pack"] <= config.max_patches).all()
         inputs = model_inputs(batch)
         if "video_grid_thw" in inputs:
             grids = inputs["video_grid_thw"]

@@ -35,7 +35,7 @@ TENSORS = (
     "cu_seq_lens_q",
     "real_token_mask",
     "sample_index",
-    "samples_per_row",
+    "samples_per_pack",
     "pixel_values",
     "sample_of_image",
 )
@@ -54,12 +54,14 @@ def digest(batch: dict) -> str:
 
 
 def every_tensor_digest(batch: dict) -> str:
-    """Every tensor of a batch, with its key, dtype and shape: a family's batch keys are its own."""
+    """Every tensor of a batch, in the order of its keys, with its dtype and shape: a family's
+    batch keys are its own. The keys' names are left out, so that renaming a key (which keeps
+    its place in that order) leaves the digest as it was."""
     h = hashlib.sha256()
     for key in sorted(batch):
         value = batch[key]
         if isinstance(value, torch.Tensor):
-            h.update(f"{key} {value.dtype} {tuple(value.shape)}".encode())
+            h.update(f"{value.dtype} {tuple(value.shape)}".encode())
             h.update(value.contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 

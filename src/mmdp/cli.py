@@ -325,7 +325,7 @@ def print_batch(batch: dict) -> None:
         elif isinstance(value, torch.Tensor):
             print(f"  {key:<{width}} {str(tuple(value.shape)):<20} {value.dtype}")
         else:
-            print(f"  {key:<{width}} {value}")
+            print(f"  {key:<{width}} {getattr(value, 'name', value)}")  # a family: its name
 
 
 def print_table(

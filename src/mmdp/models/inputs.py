@@ -6,7 +6,6 @@ import functools
 import transformers
 from packaging.version import Version
 
-from mmdp.data.families import family_named
 from mmdp.data.families.base import VIDEO_INPUTS, VISION_INPUTS
 from mmdp.errors import UserError
 from mmdp.packing.loading.batch import TOKEN_INPUTS
@@ -68,10 +67,10 @@ def model_inputs(batch: dict, model=None) -> dict:
         check_model_settings(batch, model)
     inputs = {key: batch[key] for key in MODEL_INPUTS}
     inputs["use_cache"] = False
-    # the family that collated the batch says what its model takes; a batch collated without one
-    # holds whichever per-token and vision inputs its samples had
-    # (mmdp.packing.loading.batch.collate_packs)
-    family = family_named(batch["model_family"]) if "model_family" in batch else None
+    # the family that collated the batch (its class, carried in the batch) says what its model
+    # takes; a batch collated without one holds whichever per-token and vision inputs its samples
+    # had (mmdp.packing.loading.batch.collate_packs)
+    family = batch.get("model_family")
     token_keys = family.token_keys if family else TOKEN_INPUTS
     inputs.update({key: batch[key] for key in token_keys if key in batch})
     if len(batch.get("pixel_values", ())):
@@ -112,7 +111,7 @@ def check_model_settings(batch: dict, model) -> None:
         if value is not None and plain(value) != plain(built):
             hint = SETTING_HINTS.get(path, DEFAULT_HINT).format(model=value)
             raise UserError(
-                f"the model's config has {path} = {value!r}, but this {batch['model_family']} "
+                f"the model's config has {path} = {value!r}, but this {batch['model_family'].name} "
                 f"batch was built for {built!r}; {hint}"
             )
 

@@ -130,7 +130,7 @@ def write_json(data: dict, path: str | Path) -> Path:
 
 def row_of_image(batch: dict) -> np.ndarray:
     """The row (pack) of a packed batch each of its images belongs to."""
-    row_of_sample = np.repeat(np.arange(len(batch["samples_per_row"])), batch["samples_per_row"])
+    row_of_sample = np.repeat(np.arange(len(batch["samples_per_pack"])), batch["samples_per_pack"])
     return row_of_sample[batch["sample_of_image"].numpy()]
 
 
@@ -186,16 +186,16 @@ class PackReport(EpochReport):
     def add_batch(self, batch: dict) -> None:
         super().add_batch(batch)
         self.dropped_rows += batch.get("dropped_rows", [])
-        samples_per_row = batch["samples_per_row"]
+        samples_per_row = batch["samples_per_pack"]
         images = np.bincount(row_of_image(batch), minlength=len(samples_per_row))
         tokens = real_token_mask(batch).sum(dim=1).tolist()
         self.tokens_per_row += tokens
         self.images_per_row += images.tolist()
-        self.patches_per_row += batch["patches_per_row"].tolist()
+        self.patches_per_row += batch["patches_per_pack"].tolist()
         self.samples_per_row += samples_per_row.tolist()
         self.batch_samples.append(batch["sample_index"].tolist())
         self.batch_loads.append(
-            (sum(tokens), int(images.sum()), int(batch["patches_per_row"].sum()))
+            (sum(tokens), int(images.sum()), int(batch["patches_per_pack"].sum()))
         )
 
     @property

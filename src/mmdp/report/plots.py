@@ -123,7 +123,7 @@ def plot_pack_samples(batch: dict, image_token_id: int, title: str) -> Figure:
     image_row = row_of_image(batch)
     for row in range(rows):
         left = 0
-        for _ in range(int(batch["samples_per_row"][row])):
+        for _ in range(int(batch["samples_per_pack"][row])):
             length = offsets[segment + 1] - offsets[segment]
             colour = ITEM_COLOURS[sample % len(ITEM_COLOURS)]
             ax.barh(row, length, left=left, color=colour, edgecolor="white", linewidth=0.8)
@@ -145,7 +145,7 @@ def plot_pack_samples(batch: dict, image_token_id: int, title: str) -> Figure:
             ax.barh(row, width - left, left=left, color=PADDING_COLOUR)
             segment += 1
         images = int((image_row == row).sum())
-        samples = int(batch["samples_per_row"][row])
+        samples = int(batch["samples_per_pack"][row])
         label = f"{samples} sample{'s' * (samples != 1)}, {images} image{'s' * (images != 1)}"
         ax.text(width * 1.01, row, label, va="center", fontsize=8)
     ax.set_yticks(range(rows), [f"pack {i + 1}" for i in range(rows)])

@@ -6,7 +6,6 @@ offline_processor(name) a processor of a family, built in code with no network
 tiny_processor(name)    the same with the smaller images a tiny model tests fast with, where the
                         family has them (LLaVA-OneVision: 32 px tiles; Gemma 3: 28 px, not 896);
                         the tiny models themselves are model-side: mmdp.models.tiny
-family_named(name)      the family class a batch names (its `model_family`)
 MODELS                  the names of stage 5's --model
 """
 
@@ -39,23 +38,12 @@ OFFLINE = {
     "smolvlm": "mmdp.data.families.smolvlm:SmolVLM",
 }
 MODELS = ("tiny", *OFFLINE)
-# By the family's own name (ModelFamily.name: what a batch's `model_family` says):
-NAMED = {**OFFLINE, "idefics3": "mmdp.data.families.smolvlm:Idefics3"}
 
 
 def family_class(where: str) -> type[ModelFamily]:
     """The family class at "module:class" (see FAMILIES)."""
     module, name = where.split(":")
     return getattr(importlib.import_module(module), name)
-
-
-def family_named(name: str) -> type[ModelFamily]:
-    """The family class called `name` (a batch's `model_family`; "tiny" for mmdp's TinyVLM)."""
-    if name == TinyFamily.name:
-        return TinyFamily
-    if name not in NAMED:
-        raise UserError(f"no model family is called {name!r}; mmdp knows tiny, {', '.join(NAMED)}")
-    return family_class(NAMED[name])
 
 
 def family_for(processor, **tiny_settings) -> ModelFamily:

@@ -22,13 +22,13 @@ A batch of B packs, each a row of L = max_length tokens:
                              2-D attention_mask makes transformers drop the per-sample mask, and
                              samples would attend to each other. Read it with
                              `real_token_mask(batch)`, as for padded batches.
-    sample_index     [n]     the dataset rows of the batch, in order; samples_per_row [B] how
-                             many in each row, patches_per_row [B] their vision-encoder patches
+    sample_index     [n]     the dataset rows of the batch, in order; samples_per_pack [B] how
+                             many in each pack, patches_per_pack [B] their vision-encoder patches
     pixel_values     [N, 3, S, S] every image, in sample order; sample_of_image [N]: the position
                              in sample_index of the sample each image belongs to
     pixel_values_videos, video_grid_thw, second_per_grid_ts   every video, in sample order (a
                              family that takes video: Qwen-VL), each whole in one pack; its
-                             patches count in patches_per_row
+                             patches count in patches_per_pack
     batch_index, epoch       where the batch is: its number in the epoch (set by the dataset)
                              and the epoch (set by the loader, PackedDataLoader)
     dropped, converted       rows dropped while the batch was built, by reason; images
@@ -38,7 +38,8 @@ A batch of B packs, each a row of L = max_length tokens:
     filler                   True only in a batch that trains nothing (`filler_batch`): a rank's
                              batch in a last step of fewer packs than ranks, or what pads an
                              epoch's last optimizer step under Trainer
-    model_family, model_settings   (a real family) its name, and what the batch assumes of the
+    model_family, model_settings   (a real family) its ModelFamily class, which model_inputs
+                             asks what the model takes, and what the batch assumes of the
                              model's config ({"vision_config.tokens_per_second": 2, ...}), which
                              model_inputs checks
 
@@ -172,7 +173,7 @@ def collate_packs(packs: list[dict], family=None) -> dict:
     """Stack packs (from build_pack, all of one planned batch) into a batch.
 
     `family` (a mmdp.data.families.base.ModelFamily) collates the vision inputs its model takes, and
-    names itself in the batch (`model_family`); without one, each vision input is concatenated
+    puts its class in the batch (`model_family`); without one, each vision input is concatenated
     along its first dimension, which is what TinyVLM, Qwen-VL, LLaVA-OneVision and Gemma 3 take.
     Packs marked `filler` (a rank's filler batch, mmdp.packing.planning.planner) make a
     `filler_batch`.
@@ -225,16 +226,18 @@ def stack_packs(packs: list[dict], family=None) -> dict:
         "sample_index": torch.tensor(
             [r for p in packs for r in p["sample_index"]], dtype=torch.long
         ),
-        "samples_per_row": torch.tensor([len(p["sample_index"]) for p in packs], dtype=torch.long),
-        "patches_per_row": torch.tensor([p["patches"] for p in packs], dtype=torch.long),
+        "samples_per_pack": torch.tensor([len(p["sample_index"]) for p in packs], dtype=torch.long),
+        "patches_per_pack": torch.tensor([p["patches"] for p in packs], dtype=torch.long),
         **(family.collate_vision(samples) if family else concatenate_vision(samples)),
         "sample_of_image": torch.tensor(sample_of_image, dtype=torch.long),
         "batch_index": batch_indices.pop(),
         "dropped": dict(dropped),
         "dropped_rows": [row for p in packs for row in p.get("dropped_rows", ())],
         "converted": dict(converted),
+        # the family's class, not the family: a class pickles as its module and name (through the
+        # DataLoader's workers), while the family holds its processor (tokenizer and all)
         **(
-            {"model_family": family.name, "model_settings": family.model_settings()}
+            {"model_family": type(family), "model_settings": family.model_settings()}
             if family and family.name != "tiny"
             else {}
         ),
@@ -252,7 +255,7 @@ def filler_batch(batch: dict) -> dict:
     out = dict(batch, filler=True)
     out["labels"] = torch.full_like(batch["labels"], config.IGNORE_INDEX)
     out["sample_index"] = batch["sample_index"][:0]
-    out["samples_per_row"] = torch.zeros_like(batch["samples_per_row"])
+    out["samples_per_pack"] = torch.zeros_like(batch["samples_per_pack"])
     out["real_token_mask"] = torch.zeros_like(batch["real_token_mask"])
     out["dropped"], out["converted"] = {}, {}  # counted with the batch it copies
     out["dropped_rows"] = []
@@ -260,8 +263,8 @@ def filler_batch(batch: dict) -> dict:
     # keys a hand-built batch may leave out stay out
     if "sample_of_image" in batch:
         out["sample_of_image"] = batch["sample_of_image"][:0]
-    if "patches_per_row" in batch:
-        out["patches_per_row"] = torch.zeros_like(batch["patches_per_row"])
+    if "patches_per_pack" in batch:
+        out["patches_per_pack"] = torch.zeros_like(batch["patches_per_pack"])
     if "loss_weights" in batch:
         out["loss_weights"] = torch.zeros_like(batch["loss_weights"])
     return out

@@ -244,26 +244,6 @@ class PackedDataset(PackingSettings, IterableDataset):
             **split,
         }
 
-    def state(self) -> dict:
-        """The loader's state: where this epoch is, with the settings that decide it
-        (PackedDataLoader.state_dict; a stream's position is a ReaderStream's)."""
-        return {**self.settings(), "epoch": self.epoch, "batches_done": self.batches_done}
-
-    def resume_at(self, state: dict) -> None:
-        """Continue an epoch after `batches_done` batches: the next iteration yields the rest.
-
-        Refuses, in one sentence naming each difference, a state saved with other settings
-        (another dataset, max_length, seed, world size...): the rest of that epoch is not this one's.
-        """
-        check_resume(
-            state,
-            self.settings(),
-            "they decide which rows go in which batch, so resume with the same ones (or start "
-            "the epoch afresh without load_state_dict)",
-        )
-        self.epoch = state["epoch"]
-        self.batches_done = state["batches_done"]
-
     def state_dict(self) -> dict:
         """Refused: the state is the loader's (PackedDataLoader.state_dict).
 
@@ -297,16 +277,16 @@ class PackedDataset(PackingSettings, IterableDataset):
                 first, end = plan.batch_starts[step], plan.batch_starts[step + 1]
                 for p in range(first, end):
                     a, z = plan.pack_starts[p], plan.pack_starts[p + 1]
-                    pack = self.build_pack(plan.rows[a:z].tolist(), lengths[a:z].tolist(), step)
+                    pack = self.load_pack(plan.rows[a:z].tolist(), lengths[a:z].tolist(), step)
                     if plan.is_filler(step):  # another rank's pack: this rank trains nothing
                         pack["filler"] = True
                     yield pack
 
         return iterate_in_background(produce, max_queued=self.max_queued_packs)
 
-    def build_pack(self, rows: list[int], planned: list[int], batch_index: int) -> dict:
-        """The samples of the rows (tokenized, or their tokens sliced; images decoded), laid out
-        in one padded row; `planned` are the rows' tokens in the plan (mmdp.packing.loading.batch).
+    def load_pack(self, rows: list[int], planned: list[int], batch_index: int) -> dict:
+        """Load the rows' samples (tokenized, or their tokens sliced; images decoded) and build
+        them into one pack (build_pack); `planned` are the rows' tokens in the plan.
 
         Refuses, in one sentence, a processor whose settings changed since the rows were weighed
         (an attribute set after the PackedDataset was made): its samples would not be the
@@ -408,8 +388,21 @@ class PackedDataLoader(RefusesAcceleratePrepare, DataLoader):
         self.dataset.set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        return self.dataset.state()
+        """Where this epoch is, with the settings that decide it (PackedDataset.settings)."""
+        d = self.dataset
+        return {**d.settings(), "epoch": d.epoch, "batches_done": d.batches_done}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue an epoch after `batches_done` batches (PackedDataset.resume_at)."""
-        self.dataset.resume_at(state)
+        """Continue an epoch after `batches_done` batches: the next iteration yields the rest.
+
+        Refuses, in one sentence naming each difference, a state saved with other settings
+        (another dataset, max_length, seed, world size...): the rest of that epoch is not this one's.
+        """
+        check_resume(
+            state,
+            self.dataset.settings(),
+            "they decide which rows go in which batch, so resume with the same ones (or start "
+            "the epoch afresh without load_state_dict)",
+        )
+        self.dataset.epoch = state["epoch"]
+        self.dataset.batches_done = state["batches_done"]

@@ -112,9 +112,7 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
             yield {"end_of_stream": True, "worker": worker, "dropped": Counter()}
             return
         reader = self.rank * num_workers + worker
-        stream = ReaderStream(
-            self.rows, reader, self.world_size * num_workers, resume.buffer_position
-        )
+        stream = ReaderStream(self.rows, reader, self.world_size * num_workers, resume.buffer_start)
         buffer = dataclasses.replace(resume, rows_held=0)  # the buffer being read
         not_reported = Counter()  # rows dropped that no yielded pack has reported yet
         packs, state = [], None
@@ -124,7 +122,7 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
                 if buffer.packs_done == 0:  # else the packs yielded before a resume reported them
                     not_reported.update(dropped)
                 for k in range(buffer.packs_done, len(plan)):
-                    pack = self.build_pack([rows[i] for i in plan[k]], lengths[plan[k]])
+                    pack = self.load_pack([rows[i] for i in plan[k]], lengths[plan[k]].tolist())
                     pack["dropped"].update(not_reported)
                     not_reported.clear()
                     packs.append(pack)
@@ -133,7 +131,7 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
                     if len(packs) == self.packs_per_batch:
                         yield {"packs": packs, "reader_state": state}
                         packs = []
-                buffer = ReaderState(worker, stream.position(), buffer.buffer + 1)
+                buffer = ReaderState(worker, stream.state_dict(), buffer.buffer + 1)
             if packs:  # the reader's last, short batch
                 yield {"packs": packs, "reader_state": state}
             yield {"end_of_stream": True, "worker": worker, "dropped": not_reported}
@@ -152,13 +150,14 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
         plan, dropped = pack_buffer(weights, rng, self.config)
         return plan, dropped, weights.lengths
 
-    def build_pack(self, rows: list[tuple[int, dict]], lengths: np.ndarray) -> dict:
-        """Tokenize the rows, decode their images, and lay them out in one padded row."""
+    def load_pack(self, rows: list[tuple[int, dict]], planned: list[int]) -> dict:
+        """Load the rows' samples (tokenized, images decoded) and build them into one pack
+        (build_pack); `planned` are the rows' tokens in the buffer's plan."""
         samples = [self.family.make_sample(row, row_id) for row_id, row in rows]
         # batch_index is set by the loader: the batch's place in this rank's epoch
         return build_pack(
             samples,
-            lengths.tolist(),
+            planned,
             max_length=self.max_length,
             pad_token_id=self.family.pad_token_id,
             batch_index=-1,

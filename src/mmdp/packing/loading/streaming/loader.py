@@ -38,7 +38,7 @@ What a stream makes hard, and how it is done here:
   batch in hand, and the rest of the buffer it came from) is counted as dropped,
   `held_when_ranks_stopped`, in `loader.dropped_at_end`.
 - **Resume exactly.** Every batch carries its reader's state as of producing it
-  (`reader_state`, a ReaderState): the position in the stream where its buffer starts, and how
+  (`reader_state`, a ReaderState): its reader's state where its buffer starts, and how
   many of that buffer's packs are yielded with it. The loader keeps the latest per worker. On
   resume each reader goes back to the start of its buffer, reads and packs it again (the same
   packs: packing is deterministic given the buffer and the seed), skips the packs already

@@ -16,24 +16,24 @@ END = object()  # the end of a plain iterable
 
 
 class ReaderStream:
-    """One reader's rows, as (row id, row) pairs, and its position in the stream.
+    """One reader's rows, as (row id, row) pairs, and where it is in the stream.
 
-    `position` is what `position()` returned earlier, to continue from (None: the start of the
+    `state` is what `state_dict()` returned earlier, to continue from (None: the start of the
     epoch). Row ids are unique in an epoch: for a plain iterable, the row's place in it; for a
     datasets.IterableDataset, (rows this reader took before it) * readers + reader.
     """
 
-    def __init__(self, rows: Iterable[dict], reader: int, readers: int, position: dict | None):
+    def __init__(self, rows: Iterable[dict], reader: int, readers: int, state: dict | None):
         self.reader, self.readers = reader, readers
-        self.rows_taken = position["rows"] if position else 0  # rows read from the stream so far
+        self.rows_taken = state["rows"] if state else 0  # rows read from the stream so far
         if isinstance(rows, datasets.IterableDataset):
             # A copy, so that the resume point stays with this reader (copy.copy of a
             # datasets.IterableDataset shares its attributes: give it its own). Iterated inside
             # a DataLoader worker, datasets gives the worker its own shards.
             self.stream = copy.copy(rows)
             self.stream.__dict__ = dict(rows.__dict__)
-            if position is not None:
-                self.stream.load_state_dict(position["stream"])
+            if state is not None:
+                self.stream.load_state_dict(state["stream"])
             self.iterator = iter(self.stream)
         else:
             self.stream = None
@@ -71,7 +71,7 @@ class ReaderStream:
             f"({error.__class__.__name__}: {first_line(error)})"
         )
 
-    def position(self) -> dict:
+    def state_dict(self) -> dict:
         """Where this reader is: rows taken, and the datasets stream's own state."""
         stream = self.stream.state_dict() if self.stream is not None else None
         return {"rows": self.rows_taken, "stream": stream}
@@ -99,7 +99,8 @@ def stream_files(stream: datasets.IterableDataset) -> list[str]:
 class ReaderState:
     """A reader's state as of producing a batch: what a resume starts from.
 
-    buffer_position  where the batch's last buffer starts in the stream (None: at the start)
+    buffer_start     the reader's state_dict() where the batch's last buffer starts (None: at the
+                     start)
     buffer           that buffer's number in the reader's epoch (it seeds the buffer's shuffle)
     packs_done       how many of that buffer's packs are yielded with this batch
     rows_held        rows of that buffer's packs still to come (counted if the ranks stop now)
@@ -107,7 +108,7 @@ class ReaderState:
     """
 
     worker: int
-    buffer_position: dict | None = None
+    buffer_start: dict | None = None
     buffer: int = 0
     packs_done: int = 0
     rows_held: int = 0
