@@ -134,7 +134,7 @@ def main():
         dist.destroy_process_group()
         return
     # One batch, as a trainer gets it, and the epoch's report
-    print_epoch_report(epoch, packing.max_patches)
+    print_epoch_report(epoch, packing.budgets)
     print_rank_balance(epoch["rank_balance"])
     print_videos(epoch["report"], samples, packing)
     if args.dataset:
@@ -258,8 +258,7 @@ def draw_model_figure(
         report.tokens_per_row,
         report.patches_per_row,
         model=model,
-        max_length=packing.max_length,
-        max_patches=packing.max_patches,
+        budgets=packing.budgets,
     )
     path = save_figure(fig, out_dir, f"05_{model}.png")
     print(f"Saved the costs and budgets figure to {display_path(path)}")

@@ -99,7 +99,7 @@ def main():
         report_by_source=epoch["report"].by_source(),
     )
     share_by = mixed.mixture.share_by
-    print_epoch_report(epoch, packing.max_patches)
+    print_epoch_report(epoch, packing.budgets)
     print(f"\nThe mixture ({share_by}):")
     print(format_source_report(sources, share_by))
     print_rank_balance(epoch["rank_balance"])

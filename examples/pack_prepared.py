@@ -80,7 +80,7 @@ def main():
     if rank != 0:
         dist.destroy_process_group()
         return
-    print_epoch_report(epoch, packing.max_patches)
+    print_epoch_report(epoch, packing.budgets)
     print_rank_balance(epoch["rank_balance"])
     write_outputs(epoch_metrics(epoch, weighing=epoch["weighing"]), epoch["first_batch"], args)
 

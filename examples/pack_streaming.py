@@ -83,7 +83,7 @@ def main():
     if rank != 0:
         dist.destroy_process_group()
         return
-    print_epoch_report(epoch, packing.max_patches)
+    print_epoch_report(epoch, packing.budgets)
     if HELD_WHEN_RANKS_STOPPED in epoch["report"].dropped:
         print(f"({HELD_WHEN_RANKS_STOPPED}: read, not yielded: another rank ran out first)")
     print_rank_balance(epoch["rank_balance"])

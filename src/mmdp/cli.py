@@ -11,6 +11,7 @@ import torch
 
 from mmdp import config
 from mmdp.errors import UserError
+from mmdp.packing.weights import Budgets
 
 
 def description(doc: str) -> str:
@@ -408,14 +409,14 @@ def run_packed_epoch(packed, num_workers: int) -> dict:
     return {**epoch, "first_batch": first_batch, "seconds": seconds, "weighing": weighing}
 
 
-def print_epoch_report(epoch: dict, max_patches: int | None) -> None:
+def print_epoch_report(epoch: dict, budgets: Budgets) -> None:
     """The epoch merged over ranks (merge_over_ranks, with its first batch and seconds): one
     batch's shapes, the report, and under torchrun how evenly the ranks shared each step."""
     print("\nOne batch:")
     print_batch(epoch["first_batch"])
     report, seconds = epoch["report"], epoch["seconds"]
     print(f"\nOver the epoch ({seconds:.1f} s, {report.samples / seconds:,.0f} samples/s):")
-    print(report.summary(max_patches))
+    print(report.summary(budgets))
 
 
 def print_rank_balance(balance: dict) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from mmdp.packing.loading.batch import real_token_mask
+from mmdp.packing.weights import Budgets
 from mmdp.ranks import gather_from_ranks
 
 
@@ -269,12 +270,13 @@ class PackReport(EpochReport):
             **({"by_source": self.by_source()} if self.source_of_row is not None else {}),
         }
 
-    def summary(self, max_patches: int | None = None) -> str:
+    def summary(self, budgets: Budgets | None = None) -> str:
         """The epoch's figures; with a patch budget, the patches per row and how full it is."""
         lines = [super().summary(), f"{'packs (rows):':<18}{len(self.tokens_per_row):,}"]
+        patch_budget = budgets.max_patches if budgets else None
         names = (
             ("tokens", "images", "patches", "samples")
-            if max_patches
+            if patch_budget
             else ("tokens", "images", "samples")
         )
         for name in names:
@@ -283,9 +285,9 @@ class PackReport(EpochReport):
                 f"{name + ' per row:':<18}min {s['min']}, max {s['max']}, "
                 f"mean {s['mean']:.1f}, std {s['std']:.1f}"
             )
-        if max_patches:
-            used = sum(self.patches_per_row) / (len(self.patches_per_row) * max_patches or 1)
-            lines.append(f"{'patch budget:':<18}{used:.1%} used ({max_patches:,} patches a row)")
+        if patch_budget:
+            used = sum(self.patches_per_row) / (len(self.patches_per_row) * patch_budget or 1)
+            lines.append(f"{'patch budget:':<18}{used:.1%} used ({patch_budget:,} patches a row)")
         return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ import matplotlib.patches
 import numpy as np
 from matplotlib.figure import Figure
 
+from mmdp.packing.weights import Budgets
 from mmdp.report.metrics import row_of_image
 
 REAL_COLOUR = "skyblue"
@@ -397,8 +398,7 @@ def plot_model_budgets(
     patches_per_row: list,
     *,
     model: str,
-    max_length: int,
-    max_patches: int | None,
+    budgets: Budgets,
 ) -> Figure:
     """Stage 5 --model: left, what the same images cost each family (tokens per image, one box
     per family, `model` highlighted); right, how full each pack of the run is in tokens and in
@@ -414,18 +414,22 @@ def plot_model_budgets(
     costs.set_ylabel("tokens per image (log scale)")
     costs.set_title("What the same images cost each model family")
     matplotlib.artist.setp(costs.get_xticklabels(), rotation=20, ha="right", rotation_mode="anchor")
-    token_fill = np.asarray(tokens_per_row) / max_length
-    if max_patches:
-        patch_fill = np.asarray(patches_per_row) / max_patches
+    token_fill = np.asarray(tokens_per_row) / budgets.max_length
+    if budgets.max_patches:
+        patch_fill = np.asarray(patches_per_row) / budgets.max_patches
         fill.scatter(
             token_fill, patch_fill, s=12, alpha=0.6, color=CONTENT_HIGHLIGHT, label="a pack"
         )
-        fill.axhline(1, color=LIMIT_COLOUR, linestyle="--", label=f"patch budget ({max_patches:,})")
+        fill.axhline(
+            1, color=LIMIT_COLOUR, linestyle="--", label=f"patch budget ({budgets.max_patches:,})"
+        )
         fill.set_ylabel("patches / patch budget")
     else:
         fill.hist(token_fill, bins=30, color=CONTENT_HIGHLIGHT, label="packs")
         fill.set_ylabel("packs")
-    fill.axvline(1, color=LIMIT_COLOUR, linestyle=":", label=f"token budget ({max_length:,})")
+    fill.axvline(
+        1, color=LIMIT_COLOUR, linestyle=":", label=f"token budget ({budgets.max_length:,})"
+    )
     fill.set_xlabel("tokens / token budget")
     fill.set_title(f"{model}: how full each pack is, in both budgets")
     fill.legend(loc="lower left")
