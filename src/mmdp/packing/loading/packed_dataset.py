@@ -78,6 +78,12 @@ class PackedDataset(PackingSettings, IterableDataset):
     eval_ratio=R: hold out R of the rows (R of each source's, in a mixture) for evaluation; this
     dataset trains on the rest, and `eval_dataset()` packs the held-out rows, every one once
     (mmdp.packing.planning.planner.eval_split: the same rows on every rank, from the seed alone).
+
+    The constructor weighs every row (step 1 below), on purpose: under torchrun weighing is
+    collective (the ranks weigh their shares together, or wait for the one that weighs), and the
+    constructor is the one line every rank runs at the same point of a script. Weighed lazily, at
+    the first `len()` or `.weights`, a line only rank 0 runs (a print) would start a collective
+    the other ranks never join: a hang.
     """
 
     def __init__(
