@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from mmdp.cli import (
     PACKING_HINT,
+    DataSettings,
     add_data_args,
     add_loader_args,
     add_model_and_budget_args,
@@ -29,10 +30,10 @@ from mmdp.cli import (
     print_rank_balance,
     print_run_settings,
     run_epoch,
+    settings_of,
     write_outputs,
 )
 from mmdp.data.families import MODELS, family_for
-from mmdp.data.reading.stream import load_vqa_stream
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
 from mmdp.errors import exit_on_user_error
 from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
@@ -59,14 +60,7 @@ def main():
         print_run_settings(args, packing, family.name)
 
     # Read the dataset as a stream, pack it a buffer at a time, stop the ranks together
-    stream = load_vqa_stream(
-        args.dataset,
-        args.subset,
-        args.split,
-        args.num_rows,
-        image_root=args.image_root,
-        format=args.format,
-    )
+    stream = settings_of(DataSettings, args).stream()
     loader = StreamingDataLoader(
         StreamingPackedDataset(stream, processor, packing), num_workers=args.num_workers
     )

@@ -111,7 +111,7 @@ def add_dataset_args(parser: argparse.ArgumentParser) -> None:
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
     """The rows a run reads, named as the data flags are (add_data_args): a script's own are
-    `settings_of(DataSettings, args)`, and `load()` reads them."""
+    `settings_of(DataSettings, args)`; `load()` reads them, `stream()` reads them as a stream."""
 
     dataset: str | None = None  # None: the embedded synthetic dataset
     subset: str | None = None
@@ -124,14 +124,18 @@ class DataSettings:
         """The rows, in the_cauldron's schema (mmdp.data.reading.sources.load_vqa_dataset)."""
         from mmdp.data.reading.sources import load_vqa_dataset
 
-        return load_vqa_dataset(
-            self.dataset,
-            self.subset,
-            self.split,
-            self.num_rows,
-            image_root=self.image_root,
-            format=self.format,
-        )
+        return load_vqa_dataset(**self.reader_arguments())
+
+    def stream(self):
+        """The same rows as a datasets.IterableDataset (mmdp.data.reading.stream.load_vqa_stream)."""
+        from mmdp.data.reading.stream import load_vqa_stream
+
+        return load_vqa_stream(**self.reader_arguments())
+
+    def reader_arguments(self) -> dict:
+        """The keywords both readers take: the fields, the dataset's under its reader's name."""
+        fields = dataclasses.asdict(self)
+        return {"name_or_path": fields.pop("dataset"), **fields}
 
 
 def add_loader_args(parser: argparse.ArgumentParser):
