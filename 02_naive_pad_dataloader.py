@@ -12,25 +12,24 @@ import argparse
 import torch
 from torch.utils.data import DataLoader
 
-from mmdp.cli import (
-    DataSettings,
+from mmdp.batch import real_token_mask
+from mmdp.data.padding import NaivePadCollator
+from mmdp.data.reading.settings import DataSettings
+from mmdp.data.tokenizer import get_tokenizer
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.errors import exit_on_user_error
+from mmdp.flags import (
     add_batch_size_arg,
     add_data_args,
     add_loader_args,
     description,
     display_path,
-    print_batch,
-    print_settings,
-    run_epoch,
     settings_of,
 )
-from mmdp.data.padding import NaivePadCollator
-from mmdp.data.tokenizer import get_tokenizer
-from mmdp.data.vqa_dataset import VQADataset
-from mmdp.errors import exit_on_user_error
-from mmdp.packing.loading.batch import real_token_mask
+from mmdp.report.epoch import run_epoch
 from mmdp.report.metrics import EpochReport, write_json
 from mmdp.report.plots import plot_padding, save_figure, waste_title
+from mmdp.report.printing import print_batch, print_settings
 
 
 def parse_args():

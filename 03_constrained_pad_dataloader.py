@@ -11,7 +11,7 @@ saves assets/03.png. Every batch is padded to max_length, whatever its content.
 With --group-by modality_length, for trainers that cannot pack (LLaVA, OpenVLA): the same
 max_length, but text-only samples apart from those with images, similar lengths in a batch, each
 batch padded to its longest, each step's tokens balanced across ranks and the heaviest batch
-first (mmdp.packing.planning.grouping). Prints the waste next to naive and constrained padding and
+first (mmdp.planning.grouping). Prints the waste next to naive and constrained padding and
 how even the ranks' batches are, and saves assets/03_grouped.png. Under torchrun every rank loads
 its share and rank 0 reports for all.
 """
@@ -24,31 +24,30 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from mmdp import config
-from mmdp.cli import (
-    DataSettings,
+from mmdp.batch import real_token_mask
+from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
+from mmdp.data.reading.settings import DataSettings
+from mmdp.data.tokenizer import get_tokenizer
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.errors import exit_on_user_error
+from mmdp.flags import (
     add_batch_size_arg,
     add_data_args,
     add_loader_args,
     description,
     display_path,
-    nothing_to_do,
     positive_int,
-    print_batch,
-    print_settings,
-    run_epoch,
     settings_of,
 )
-from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
-from mmdp.data.tokenizer import get_tokenizer
-from mmdp.data.vqa_dataset import VQADataset
-from mmdp.errors import exit_on_user_error
-from mmdp.packing.loading.batch import real_token_mask
-from mmdp.packing.planning.grouping import GROUPINGS, ModalityLengthBatchSampler
-from mmdp.packing.weighing.weigh import weigh_rows
+from mmdp.planning.grouping import GROUPINGS, ModalityLengthBatchSampler
 from mmdp.ranks import gather_from_ranks, start_ranks
+from mmdp.report.epoch import nothing_to_do, run_epoch
 from mmdp.report.metrics import EpochReport, rank_balance, write_json
-from mmdp.report.plots import plot_grouped, plot_padding, save_figure, waste_title
+from mmdp.report.model_plots import plot_grouped
+from mmdp.report.plots import plot_padding, save_figure, waste_title
+from mmdp.report.printing import print_batch, print_settings
 from mmdp.training.strategies import compare_padding
+from mmdp.weighing.weigh import weigh_rows
 
 
 def parse_args():

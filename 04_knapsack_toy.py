@@ -15,9 +15,9 @@ import argparse
 from torch.utils.data import DataLoader
 
 from mmdp import config
-from mmdp.cli import description, display_path, non_negative_int, positive_int
 from mmdp.errors import exit_on_user_error
-from mmdp.packing.loading.toy import BLOG_TOY_STRATEGIES, ToyPackingDataset
+from mmdp.flags import description, display_path, non_negative_int, positive_int
+from mmdp.loading.toy import BLOG_TOY_STRATEGIES, ToyPackingDataset
 from mmdp.report.plots import plot_packs, save_figure
 
 

@@ -35,8 +35,14 @@ import torch
 import torch.distributed as dist
 
 from mmdp import config
-from mmdp.cli import (
-    DataSettings,
+from mmdp.batch import real_token_mask
+from mmdp.data.families import MODELS, OFFLINE, family_for, offline_processor
+from mmdp.data.padding import ConstrainedPadCollator
+from mmdp.data.reading.settings import DataSettings
+from mmdp.data.reading.sources import load_synthetic_videos, with_videos
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.errors import exit_on_user_error
+from mmdp.flags import (
     add_data_args,
     add_loader_args,
     add_model_and_budget_args,
@@ -46,32 +52,21 @@ from mmdp.cli import (
     display_path,
     model_processor,
     non_negative_int,
+    settings_of,
+)
+from mmdp.loading.packed_dataset import PackedDataset
+from mmdp.packing.packing_config import PackingConfig
+from mmdp.ranks import start_ranks
+from mmdp.report.epoch import run_packed_epoch, write_outputs
+from mmdp.report.metrics import PackReport, epoch_metrics
+from mmdp.report.model_plots import plot_model_budgets, plot_pack_samples
+from mmdp.report.plots import plot_padding, plot_padding_side_by_side, save_figure, waste_title
+from mmdp.report.printing import (
     print_epoch_report,
     print_rank_balance,
     print_run_settings,
     print_table,
     print_weighing,
-    run_packed_epoch,
-    settings_of,
-    write_outputs,
-)
-from mmdp.data.families import MODELS, OFFLINE, family_for, offline_processor
-from mmdp.data.padding import ConstrainedPadCollator
-from mmdp.data.reading.sources import load_synthetic_videos, with_videos
-from mmdp.data.vqa_dataset import VQADataset
-from mmdp.errors import exit_on_user_error
-from mmdp.packing.loading.batch import real_token_mask
-from mmdp.packing.loading.packed_dataset import PackedDataset
-from mmdp.packing.packing_config import PackingConfig
-from mmdp.ranks import start_ranks
-from mmdp.report.metrics import PackReport, epoch_metrics
-from mmdp.report.plots import (
-    plot_model_budgets,
-    plot_pack_samples,
-    plot_padding,
-    plot_padding_side_by_side,
-    save_figure,
-    waste_title,
 )
 
 

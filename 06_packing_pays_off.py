@@ -30,7 +30,8 @@ import time
 import torch
 
 from mmdp import config
-from mmdp.cli import (
+from mmdp.errors import exit_on_user_error
+from mmdp.flags import (
     add_batch_size_arg,
     add_budget_args,
     add_data_args,
@@ -39,13 +40,12 @@ from mmdp.cli import (
     display_path,
     positive_float,
     positive_int,
-    print_settings,
-    print_table,
     settings_of,
 )
-from mmdp.errors import exit_on_user_error
 from mmdp.report.metrics import write_json
-from mmdp.report.plots import plot_learning_curves, plot_strategies, save_figure
+from mmdp.report.model_plots import plot_learning_curves, plot_strategies
+from mmdp.report.plots import save_figure
+from mmdp.report.printing import print_settings, print_table
 from mmdp.training.experiments.data import StageData, load_data
 from mmdp.training.experiments.every_strategy import compare_every_strategy, stage_metrics
 from mmdp.training.experiments.same_gradient import check_ddp_gradient

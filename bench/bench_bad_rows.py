@@ -22,10 +22,10 @@ from mmdp.data.families import family_for
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.weighing import weigh as weighing
 from mmdp.report.metrics import PackReport
+from mmdp.weighing import weigh as weighing
 
 GOOD_ROWS = 2000  # distinct rows of the embedded dataset; more are repeats of these
 

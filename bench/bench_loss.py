@@ -80,9 +80,9 @@ def import_loss():
         package = types.ModuleType(name)
         package.__path__ = [str(SRC.joinpath(*name.split(".")))]
         sys.modules[name] = package
-    batch = types.ModuleType("mmdp.packing.loading.batch")
+    batch = types.ModuleType("mmdp.batch")
     batch.real_token_mask = batch.sample_ids = None
-    sys.modules["mmdp.packing.loading.batch"] = batch
+    sys.modules["mmdp.batch"] = batch
     from mmdp.training import loss
 
     print(f"(mmdp's package needs {missing}, absent here: mmdp.training.loss loaded alone)")

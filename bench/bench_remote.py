@@ -39,7 +39,7 @@ from mmdp.data import files
 from mmdp.data.families import family_for, offline_processor
 from mmdp.data.images import remote_image_size
 from mmdp.data.reading.sources import load_vqa_dataset
-from mmdp.packing.weighing.weigh import weigh_rows
+from mmdp.weighing.weigh import weigh_rows
 
 SERVER = Path(__file__).resolve().parents[1] / "tests" / "counting_s3.py"
 

@@ -42,12 +42,12 @@ from mmdp.data.images import load_image
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning import planner
-from mmdp.packing.planning.planner import plan_epoch
-from mmdp.packing.weighing.weigh import weigh_rows
 from mmdp.packing.weights import Weights
+from mmdp.planning import planner
+from mmdp.planning.planner import plan_epoch
+from mmdp.weighing.weigh import weigh_rows
 
 BASE_ROWS = 2_000
 SETTINGS = {"max_length": 512, "max_images": 18, "packs_per_batch": 8}
@@ -152,7 +152,7 @@ def child_floor(size: int, rows_seen: list[int]) -> dict:
 def child_plan(rows: int, workers: int | None = None) -> dict:
     """Plan `rows` rows: the embedded dataset's weights, tiled; `workers` processes pack the
     buffers (None: as many as the planner chooses,
-    mmdp.packing.planning.planner.planning_workers)."""
+    mmdp.planning.planner.planning_workers)."""
     if workers is not None:
         planner.planning_workers = lambda num_buffers: workers
     base = weigh_rows(load_vqa_dataset(num_rows=BASE_ROWS), get_tokenizer()).weights

@@ -1,5 +1,5 @@
-"""Benchmark stage 5 from a stream (mmdp.packing.loading.streaming.loader) against the planned
-loader (mmdp.packing.loading.packed_dataset).
+"""Benchmark stage 5 from a stream (mmdp.loading.streaming.loader) against the planned
+loader (mmdp.loading.packed_dataset).
 
     uv run bench/bench_streaming.py                      # 2,000, 10,000 and 20,000 rows
     uv run bench/bench_streaming.py --sizes 2000 --repeats 1
@@ -32,8 +32,8 @@ from loader_epochs import cpu_seconds, in_fresh_process, peak_mib
 from mmdp.data.reading.sources import cache_dir, load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
 
 BUFFER_SIZE = 4096

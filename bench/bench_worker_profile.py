@@ -34,7 +34,7 @@ from mmdp.data import images as image_module
 from mmdp.data.families import base as family_module
 from mmdp.data.families import tiny as tiny_module
 from mmdp.data.families.tiny import TinyFamily
-from mmdp.packing.loading.packed_dataset import PackedDataset
+from mmdp.loading.packed_dataset import PackedDataset
 
 
 class StepClock:

@@ -19,7 +19,7 @@ from PIL import Image
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 
 IMAGE_FORMATS = ["png", "jpeg"]
 IMAGE_FORMAT_HELP = "the images as embedded (png), or each re-encoded as a JPEG (quality 90)"

@@ -38,8 +38,8 @@ import contextlib
 
 import torch
 
-from mmdp.cli import description
 from mmdp.errors import exit_on_user_error, require_extra
+from mmdp.flags import description
 from mmdp.training.evaluation import evaluate
 from mmdp.training.examples import (
     SampleLog,

@@ -17,7 +17,11 @@ import argparse
 import torch.distributed as dist
 
 from mmdp import config
-from mmdp.cli import (
+from mmdp.data.families import MODELS, family_for
+from mmdp.data.mixture import load_mixture, read_mixture
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.errors import exit_on_user_error
+from mmdp.flags import (
     add_loader_args,
     add_model_and_budget_args,
     add_packing_args,
@@ -26,21 +30,18 @@ from mmdp.cli import (
     model_processor,
     non_negative_int,
     positive_int,
+)
+from mmdp.loading.packed_dataset import PackedDataset
+from mmdp.planning.source_shares import MixturePlan
+from mmdp.ranks import start_ranks
+from mmdp.report.epoch import run_packed_epoch, write_outputs
+from mmdp.report.metrics import epoch_metrics
+from mmdp.report.printing import (
     print_epoch_report,
     print_rank_balance,
     print_run_settings,
     print_weighing,
-    run_packed_epoch,
-    write_outputs,
 )
-from mmdp.data.families import MODELS, family_for
-from mmdp.data.mixture import load_mixture, read_mixture
-from mmdp.data.vqa_dataset import VQADataset
-from mmdp.errors import exit_on_user_error
-from mmdp.packing.loading.packed_dataset import PackedDataset
-from mmdp.packing.planning.source_shares import MixturePlan
-from mmdp.ranks import start_ranks
-from mmdp.report.metrics import epoch_metrics
 from mmdp.report.sources import format_source_report, source_report
 
 

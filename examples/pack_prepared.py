@@ -1,6 +1,6 @@
 """Stage 5's packing from a prepared dataset: the weights (and tokens) that
 `uv run -m mmdp.prepare --out URL` wrote once, read from a path or any fsspec URL; nothing is
-weighed (mmdp.packing.weighing.prepared).
+weighed (mmdp.weighing.prepared).
 
     uv run -m mmdp.prepare --out /tmp/prepared/synthetic
     uv run examples/pack_prepared.py --prepared /tmp/prepared/synthetic
@@ -18,8 +18,11 @@ import argparse
 
 import torch.distributed as dist
 
-from mmdp.cli import (
-    DataSettings,
+from mmdp.data.families import MODELS, family_for
+from mmdp.data.reading.settings import DataSettings
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.errors import exit_on_user_error
+from mmdp.flags import (
     add_data_args,
     add_loader_args,
     add_model_and_budget_args,
@@ -27,21 +30,19 @@ from mmdp.cli import (
     config_for,
     description,
     model_processor,
+    settings_of,
+)
+from mmdp.loading.packed_dataset import PackedDataset
+from mmdp.ranks import start_ranks
+from mmdp.report.epoch import run_packed_epoch, write_outputs
+from mmdp.report.metrics import epoch_metrics
+from mmdp.report.printing import (
     print_epoch_report,
     print_rank_balance,
     print_run_settings,
     print_weighing,
-    run_packed_epoch,
-    settings_of,
-    write_outputs,
 )
-from mmdp.data.families import MODELS, family_for
-from mmdp.data.vqa_dataset import VQADataset
-from mmdp.errors import exit_on_user_error
-from mmdp.packing.loading.packed_dataset import PackedDataset
-from mmdp.packing.weighing.prepared import read_manifest
-from mmdp.ranks import start_ranks
-from mmdp.report.metrics import epoch_metrics
+from mmdp.weighing.prepared import read_manifest
 
 
 def parse_args():

@@ -1,6 +1,6 @@
 """Stage 5's packing, streamed: read the dataset as a stream (a Hub dataset with streaming=True,
 parquet files one by one) and pack it a buffer at a time, as the blog's ConstantLengthDataset
-does (mmdp.packing.loading.streaming.loader).
+does (mmdp.loading.streaming.loader).
 
     uv run examples/pack_streaming.py --buffer-size 1024
     uv run torchrun --standalone --nproc_per_node 2 examples/pack_streaming.py
@@ -16,9 +16,11 @@ import argparse
 
 import torch.distributed as dist
 
-from mmdp.cli import (
-    PACKING_HINT,
-    DataSettings,
+from mmdp.data.families import MODELS, family_for
+from mmdp.data.reading.settings import DataSettings
+from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
+from mmdp.errors import exit_on_user_error
+from mmdp.flags import (
     add_data_args,
     add_loader_args,
     add_model_and_budget_args,
@@ -26,19 +28,13 @@ from mmdp.cli import (
     config_for,
     description,
     model_processor,
-    print_epoch_report,
-    print_rank_balance,
-    print_run_settings,
-    run_epoch,
     settings_of,
-    write_outputs,
 )
-from mmdp.data.families import MODELS, family_for
-from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
-from mmdp.errors import exit_on_user_error
-from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.ranks import start_ranks
+from mmdp.report.epoch import PACKING_HINT, run_epoch, write_outputs
 from mmdp.report.metrics import PackReport, epoch_metrics, merge_over_ranks
+from mmdp.report.printing import print_epoch_report, print_rank_balance, print_run_settings
 
 
 def parse_args():

@@ -34,8 +34,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
-from mmdp.cli import description, settings_of
 from mmdp.errors import exit_on_user_error
+from mmdp.flags import description, settings_of
 from mmdp.models.tiny_vlm import TinyVLM
 from mmdp.training.evaluation import evaluate
 from mmdp.training.examples import (

@@ -29,8 +29,8 @@ state, and a resume restores it instead of re-reading the batches already traine
 import torch
 from transformers import TrainingArguments
 
-from mmdp.cli import description
 from mmdp.errors import exit_on_user_error
+from mmdp.flags import description
 from mmdp.models.tiny_vlm import TinyVLM
 from mmdp.training.examples import (
     SampleLog,

@@ -26,10 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 # and its children (scripts, torchrun) write to the temp folder.
 # Under pytest-xdist, each worker's folder is inside the controller's, and the workers share the
 # run's cache (generated datasets and weighings: each made once, written whole or not at all,
-# mmdp.data.reading.sources.save_once and mmdp.packing.weighing.weigh, so two workers never see half
+# mmdp.data.reading.sources.save_once and mmdp.weighing.weigh, so two workers never see half
 # of one) and torch's compile cache (flex_attention's kernels compiled once for both). Paths stay
 # short: DataLoader workers hand tensors over through a Unix socket in the temp folder, and one
-# nested folder deeper its path was over the 108 bytes Linux allows (mmdp.packing.loading.workers.
+# nested folder deeper its path was over the 108 bytes Linux allows (mmdp.loading.workers.
 # check_temp_folder).
 if "PYTEST_XDIST_WORKER" in os.environ:
     RUN_DIR = Path(os.environ["MMDP_TESTS_DIR"]) / os.environ["PYTEST_XDIST_WORKER"]
@@ -223,7 +223,7 @@ PACKED_LENGTH = 320
 def two_packs_of_three(family, samples: list[dict]) -> dict:
     """Six samples in two packs of three, each padded to PACKED_LENGTH tokens (a padding tail in
     both), collated by the family."""
-    from mmdp.packing.loading.batch import build_pack, collate_packs
+    from mmdp.batch import build_pack, collate_packs
 
     packs = []
     for three in (samples[:3], samples[3:]):

@@ -67,8 +67,8 @@ def rows_and_tokenizer():
 def make_loader(kind: str, rows, tokenizer, **loader_args):
     """A loader over `rows` with 2 workers on this rank: the planned or the streaming one."""
     from mmdp.data.vqa_dataset import VQADataset
-    from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
-    from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+    from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
+    from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
     from mmdp.packing.packing_config import PackingConfig
 
     config = PackingConfig(max_length=512, packs_per_batch=PACKS_PER_BATCH, buffer_size=BUFFER_SIZE)
@@ -167,8 +167,8 @@ def leave(how: str) -> None:
 
 
 def rank_dies(args: argparse.Namespace) -> None:
-    from mmdp.packing.weighing import weigh as weighing
     from mmdp.ranks import start_ranks
+    from mmdp.weighing import weigh as weighing
 
     rank = start_ranks()
     rows, tokenizer = rows_and_tokenizer()

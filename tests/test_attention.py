@@ -9,12 +9,12 @@ from conftest import ATTENTION_IMPLEMENTATIONS, PACKED_LENGTH, tiny_llama, tiny_
 from transformers import DataCollatorWithFlattening
 
 from mmdp import config
+from mmdp.batch import collate_packs, layout_pack
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.models.attention import reference_flash_attn_func, reference_flash_attn_varlen_func
 from mmdp.models.inputs import MIN_TRANSFORMERS, check_transformers, model_inputs
-from mmdp.packing.loading.batch import collate_packs, layout_pack
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.training.loss import summed_loss
 

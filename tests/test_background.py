@@ -5,8 +5,8 @@ import time
 import pytest
 from torch.utils.data import DataLoader
 
-from mmdp.packing.loading.background import iterate_in_background
-from mmdp.packing.loading.toy import ToyPackingDataset
+from mmdp.loading.background import iterate_in_background
+from mmdp.loading.toy import ToyPackingDataset
 
 
 def producer_threads():

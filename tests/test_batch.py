@@ -1,12 +1,12 @@
-"""The batch contract (mmdp.packing.loading.batch), worked by hand on a few fake samples: the
+"""The batch contract (mmdp.batch), worked by hand on a few fake samples: the
 example of its docstring, two packs of 8 tokens holding samples of 3 and 4 tokens, then one of 6."""
 
 import pytest
 import torch
 
+from mmdp.batch import build_pack, collate_packs, real_token_mask, sample_ids
 from mmdp.drop_reasons import UNDECODABLE_IMAGE
 from mmdp.models.inputs import model_inputs
-from mmdp.packing.loading.batch import build_pack, collate_packs, real_token_mask, sample_ids
 
 IGNORE = -100
 PAD = 0

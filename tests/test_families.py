@@ -18,6 +18,7 @@ from doc_blocks import quoted_batch_keys, quoted_default_budgets
 from PIL import Image
 from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
 
+from mmdp.batch import sample_ids
 from mmdp.data.conversation import chat_messages, chat_turns
 from mmdp.data.families import (
     OFFLINE,
@@ -29,11 +30,10 @@ from mmdp.data.reading.sources import FEATURES
 from mmdp.data.synthetic.rows import encode_png
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import IMAGE_SIZE_REFUSED, UNDECODABLE_IMAGE
+from mmdp.loading.packed_dataset import PackedDataset
 from mmdp.models.attention import use_attention
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
-from mmdp.packing.loading.batch import sample_ids
-from mmdp.packing.loading.packed_dataset import PackedDataset
 from mmdp.training.loss import summed_loss, token_losses
 
 FAMILIES = tuple(OFFLINE)

@@ -14,6 +14,7 @@ from accelerate.utils import concatenate, send_to_device
 from PIL import Image
 from transformers import Trainer
 
+from mmdp.batch import TOKEN_INPUTS, build_pack, collate_packs
 from mmdp.data.families import (
     FAMILIES,
     OFFLINE,
@@ -26,11 +27,10 @@ from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.synthetic.rows import encode_png
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.loading.packed_dataset import PackedDataset
+from mmdp.loading.streaming.loader import StreamingPackedDataset
 from mmdp.models.inputs import PACKED_MASKS, model_inputs
 from mmdp.models.tiny import BUILDERS
-from mmdp.packing.loading.batch import TOKEN_INPUTS, build_pack, collate_packs
-from mmdp.packing.loading.packed_dataset import PackedDataset
-from mmdp.packing.loading.streaming.loader import StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig, default_config
 
 REGISTERED = sorted(
@@ -77,7 +77,7 @@ def test_the_family_a_batch_carries_reaches_model_inputs_through_loaders_and_tra
     worker (pickled as its module and name), accelerate's send_to_device (accelerate 1.15: a value
     without `.to` is returned as it is), accelerate's concatenate of one batch (returned as it is;
     of several it refuses any non-tensor, a name as well: mmdp's loaders refuse
-    accelerator.prepare, mmdp.packing.loading.guards) and transformers' Trainer._prepare_input
+    accelerator.prepare, mmdp.loading.guards) and transformers' Trainer._prepare_input
     (transformers 5.23: a value neither a mapping, a sequence nor a tensor is returned as it is)."""
     family = family_for(tiny_processor("qwen2_5_vl"))
     batch = packed_batch(family)

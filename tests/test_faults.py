@@ -27,13 +27,13 @@ from mmdp.data.reading.sources import FEATURES, load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import UNDECODABLE_IMAGE
 from mmdp.errors import UserError, exit_on_user_error
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
-from mmdp.packing.loading.workers import WorkerFailed
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.workers import WorkerFailed
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.weighing import weigh as weighing
-from mmdp.packing.weighing.weigh import weigh_rows
 from mmdp.report.metrics import PackReport
+from mmdp.weighing import weigh as weighing
+from mmdp.weighing.weigh import weigh_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -218,7 +218,7 @@ def long_temp_folder(tmp_path, monkeypatch):
 def test_a_temp_folder_too_long_for_the_workers_socket_is_one_sentence(
     long_temp_folder, rows, tokenizer
 ):
-    """mmdp.packing.loading.workers.check_temp_folder: both loaders refuse to start their workers
+    """mmdp.loading.workers.check_temp_folder: both loaders refuse to start their workers
     there (the trap, below: they would wait forever); without workers they run."""
     stream = rows.to_iterable_dataset(num_shards=2)
     streaming = StreamingPackedDataset(stream, tokenizer, PackingConfig(max_length=512))
@@ -400,7 +400,7 @@ import os, signal, sys
 import numpy as np
 from datasets import load_from_disk
 from mmdp.data.tokenizer import get_tokenizer
-from mmdp.packing.weighing import weigh as weighing
+from mmdp.weighing import weigh as weighing
 
 savez = np.savez
 

@@ -356,7 +356,7 @@ def test_format_a_users_rows_pack_for_qwen2_5_vl_each_used_or_counted_by_reason(
     trained on, the four others counted with their reasons (two when weighed, two when their
     packs are built). The script itself: the next test (slow group)."""
     from mmdp.data.vqa_dataset import VQADataset
-    from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+    from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
     from mmdp.packing.packing_config import PackingConfig
     from mmdp.report.metrics import PackReport
 

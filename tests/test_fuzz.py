@@ -60,8 +60,8 @@ from mmdp.data.reading.sources import VIDEO_FEATURES
 from mmdp.data.synthetic.videos import encode_clip, encode_mp4, moving_shape
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.metrics import PackReport

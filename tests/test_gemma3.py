@@ -24,6 +24,7 @@ from transformers.models.gemma3.modeling_gemma3 import (
     get_block_sequence_ids_for_mask,
 )
 
+from mmdp.batch import sample_ids
 from mmdp.data.conversation import chat_messages, chat_turns
 from mmdp.data.families import family_for
 from mmdp.data.families.gemma3 import (
@@ -37,7 +38,6 @@ from mmdp.models.attention import flash_attention_on_cpu, use_attention
 from mmdp.models.gemma3_masks import packed_attention_masks
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny.gemma3 import tiny_model
-from mmdp.packing.loading.batch import sample_ids
 
 DEFAULTS = {
     "pan_and_scan_min_crop_size": 256,

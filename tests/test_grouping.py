@@ -1,4 +1,4 @@
-"""Stage 3 grouped by modality and length (mmdp.packing.planning.grouping): hand-worked plans,
+"""Stage 3 grouped by modality and length (mmdp.planning.grouping): hand-worked plans,
 invariants, the sampler under a DataLoader with the naive collator, and the comparison with naive
 and constrained padding."""
 
@@ -9,12 +9,12 @@ from torch.utils.data import DataLoader
 
 from mmdp.data.padding import NaivePadCollator
 from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS, TOO_LONG
-from mmdp.packing.planning.grouping import (
+from mmdp.packing.weights import Weights
+from mmdp.planning.grouping import (
     ModalityLengthBatchSampler,
     plan_batches,
     plan_grouped_epoch,
 )
-from mmdp.packing.weights import Weights
 from mmdp.training.strategies import compare_padding
 
 # The module docstring's example.
@@ -183,7 +183,7 @@ def test_sampler_shares_the_plan_between_ranks_and_the_naive_collator_pads_each_
 
 
 def test_plot_grouped_names_its_parts():
-    from mmdp.report.plots import plot_grouped
+    from mmdp.report.model_plots import plot_grouped
 
     result = compare_padding(random_weights(200, 0), max_length=400, batch_size=4, world_size=2)
     first = {"lengths": [30, 20], "width": 30, "limit": 400, "title": "first"}

@@ -24,14 +24,14 @@ from conftest import PACKED_LENGTH
 from torch import nn
 
 from mmdp import config
+from mmdp.batch import build_pack, collate_packs
 from mmdp.data.families import family_for, tiny_processor
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
-from mmdp.packing.loading.batch import build_pack, collate_packs
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.training.loss import (
     batch_loss,
@@ -100,7 +100,7 @@ def tiny_vlm_batch(tokenizer):
     generator = torch.Generator().manual_seed(0)
     weights = 1.0 + 2.0 * torch.randint(0, 2, (int(batch["sample_index"].numel()) + 1,),
                                         generator=generator).float()  # fmt: skip
-    from mmdp.packing.loading.batch import sample_ids
+    from mmdp.batch import sample_ids
 
     owner = sample_ids(batch)
     batch["loss_weights"] = torch.where(owner >= 0, weights[owner.clamp(min=0)], 0.0)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mmdp import config
+from mmdp.batch import collate_packs, layout_pack
 from mmdp.data.mixture import (
     Source,
     apply_source_rules,
@@ -16,11 +17,10 @@ from mmdp.data.mixture import (
     mixture_from_dict,
 )
 from mmdp.errors import UserError
-from mmdp.packing.loading.batch import collate_packs, layout_pack
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning.planner import plan_epoch
-from mmdp.packing.planning.source_shares import MixturePlan, choose_rows
 from mmdp.packing.weights import Weights
+from mmdp.planning.planner import plan_epoch
+from mmdp.planning.source_shares import MixturePlan, choose_rows
 from mmdp.report.sources import source_report
 from mmdp.training.loss import mean_over_tokens, weighted_mean_over_tokens
 

@@ -6,15 +6,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from mmdp import config
+from mmdp.batch import collate_packs, layout_pack, real_token_mask, sample_ids
 from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
-from mmdp.packing.loading.batch import collate_packs, layout_pack, real_token_mask, sample_ids
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.weighing.weigh import weigh_rows
 from mmdp.report.metrics import EpochReport
 from mmdp.training.loop import PARTS, median_time_per_part, speed_of_run
 from mmdp.training.loss import (
@@ -24,6 +23,7 @@ from mmdp.training.loss import (
     summed_sample_means,
 )
 from mmdp.training.strategies import compare_strategies
+from mmdp.weighing.weigh import weigh_rows
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ batch and `packs_per_batch` packs per packed one; what resumes is a `state_dict(
 
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Weights
 from mmdp.training.strategies import compare_strategies

@@ -14,6 +14,7 @@ import torch
 from datasets import Dataset, Features, List, Value
 from PIL import Image
 
+from mmdp.batch import build_pack, collate_packs
 from mmdp.data.bad_rows import mp4_with_broken_data, png_with_broken_data, truncated_jpeg
 from mmdp.data.conversation import chat_messages, chat_turns
 from mmdp.data.families import OFFLINE, family_for, tiny_processor
@@ -28,14 +29,13 @@ from mmdp.data.videos import video_metadata
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import LEFT_OUT_BY_MIXTURE, TOO_LONG, UNDECODABLE_IMAGE, UNDECODABLE_VIDEO
 from mmdp.errors import UserError
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
-from mmdp.packing.loading.batch import build_pack, collate_packs
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning.source_shares import MixturePlan
 from mmdp.packing.weights import Budgets
+from mmdp.planning.source_shares import MixturePlan
 from mmdp.report.metrics import PackReport
 from mmdp.report.sources import source_report
 

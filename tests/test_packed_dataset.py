@@ -5,6 +5,7 @@ from datasets import Dataset
 from PIL import Image
 from torch.utils.data import DataLoader
 
+from mmdp.batch import collate_packs, sample_ids
 from mmdp.data.reading.sources import FEATURES, load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import (
@@ -14,8 +15,7 @@ from mmdp.drop_reasons import (
     TOO_MANY_IMAGES,
     UNDECODABLE_IMAGE,
 )
-from mmdp.packing.loading.batch import collate_packs, sample_ids
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.metrics import PackReport
 

@@ -12,10 +12,10 @@ from mmdp.packing.packers import (
     reference_fit_decreasing,
 )
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning import planner
-from mmdp.packing.planning.planner import plan_epoch
-from mmdp.packing.planning.processes import PARALLEL_MIN_BUFFERS
 from mmdp.packing.weights import Budgets, Weights
+from mmdp.planning import planner
+from mmdp.planning.planner import plan_epoch
+from mmdp.planning.processes import PARALLEL_MIN_BUFFERS
 
 # Items in up to three budgets; a budget of None is left out (never binds).
 items_in_budgets = st.integers(min_value=1, max_value=64).flatmap(

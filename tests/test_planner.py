@@ -8,8 +8,9 @@ import pytest
 
 from mmdp.drop_reasons import NO_TEXTS, TOO_LONG, TOO_MANY_IMAGES
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning import planner, processes
-from mmdp.packing.planning.planner import (
+from mmdp.packing.weights import Budgets, Weights
+from mmdp.planning import planner, processes
+from mmdp.planning.planner import (
     batch_loads,
     deal_steps,
     filter_rows,
@@ -17,7 +18,6 @@ from mmdp.packing.planning.planner import (
     plan_epoch,
     ranges,
 )
-from mmdp.packing.weights import Budgets, Weights
 from mmdp.report.metrics import rank_balance
 
 

@@ -4,15 +4,13 @@ import pytest
 import torch
 from PIL import Image
 
-from mmdp.packing.loading.batch import collate_packs, layout_pack
+from mmdp.batch import collate_packs, layout_pack
+from mmdp.report.model_plots import plot_learning_curves, plot_pack_samples, plot_strategies
 from mmdp.report.plots import (
-    plot_learning_curves,
-    plot_pack_samples,
     plot_packs,
     plot_padding,
     plot_padding_side_by_side,
     plot_sample,
-    plot_strategies,
     waste,
 )
 

@@ -15,11 +15,11 @@ from train_from_prepared import NUM_ROWS, batch_digests
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
-from mmdp.packing.loading import packed_dataset
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading import packed_dataset
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.weighing import prepared
 from mmdp.prepare import main as prepare
+from mmdp.weighing import prepared
 
 TESTS = Path(__file__).parent
 

@@ -156,7 +156,7 @@ def test_remote_rows_make_the_samples_of_the_same_files_on_disk(bucket):
 def test_remote_weights_with_an_unreachable_file_are_weighed_again_next_run(bucket):
     """The network failed, not the file: the weights are not cached, the next run reads it again
     (and counts it again if it still does not answer)."""
-    from mmdp.packing.weighing.weigh import weigh_rows
+    from mmdp.weighing.weigh import weigh_rows
 
     rows = load_vqa_dataset("s3://users-data/train.jsonl")
     family = family_for(offline_processor("qwen2_5_vl"))

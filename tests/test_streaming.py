@@ -1,4 +1,4 @@
-"""Stage 5 from a stream (mmdp.packing.loading.streaming.loader): every row yielded once or counted,
+"""Stage 5 from a stream (mmdp.loading.streaming.loader): every row yielded once or counted,
 ranks and workers without repeats, ranks that stop together, exact resume, and samples kept apart in
 a pack.
 
@@ -26,17 +26,17 @@ from mmdp.drop_reasons import (
     TOO_MANY_IMAGES,
     UNDECODABLE_IMAGE,
 )
-from mmdp.models.inputs import model_inputs
-from mmdp.packing.loading.streaming.loader import (
+from mmdp.loading.streaming.loader import (
     ReaderState,
     StreamingDataLoader,
     StreamingPackedDataset,
     in_turns,
 )
+from mmdp.models.inputs import model_inputs
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning.buffer import pack_buffer
 from mmdp.packing.weights import Weights
+from mmdp.planning.buffer import pack_buffer
 from mmdp.report.metrics import PackReport
 
 IMAGE_SIZE = 16  # tiny images keep these tests fast; nothing here depends on the size
@@ -385,7 +385,7 @@ def test_when_another_rank_runs_out_this_rank_counts_what_it_held(monkeypatch, r
         return have_one and len(steps) < 5
 
     monkeypatch.setattr(
-        "mmdp.packing.loading.streaming.loader.all_ranks_have_a_batch",
+        "mmdp.loading.streaming.loader.all_ranks_have_a_batch",
         other_rank_runs_out_at_step_5,
     )
     dataset = streamed(rows, tokenizer, rank=1, world_size=2, buffer_size=20)
@@ -414,7 +414,7 @@ def test_when_another_rank_runs_out_this_rank_counts_what_it_held(monkeypatch, r
 # The batches a model takes ---------------------------------------------------------------------
 
 
-# Streamed batches have the planned ones' layout (mmdp.packing.loading.batch), which
+# Streamed batches have the planned ones' layout (mmdp.batch), which
 # tests/test_attention.py checks under every attention implementation; two of them are enough here.
 @pytest.mark.parametrize("attention", ["eager", "sdpa"], indirect=True)
 def test_streamed_batches_keep_samples_apart(attention, rows, tokenizer):

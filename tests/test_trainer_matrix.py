@@ -37,7 +37,7 @@ from torchrun_matrix import (
     measure,
 )
 
-from mmdp.packing.loading.batch import sample_ids
+from mmdp.batch import sample_ids
 from mmdp.training.loss import summed_loss, token_losses
 
 # A family per path in the fast suite, each path another family (the slow matrix runs them all).

@@ -30,13 +30,13 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchrun_checks import WAYS
 from transformers import Trainer, TrainingArguments
 
+from mmdp.batch import collate_packs
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import MissingExtra
-from mmdp.packing.loading.batch import collate_packs
-from mmdp.packing.loading.guards import PREPARE_REFUSED, STATEFUL_REFUSED
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.guards import PREPARE_REFUSED, STATEFUL_REFUSED
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.training.examples import SampleLog, make_loader, tiny_vlm, training_settings
 from mmdp.training.recipes import (

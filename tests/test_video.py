@@ -27,6 +27,7 @@ from test_families import (
     turn,
 )
 
+from mmdp.batch import build_pack, collate_packs
 from mmdp.data.conversation import chat_messages, chat_turns
 from mmdp.data.families import family_for, offline_processor
 from mmdp.data.families.qwen_vl import VIDEO_SETTINGS
@@ -36,11 +37,10 @@ from mmdp.data.videos import decode_frames, video_metadata
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import UNDECODABLE_VIDEO, VIDEO_REFUSED
 from mmdp.errors import UserError
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.models.attention import use_attention
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
-from mmdp.packing.loading.batch import build_pack, collate_packs
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 
 FAMILIES = ("qwen2_5_vl", "qwen3_vl")
@@ -439,8 +439,8 @@ def test_stage5_packs_and_reports_the_videos_for_a_family_that_takes_them(run_ma
 @pytest.mark.slow  # a processor built per family (seconds): the rule is one string
 def test_prepared_weights_are_refused_for_other_video_settings(family):
     """A prepared dataset's manifest names the video processor's settings: weights made at 2 fps
-    do not pass for a run at 4 (mmdp.packing.weighing.prepared.image_rule)."""
-    from mmdp.packing.weighing.prepared import image_rule
+    do not pass for a run at 4 (mmdp.weighing.prepared.image_rule)."""
+    from mmdp.weighing.prepared import image_rule
 
     processor = offline_processor(family.name)
     processor.video_processor = type(processor.video_processor)(**{**VIDEO_SETTINGS, "fps": 4})

@@ -23,11 +23,11 @@ from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import CODE
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing.loading.row_tokens import RowTokens
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.row_tokens import RowTokens
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.weighing import weigh as weighing
-from mmdp.packing.weighing.weigh import TOKEN_FEATURES, environment_kept, weigh_rows
+from mmdp.weighing import weigh as weighing
+from mmdp.weighing.weigh import TOKEN_FEATURES, environment_kept, weigh_rows
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +285,7 @@ def test_two_jobs_weighing_at_once_end_with_the_same_complete_weights(
 ):
     """Pre-tokenized, each job writes its tokens to a scratch folder of its own: when both used
     `KEY.map`, one job's start deleted the other's half-written tokens (FileNotFoundError in 1
-    of 4 pairs, before mmdp.packing.weighing.cache.scratch_path)."""
+    of 4 pairs, before mmdp.weighing.cache.scratch_path)."""
     done = list(two_jobs.map(weigh_in_a_new_process, [str(fresh_cache)] * 2, [pretokenize] * 2))
     assert done[0][2] != done[1][2]  # each job in a process of its own
     assert done[0][:2] == done[1][:2]

@@ -186,7 +186,7 @@ def trainer_on_a_stream(module, out: str) -> dict:
     from transformers import TrainingArguments
 
     from mmdp.data.tokenizer import get_tokenizer
-    from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+    from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
     from mmdp.training.examples import IMAGE_SIZE, model_weights_digest, tiny_vlm
     from mmdp.training.trainer import MMDPTrainer
 
@@ -275,7 +275,7 @@ def torchrun_extras(module, model, batches, inputs, expected) -> dict:
     # processes are rank 0 of their group and must read the same batches.
     groups = [dist.new_group([r]) for r in range(dist.get_world_size())]
     loader, _ = make_loader(example_args())
-    from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+    from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 
     own = PackedDataset(
         loader.dataset.dataset,
@@ -295,7 +295,7 @@ def accelerate_refusals(args_ns) -> dict:
     from accelerate import Accelerator
     from accelerate.data_loader import prepare_data_loader
 
-    from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+    from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 
     accelerator = Accelerator(cpu=True)
     loader, tokenizer = make_loader(args_ns, rank=dist.get_rank(), world_size=2)

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.training.loss import label_tokens, summed_loss
 from mmdp.training.recipes import (

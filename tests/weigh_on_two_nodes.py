@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
-from mmdp.packing.weighing.weigh import weigh_rows
+from mmdp.weighing.weigh import weigh_rows
 
 
 def main():

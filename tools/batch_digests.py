@@ -23,10 +23,10 @@ from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.reading.stream import load_vqa_stream
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
-from mmdp.packing.weighing.weigh import weigh_rows
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.training.strategies import compare_strategies
+from mmdp.weighing.weigh import weigh_rows
 
 TENSORS = (
     "input_ids",

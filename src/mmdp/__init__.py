@@ -1,85 +1,69 @@
 """mmdp: efficient multimodal (image + text) training-data pipelines, stage by stage.
 
-The package follows the blog's parts; to use mmdp in your trainer, copy `src/mmdp/`:
+Import the names below from here (`from mmdp import PackedDataset`): they keep working when files
+move, and `import mmdp` alone loads none of torch, transformers or datasets (a name's module is
+imported the first time the name is used). The house, one room per job:
 
-    data/       stages 1-3: the rows (reading/: sources, streams; synthetic/: the default), the
-                tokenizer and the chat template, images, VQADataset, the padding collators
-    packing/    stages 4-5: the packers and PackingConfig (a pure core), then weighing/,
-                planning/ and loading/ (the batch contract, and the two loaders: planned,
-                PackedDataset; streamed, loading/streaming/)
-    models/     TinyVLM (stage 6's tiny vision-language model) and the attention helpers
-    training/   stage 6: the loss, the training loop, DDP, every strategy compared; training
-                with Trainer, accelerate or torchrun (recipes, trainer)
-    report/     epoch metrics and the figures
-    config, errors, cli, drop_reasons, ranks   shared defaults, one-line errors, flags, why
-                rows are left out, which rank this is
-
-The public names below are what to import (`from mmdp import PackedDataset`); they keep working
-when files move. Everything else is reachable by its module, and names starting with `_` are
-private.
+    data/       stages 1-3: rows (reading/: your files, streams; synthetic/: the default), the
+                tokenizer and chat template, images, videos, VQADataset, the padding collators;
+                families/: what each real model's processor makes of a row
+    packing/    stages 4-5, the pure core: the blog's loops (knapsack), pack(), the budgets,
+                PackingConfig
+    weighing/   what every row weighs, once (cached, prepared, shared over ranks)
+    planning/   an epoch's packs, batches and ranks from the weights
+    loading/    the planned packs built in DataLoader workers (PackedDataset; streaming/)
+    batch       the batch contract: what a packed batch holds and how it is collated
+    models/     TinyVLM and the attention a packed batch needs
+    training/   stage 6: the loss, the loop, DDP, Trainer and accelerate recipes
+    report/     what the stages print, their epoch reports and figures
+    flags, config, errors, drop_reasons, ranks   the scripts' flags, defaults, one-line errors,
+                why rows are left out, which rank this is
 """
 
-from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
-from mmdp.data.reading.sources import load_vqa_dataset
-from mmdp.data.reading.stream import load_vqa_stream
-from mmdp.data.tokenizer import get_tokenizer
-from mmdp.data.vqa_dataset import VQADataset
-from mmdp.models.inputs import model_inputs
-from mmdp.packing.loading.batch import collate_packs, real_token_mask, sample_ids
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.packing.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
-from mmdp.packing.packers import STRATEGIES, pack, pack_flat
-from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning.planner import EpochPlan, Weights, plan_epoch
-from mmdp.packing.weighing.weigh import weigh_rows
-from mmdp.training.loss import label_tokens, mean_over_samples, mean_over_tokens, summed_loss
-from mmdp.training.recipes import (
-    checkpoint_loader_with,
-    gradient_sync,
-    load_loader_state,
-    micro_batch_loss,
-    optimizer_steps,
-    save_loader_state,
-    step_label_tokens,
-)
+from mmdp._lazy import lazy_face
 
-__all__ = [
-    # data (stages 1-3)
-    "load_vqa_dataset",
-    "load_vqa_stream",
-    "get_tokenizer",
-    "VQADataset",
-    "NaivePadCollator",
-    "ConstrainedPadCollator",
-    # packing (stages 4-5)
-    "pack",
-    "pack_flat",
-    "STRATEGIES",
-    "weigh_rows",
-    "PackingConfig",
-    "Weights",
-    "EpochPlan",
-    "plan_epoch",
-    "PackedDataset",
-    "PackedDataLoader",
-    "StreamingPackedDataset",
-    "StreamingDataLoader",
-    # the batch contract
-    "collate_packs",
-    "model_inputs",
-    "real_token_mask",
-    "sample_ids",
-    # the loss (stage 6)
-    "summed_loss",
-    "label_tokens",
-    "mean_over_tokens",
-    "mean_over_samples",
-    # training in your own loop: accelerate, torchrun (Trainer: mmdp.training.trainer.MMDPTrainer)
-    "optimizer_steps",
-    "step_label_tokens",
-    "micro_batch_loss",
-    "gradient_sync",
-    "save_loader_state",
-    "load_loader_state",
-    "checkpoint_loader_with",
-]
+__getattr__, __dir__, __all__ = lazy_face(
+    __name__,
+    {
+        # data (stages 1-3)
+        "mmdp.data.reading.sources": ["load_vqa_dataset", "load_synthetic_videos", "with_videos"],
+        "mmdp.data.reading.stream": ["load_vqa_stream"],
+        "mmdp.data.reading.settings": ["DataSettings"],
+        "mmdp.data.tokenizer": ["get_tokenizer"],
+        "mmdp.data.conversation": ["marked_turns", "system_prompt"],
+        "mmdp.data.images": ["BadImage", "decode_image"],
+        "mmdp.data.vqa_dataset": ["VQADataset"],
+        "mmdp.data.padding": ["NaivePadCollator", "ConstrainedPadCollator"],
+        "mmdp.data.families": ["MODELS", "OFFLINE", "family_for", "offline_processor"],
+        # packing (stages 4-5)
+        "mmdp.packing.packers": ["pack", "pack_flat", "STRATEGIES"],
+        "mmdp.packing.weights": ["Budgets", "Weights"],
+        "mmdp.packing.packing_config": ["PackingConfig", "default_config"],
+        "mmdp.weighing.weigh": ["weigh_rows"],
+        "mmdp.planning.planner": ["EpochPlan", "plan_epoch"],
+        "mmdp.loading.packed_dataset": ["PackedDataset", "PackedDataLoader"],
+        "mmdp.loading.streaming.loader": ["StreamingPackedDataset", "StreamingDataLoader"],
+        # the batch contract
+        "mmdp.batch": ["collate_packs", "real_token_mask", "sample_ids"],
+        "mmdp.models.inputs": ["model_inputs"],
+        # the loss (stage 6)
+        "mmdp.training.loss": [
+            "summed_loss",
+            "label_tokens",
+            "mean_over_tokens",
+            "mean_over_samples",
+        ],
+        # training in your own loop: accelerate, torchrun (Trainer: mmdp.training.trainer.MMDPTrainer)
+        "mmdp.training.recipes": [
+            "optimizer_steps",
+            "step_label_tokens",
+            "micro_batch_loss",
+            "gradient_sync",
+            "save_loader_state",
+            "load_loader_state",
+            "checkpoint_loader_with",
+        ],
+        # several processes
+        "mmdp.ranks": ["start_ranks", "gather_from_ranks"],
+    },
+)

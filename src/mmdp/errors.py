@@ -1,5 +1,5 @@
 """Errors reported as one sentence: those a user can fix (a wrong --dataset, no network, a
-package only an extra installs), a DataLoader worker that failed (mmdp.packing.loading.workers names
+package only an extra installs), a DataLoader worker that failed (mmdp.loading.workers names
 it, its batch and why), and a rank that stopped answering the others (mmdp.ranks names
 it)."""
 

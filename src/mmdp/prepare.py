@@ -1,6 +1,6 @@
 """Prepare a dataset once: weigh every row for a model and its budgets, and write the weights (and,
 with --pretokenize, every sample's input_ids and labels) with a manifest to a path or any fsspec
-URL, for every later run on every machine (mmdp.packing.weighing.prepared).
+URL, for every later run on every machine (mmdp.weighing.prepared).
 
     uv run -m mmdp.prepare --out /data/prepared/synthetic --num-rows 2000
     uv run --extra s3 -m mmdp.prepare --out s3://bucket/prepared/ai2d \\
@@ -16,21 +16,21 @@ import argparse
 import time
 
 from mmdp import config
-from mmdp.cli import (
-    DataSettings,
+from mmdp.data.families import MODELS, family_for
+from mmdp.data.reading.settings import DataSettings
+from mmdp.errors import exit_on_user_error
+from mmdp.flags import (
     add_dataset_args,
     add_model_and_budget_args,
     config_for,
     description,
     model_processor,
     positive_int,
-    print_settings,
     settings_of,
 )
-from mmdp.data.families import MODELS, family_for
-from mmdp.errors import exit_on_user_error
-from mmdp.packing.weighing.prepared import budget_report, describe, write_prepared
-from mmdp.packing.weighing.weigh import weigh_rows
+from mmdp.report.printing import print_settings
+from mmdp.weighing.prepared import budget_report, describe, write_prepared
+from mmdp.weighing.weigh import weigh_rows
 
 
 def parse_args(argv=None):

@@ -26,7 +26,7 @@ A mixture file (JSON; `examples/pack_mixture.py --mixture FILE.json`):
   loss (mmdp.training.loss.weighted_mean_over_tokens); batches carry it as `loss_weights`.
 - `labels`: "all_turns" (default) trains every reply; "last_turn" only the last one.
 
-Planning (mmdp.packing.planning.source_shares, and mmdp.packing.planning.planner step 0 and 3b):
+Planning (mmdp.planning.source_shares, and mmdp.planning.planner step 0 and 3b):
 after the unusable rows are filtered out, each source's usable rows are shuffled with (seed, epoch,
 source) and taken until the source's token (or row) target is met; the chosen rows are packed
 together, and each step's batches are given to the ranks so that every rank's tokens of every source

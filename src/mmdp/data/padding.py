@@ -5,7 +5,7 @@ Both take the list of dicts VQADataset returns and produce one dict of tensors:
     labels          int64 [B, L]   -100 on padding
     attention_mask  int64 [B, L]   1 on real tokens, 0 on padding: the only reliable padding
                                    marker, since SmolLM2's pad id is also its <|im_end|> token
-                                   (read it with mmdp.packing.loading.batch.real_token_mask(batch))
+                                   (read it with mmdp.batch.real_token_mask(batch))
     pixel_values    float [N, 3, S, S]  every image of the batch, in sample order
     sample_of_image int64 [N]      which row of the batch each image belongs to
     sample_index    int64 [B]      the dataset row of each batch row

@@ -1,7 +1,7 @@
 """Attention implementations and packed batches: which transformers keeps samples apart, and a
 CPU stand-in for FlashAttention so that its routing can be tested without a GPU.
 
-What keeps the samples of a packed batch apart (see mmdp.packing.loading.batch and
+What keeps the samples of a packed batch apart (see mmdp.batch and
 docs/use-in-your-trainer.md):
 
     eager, sdpa, flex_attention   the per-sample causal mask transformers builds from restarting

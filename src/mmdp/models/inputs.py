@@ -1,14 +1,14 @@
 """What a model takes from a packed batch: `model_inputs(batch, model)`, for every Hugging Face
-model mmdp packs for (the batch itself is mmdp.packing.loading.batch's contract)."""
+model mmdp packs for (the batch itself is mmdp.batch's contract)."""
 
 import functools
 
 import transformers
 from packaging.version import Version
 
+from mmdp.batch import TOKEN_INPUTS
 from mmdp.data.families.base import VIDEO_INPUTS, VISION_INPUTS
 from mmdp.errors import UserError
-from mmdp.packing.loading.batch import TOKEN_INPUTS
 
 # The keys of a packed batch that a Hugging Face causal LM takes, under every attention
 # implementation: eager, sdpa and flex_attention use position_ids and ignore the rest;
@@ -69,7 +69,7 @@ def model_inputs(batch: dict, model=None) -> dict:
     inputs["use_cache"] = False
     # the family that collated the batch (its class, carried in the batch) says what its model
     # takes; a batch collated without one holds whichever per-token and vision inputs its samples
-    # had (mmdp.packing.loading.batch.collate_packs)
+    # had (mmdp.batch.collate_packs)
     family = batch.get("model_family")
     token_keys = family.token_keys if family else TOKEN_INPUTS
     inputs.update({key: batch[key] for key in token_keys if key in batch})

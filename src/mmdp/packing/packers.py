@@ -2,7 +2,7 @@
 
 Everything here is pure: lengths (and image and patch counts) in, packs out, as lists of indices
 into `lengths`. The thread/queue plumbing that streams packs lives elsewhere
-(mmdp.packing.loading.background, mmdp.packing.loading.toy, mmdp.packing.loading.packed_dataset) and
+(mmdp.loading.background, mmdp.loading.toy, mmdp.loading.packed_dataset) and
 calls `pack`.
 
 The budgets, per pack:
@@ -64,7 +64,7 @@ from typing import Literal
 
 import numpy as np
 
-from mmdp.packing import _engines
+from mmdp.packing import _engines, _scan
 from mmdp.packing.weights import Budgets, Weights
 
 Strategy = Literal["greedy", "binpack", "bfd", "images_first_bfd", "balanced_greedy"]
@@ -109,7 +109,7 @@ def pack_flat(
     max_patches: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`pack` as two flat arrays, for callers that plan millions of items
-    (mmdp.packing.planning.planner).
+    (mmdp.planning.planner).
 
     Returns (items, starts): pack p holds items[starts[p] : starts[p + 1]], and
     len(starts) == packs + 1.
@@ -443,6 +443,6 @@ def pack_every_budget(
     sizes = np.stack([items.lengths, items.image_counts, items.patch_counts])
     if strategy == "balanced_greedy":
         opened = balanced_greedy_packs(items, budgets)
-        return _engines.scan_balanced_greedy(sizes, budgets.per_unit(), opened)
+        return _scan.scan_balanced_greedy(sizes, budgets.per_unit(), opened)
     order = decreasing_order(items, budgets, strategy)
-    return _engines.scan_fit_decreasing(sizes, budgets.per_unit(), order, strategy)
+    return _scan.scan_fit_decreasing(sizes, budgets.per_unit(), order, strategy)

@@ -1,7 +1,7 @@
 """What planning knows of each row of a dataset, and what a pack may hold, in the same units.
 
 Weights: each row's weight (tokens, images, vision patches) and why it is unusable, if it is:
-flat arrays, one entry per row (mmdp.packing.weighing.weigh makes them, mmdp.packing.planning
+flat arrays, one entry per row (mmdp.weighing.weigh makes them, mmdp.planning
 plans from them, the packers pack them). Budgets: a pack's limit in each unit, one frozen value
 that PackingConfig holds (`config.budgets`) and the planner passes whole to the packers.
 """

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmdp.packing.loading.batch import real_token_mask
+from mmdp.batch import real_token_mask
 from mmdp.packing.weights import Budgets
 from mmdp.ranks import gather_from_ranks
 
@@ -300,7 +300,7 @@ def merge_over_ranks(report: PackReport, loads: dict | None = None) -> dict:
 
     Returns {"report": the merged PackReport, "reports": one per rank, "rank_balance": ...}.
     The balance is of `loads` when given (a planned epoch's, from its plan:
-    mmdp.packing.planning.planner.batch_loads), else of what each rank's batches held, step by
+    mmdp.planning.planner.batch_loads), else of what each rank's batches held, step by
     step (a stream's ranks stop at the same step).
     """
     reports = gather_from_ranks(report)

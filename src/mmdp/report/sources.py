@@ -7,9 +7,9 @@ import numpy as np
 
 from mmdp.data.mixture import MixedRows
 from mmdp.drop_reasons import LEFT_OUT_BY_MIXTURE, LEFT_OUT_TO_EQUALISE_RANKS
-from mmdp.packing.planning.planner import EpochPlan, filter_rows
-from mmdp.packing.planning.source_shares import MixturePlan
 from mmdp.packing.weights import Budgets, Weights
+from mmdp.planning.planner import EpochPlan, filter_rows
+from mmdp.planning.source_shares import MixturePlan
 
 
 def planned_drops_by_source(

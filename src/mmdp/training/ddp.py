@@ -39,11 +39,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from mmdp import config
-from mmdp.cli import DataSettings, add_dataset_args, description, positive_int, settings_of
+from mmdp.data.reading.settings import DataSettings
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.flags import add_dataset_args, description, positive_int, settings_of
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.metrics import write_json
 from mmdp.training.loss import label_tokens, summed_loss

@@ -18,7 +18,7 @@ mean: a mixture's `loss_weights`, a training choice, are not applied (each sourc
 reported instead).
 
 Every rank runs every batch of its share, filler batches included (a rank without a pack in the
-last step, mmdp.packing.planning.planner): they count nothing, and under FSDP every rank's forwards
+last step, mmdp.planning.planner): they count nothing, and under FSDP every rank's forwards
 meet. MMDPTrainer.evaluate and the accelerate and torchrun examples call this function.
 """
 
@@ -27,7 +27,7 @@ import contextlib
 import torch
 from torch import nn
 
-from mmdp.packing.loading.batch import sample_ids
+from mmdp.batch import sample_ids
 from mmdp.training.loop import to_device
 from mmdp.training.loss import batch_loss
 from mmdp.training.recipes import all_reduced

@@ -27,8 +27,15 @@ import pyarrow.compute
 import torch
 import torch.distributed as dist
 
-from mmdp.cli import (
-    DataSettings,
+from mmdp.data.families import OFFLINE as FAMILY_MODELS
+from mmdp.data.families import load_processor, tiny_processor, why
+from mmdp.data.hub import require_hub
+from mmdp.data.reading.settings import DataSettings
+from mmdp.data.reading.sources import load_synthetic_videos, with_videos
+from mmdp.data.tokenizer import get_tokenizer
+from mmdp.data.vqa_dataset import VQADataset
+from mmdp.errors import UserError
+from mmdp.flags import (
     add_dataset_args,
     non_negative_int,
     positive_float,
@@ -36,17 +43,10 @@ from mmdp.cli import (
     ratio,
     settings_of,
 )
-from mmdp.data.families import OFFLINE as FAMILY_MODELS
-from mmdp.data.families import load_processor, tiny_processor, why
-from mmdp.data.hub import require_hub
-from mmdp.data.reading.sources import load_synthetic_videos, with_videos
-from mmdp.data.tokenizer import get_tokenizer
-from mmdp.data.vqa_dataset import VQADataset
-from mmdp.errors import UserError
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import default_config
 
 IMAGE_SIZE = 32  # small images keep a CPU step short; 32 / 4-pixel patches = 64 image tokens

@@ -25,8 +25,8 @@ import time
 import torch
 
 from mmdp import config
+from mmdp.batch import real_token_mask
 from mmdp.models.tiny_vlm import TinyVLM, vlm_inputs
-from mmdp.packing.loading.batch import real_token_mask
 from mmdp.training.loss import batch_loss, head_loss, label_tokens
 
 PARTS = (

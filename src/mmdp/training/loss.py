@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mmdp import config
-from mmdp.packing.loading.batch import real_token_mask, sample_ids
+from mmdp.batch import real_token_mask, sample_ids
 
 
 def next_token_labels(labels: torch.Tensor) -> torch.Tensor:

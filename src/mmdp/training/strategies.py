@@ -3,8 +3,8 @@ assets/strategies.png, and stage 3's comparison of padded batches (compare_paddi
 
 Naive and constrained padding batch `batch_size` samples in the order of a seeded shuffle (as
 stages 2 and 3 do, so the figures match); the packers plan the epoch as stage 5 does
-(mmdp.packing.planning.planner), and differ only in the strategy; grouped padded batches are planned
-as stage 3's --group-by does (mmdp.packing.planning.grouping).
+(mmdp.planning.planner), and differ only in the strategy; grouped padded batches are planned
+as stage 3's --group-by does (mmdp.planning.grouping).
 """
 
 import numpy as np
@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader
 from mmdp.drop_reasons import REASONS, TOO_LONG
 from mmdp.packing.packers import STRATEGIES as PACKING_STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning.grouping import plan_batches, plan_grouped_epoch
-from mmdp.packing.planning.planner import Weights, plan_epoch
+from mmdp.planning.grouping import plan_batches, plan_grouped_epoch
+from mmdp.planning.planner import Weights, plan_epoch
 from mmdp.report.metrics import rank_balance, spread
 
 PADDING_STRATEGIES = ("naive", "constrained")
@@ -129,7 +129,7 @@ def compare_strategies(
     seed: int = 0,
 ) -> dict:
     """{strategy: epoch summary} for naive, constrained and every packing strategy, from the
-    same weights (mmdp.packing.weighing.weigh): `batch_size` samples per padded batch,
+    same weights (mmdp.weighing.weigh): `batch_size` samples per padded batch,
     `packs_per_batch` packs per packed one."""
     results = {
         name: padding_epoch(weights, name, max_length=max_length, batch_size=batch_size, seed=seed)

@@ -15,7 +15,7 @@ What a plain Trainer does to an mmdp loader, and what MMDPTrainer does instead (
 methods of transformers' Trainer):
 
 1. Trainer builds its own DataLoader and passes it to accelerator.prepare (_get_dataloader), which
-   cuts our tensors or re-shards our packs (mmdp.packing.loading.guards). MMDPTrainer hands Trainer
+   cuts our tensors or re-shards our packs (mmdp.loading.guards). MMDPTrainer hands Trainer
    the loader itself (get_train_dataloader; nothing else prepares it: _inner_training_loop,
    _prepare_for_training), so Trainer's own batching flags (per_device_train_batch_size,
    dataloader_num_workers, remove_unused_columns: _get_dataloader) never touch it. The model gets
@@ -99,8 +99,8 @@ from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from mmdp.errors import require_extra
+from mmdp.loading.packed_dataset import PackedDataLoader
 from mmdp.models.inputs import model_inputs as packed_model_inputs
-from mmdp.packing.loading.packed_dataset import PackedDataLoader
 from mmdp.training import evaluation
 from mmdp.training.loss import batch_loss, summed_weighted_loss
 from mmdp.training.recipes import (
@@ -141,7 +141,7 @@ def token_loss(outputs, labels, num_items_in_batch=None, loss_weights=None):
     processes because DDP averages gradients (Trainer.compute_loss) and does not divide it by the
     accumulation steps (Trainer.training_step).
     It counts `labels[..., 1:] != -100` or `labels != -100` depending on the model; mmdp batches
-    give both the same count, since every sample's first label is -100 (mmdp.packing.loading.batch).
+    give both the same count, since every sample's first label is -100 (mmdp.batch).
     MMDPTrainer passes `loss_weights` from the batch (Trainer itself passes only the labels).
     """
     if num_items_in_batch is None:

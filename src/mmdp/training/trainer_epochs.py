@@ -3,7 +3,7 @@
 Trainer reads a loader's len() once and takes that many batches from every epoch, but a planned
 epoch's batch count follows its shuffle. `LoaderForTrainer` shows Trainer no length and pads each
 planned epoch's last optimizer step with filler micro-batches that train nothing
-(mmdp.packing.loading.batch.filler_batch), so every step holds one epoch's batches;
+(mmdp.batch.filler_batch), so every step holds one epoch's batches;
 `planned_max_steps` turns whole epochs into max_steps; `LoaderEpoch` makes Trainer's `epoch` (its
 logs, its "per epoch" saving) the loader's. mmdp.training.trainer tells the whole story, with
 transformers' file and line numbers.
@@ -13,7 +13,7 @@ import math
 
 from transformers import TrainerCallback
 
-from mmdp.packing.loading.batch import filler_batch
+from mmdp.batch import filler_batch
 from mmdp.training.recipes import batches_forever
 
 

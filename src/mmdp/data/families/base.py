@@ -398,7 +398,7 @@ class ModelFamily:
 
     def tokenize(self, texts, images, videos=None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         """(input_ids, labels, images, patches) of a row, its images and videos read from their
-        headers (pretokenizing: mmdp.packing.weighing.weigh, which reads the settings once a
+        headers (pretokenizing: mmdp.weighing.weigh, which reads the settings once a
         batch)."""
         layouts = self.layouts([image_size(image) for image in images or []])
         videos = self.video_layouts(videos)

@@ -8,19 +8,20 @@ import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from mmdp.cli import DataSettings, settings_of
 from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
+from mmdp.data.reading.settings import DataSettings
 from mmdp.data.reading.sources import no_progress_bars
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
+from mmdp.flags import settings_of
+from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.models.tiny_vlm import TinyVLMConfig
-from mmdp.packing.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning.planner import EpochPlan, filter_rows, plan_epoch
-from mmdp.packing.weighing.weigh import weigh_rows
 from mmdp.packing.weights import Budgets, Weights
+from mmdp.planning.planner import EpochPlan, filter_rows, plan_epoch
 from mmdp.training.experiments.settings import ExperimentSettings
+from mmdp.weighing.weigh import weigh_rows
 
 
 @dataclasses.dataclass

@@ -1,5 +1,5 @@
 """What stage 6's experiments read of its flags, as one frozen value: 06_packing_pays_off.py
-parses its flags and hands `settings_of(ExperimentSettings, args)` (mmdp.cli) to every
+parses its flags and hands `settings_of(ExperimentSettings, args)` (mmdp.flags) to every
 experiment, so no experiment reads an argparse.Namespace."""
 
 import dataclasses

@@ -5,7 +5,7 @@ import math
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from mmdp.packing.loading.background import iterate_in_background
+from mmdp.loading.background import iterate_in_background
 from mmdp.packing.packers import STRATEGIES, pack
 
 # The blog's two strategies for the toy: next fit in order, and first-fit decreasing.

@@ -1,12 +1,12 @@
 """Stage 5 from a stream: pack a dataset you cannot (or will not) download first.
 
 This is the blog's stage 5 as it tells it: read samples into a buffer, pack the buffer with
-knapsacks, yield the packs, refill. `mmdp.packing.loading.packed_dataset` plans a whole epoch from
+knapsacks, yield the packs, refill. `mmdp.loading.packed_dataset` plans a whole epoch from
 lengths instead, which packs a little better when the dataset is on disk; this module is for
 `load_dataset(..., streaming=True)` (the_cauldron's 50 subsets, FineVision's ~24 M rows) or any
-other stream of rows in the_cauldron's schema. Same batches (mmdp.packing.loading.batch), same
+other stream of rows in the_cauldron's schema. Same batches (mmdp.batch), same
 strategies, same two budgets, the same filter and packing steps as the planner
-(mmdp.packing.planning.planner), applied to one buffer at a time.
+(mmdp.planning.planner), applied to one buffer at a time.
 
 Every DataLoader worker of every rank is a *reader* with its own share of the stream. A reader:
 
@@ -59,10 +59,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
-from mmdp.packing.loading.guards import RefusesAcceleratePrepare
-from mmdp.packing.loading.streaming.dataset import StreamingPackedDataset
-from mmdp.packing.loading.streaming.reader import ReaderState
-from mmdp.packing.loading.workers import check_temp_folder, name_failed_worker
+from mmdp.loading.guards import RefusesAcceleratePrepare
+from mmdp.loading.streaming.dataset import StreamingPackedDataset
+from mmdp.loading.streaming.reader import ReaderState
+from mmdp.loading.workers import check_temp_folder, name_failed_worker
 from mmdp.packing.packing_config import check_resume
 from mmdp.ranks import ANSWER_TIMEOUT, all_ranks_have_a_batch
 
@@ -70,7 +70,7 @@ from mmdp.ranks import ANSWER_TIMEOUT, all_ranks_have_a_batch
 
 
 class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
-    """A DataLoader over a StreamingPackedDataset: yields its batches (mmdp.packing.loading.batch,
+    """A DataLoader over a StreamingPackedDataset: yields its batches (mmdp.batch,
     plus `reader_state`), keeps every worker's latest reader state for `state_dict()`, and under
     torchrun stops every rank at the same step.
 
@@ -91,7 +91,7 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
 
     `len()` is not known ahead: a trainer needs a number of steps. It owns its dataset: another
     DataLoader that iterates the dataset (accelerate's, torchdata's) gets one sentence saying what
-    to do instead, and so does `accelerator.prepare(loader)` (mmdp.packing.loading.guards).
+    to do instead, and so does `accelerator.prepare(loader)` (mmdp.loading.guards).
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Pack one buffer of a stream (steps 2-3 of mmdp.packing.loading.streaming.loader): pure, weights
+"""Pack one buffer of a stream (steps 2-3 of mmdp.loading.streaming.loader): pure, weights
 in, packs out. The planner's own steps (filter_rows, shuffle_and_pack), applied to one buffer."""
 
 import dataclasses
@@ -7,8 +7,8 @@ from collections import Counter
 import numpy as np
 
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning.planner import filter_rows, shuffle_and_pack
 from mmdp.packing.weights import Weights
+from mmdp.planning.planner import filter_rows, shuffle_and_pack
 
 
 def pack_buffer(

@@ -2,7 +2,7 @@
 
 Buffers are independent (a pack never crosses one), so ranges of whole buffers can be packed in
 forked processes and their results put back in order: the same plan as one process makes
-(tests/test_packing_engines.py). mmdp.packing.planning.planner.pack_buffers decides how many
+(tests/test_packing_engines.py). mmdp.planning.planner.pack_buffers decides how many
 processes (`planning_workers`) and calls `pack_in_processes`, or `PackingJob.pack` in its own
 process.
 """

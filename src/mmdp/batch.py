@@ -1,6 +1,6 @@
 """The batch contract: what a packed batch holds, how one is built and collated, and the keys a
-model takes (mmdp.models.inputs). Both loaders (mmdp.packing.loading.packed_dataset,
-mmdp.packing.loading.streaming.loader) build their batches here, and every consumer reads them
+model takes (mmdp.models.inputs). Both loaders (mmdp.loading.packed_dataset,
+mmdp.loading.streaming.loader) build their batches here, and every consumer reads them
 through the functions here.
 
 A batch of B packs, each a row of L = max_length tokens:
@@ -175,7 +175,7 @@ def collate_packs(packs: list[dict], family=None) -> dict:
     `family` (a mmdp.data.families.base.ModelFamily) collates the vision inputs its model takes, and
     puts its class in the batch (`model_family`); without one, each vision input is concatenated
     along its first dimension, which is what TinyVLM, Qwen-VL, LLaVA-OneVision and Gemma 3 take.
-    Packs marked `filler` (a rank's filler batch, mmdp.packing.planning.planner) make a
+    Packs marked `filler` (a rank's filler batch, mmdp.planning.planner) make a
     `filler_batch`.
     """
     batch = stack_packs(packs, family)
@@ -249,7 +249,7 @@ def filler_batch(batch: dict) -> dict:
 
     Its loss and gradient are exactly 0 and it counts no label token, yet the model runs it as
     any batch: a rank that has no batch of its own at a step (the last step of an epoch with
-    fewer packs than ranks; mmdp.packing.planning.planner) runs it while the other ranks train, so
+    fewer packs than ranks; mmdp.planning.planner) runs it while the other ranks train, so
     that DDP's and FSDP's collectives meet, and Trainer pads an epoch's short last optimizer step
     with it (mmdp.training.trainer_epochs)."""
     out = dict(batch, filler=True)

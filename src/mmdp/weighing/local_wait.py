@@ -1,5 +1,5 @@
 """While local rank 0 of a machine weighs the rows, the other local ranks of the machine wait
-for its cache (mmdp.packing.weighing.weigh, without a collective call): they raise at once if it
+for its cache (mmdp.weighing.weigh, without a collective call): they raise at once if it
 stopped while weighing, or after a timeout."""
 
 import json
@@ -8,7 +8,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from mmdp.packing.weighing.cache import is_complete, process_exists
+from mmdp.weighing.cache import is_complete, process_exists
 
 
 def wait_for(path: Path, local_rank: int, timeout: timedelta, poll_seconds: float) -> None:

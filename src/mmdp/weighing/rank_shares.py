@@ -1,4 +1,4 @@
-"""When every rank weighs a share of the rows (mmdp.packing.weighing.weigh, across_ranks=True): the
+"""When every rank weighs a share of the rows (mmdp.weighing.weigh, across_ranks=True): the
 shares cross as CPU tensors over a gloo group, whatever the training backend, and every rank
 gets every row's weights."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mmdp.packing.weighing.cache import ARRAYS
 from mmdp.ranks import ranks_answering
+from mmdp.weighing.cache import ARRAYS
 
 
 def gloo_group(timeout: timedelta):

@@ -15,7 +15,7 @@ computes the same plan and takes its share. In the blog's terms:
    same number of batches (DDP would hang otherwise) and no pack is left out: the last step is
    shared as evenly as it goes (some ranks one pack more), and when it holds fewer packs than
    ranks, a rank without one gets a `filler` batch (a copy of another rank's pack that trains
-   nothing: every label -100, mmdp.packing.loading.batch.filler_batch).
+   nothing: every label -100, mmdp.batch.filler_batch).
 
 Everything is a flat array, so that 24 M rows plan in seconds and a worker receives a few bytes
 per row. An EpochPlan holds:
@@ -47,8 +47,8 @@ from mmdp.drop_reasons import (
     TOO_MANY_PATCHES,
 )
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning.processes import PackingJob, pack_in_processes, planning_workers
 from mmdp.packing.weights import Budgets, Weights
+from mmdp.planning.processes import PackingJob, pack_in_processes, planning_workers
 
 # Whole-epoch arrays are int32 (`index_dtype`) and written in place; element-wise work on them
 # goes a slice at a time, so that its temporaries (numpy's int64 indices, masks) stay a few MB
@@ -95,7 +95,7 @@ class EpochPlan:
         A batch of no pack (the rank's filler in a last step of fewer packs than ranks) becomes
         one pack, a copy of the step's first pack on another rank, marked in `fillers`: the rank
         still runs a forward and backward with the others (DDP and FSDP meet there), and the
-        copy trains nothing (mmdp.packing.loading.batch.filler_batch)."""
+        copy trains nothing (mmdp.batch.filler_batch)."""
         if self.world_size == 1:
             return self  # the whole plan: its arrays, not a copy
         batches = np.arange(rank, len(self.batch_starts) - 1, self.world_size)
@@ -375,7 +375,7 @@ def plan_epoch(
     """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed, packed and
     batched as `config` says (None: PackingConfig()).
 
-    `mixture` (a mmdp.packing.planning.source_shares.MixturePlan): the rows come from several
+    `mixture` (a mmdp.planning.source_shares.MixturePlan): the rows come from several
     sources, each with its share; after step 1 it chooses the epoch's rows (some left out, some
     repeated), and after step 3 each step's batches go to the ranks so that every rank's share of
     every source holds.

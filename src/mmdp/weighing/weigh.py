@@ -1,7 +1,7 @@
 """Weigh every row of a dataset once: its tokens, images, vision patches and drop reason, in
 parallel, cached.
 
-Planning an epoch (mmdp.packing.planning.planner) needs each row's weight: its tokens, images and
+Planning an epoch (mmdp.planning.planner) needs each row's weight: its tokens, images and
 the vision encoder's patches, by its model family's rules (mmdp.data.families.base: TinyVLM's 64
 tokens per image, or a real processor's count for each image's width and height), without decoding a
 single image. Tokenizing the text of millions of rows takes minutes, so it is done once and kept:
@@ -29,7 +29,7 @@ Two ways under torchrun:
 - otherwise (a dataset built on one rank only, say): local rank 0 of each machine weighs all the
   rows, and the other local ranks wait for its cache, with no collective call.
 
-The cache on disk is mmdp.packing.weighing.cache; the waiting local ranks, local_wait; the gather
+The cache on disk is mmdp.weighing.cache; the waiting local ranks, local_wait; the gather
 of the ranks' shares, rank_shares.
 """
 
@@ -57,7 +57,9 @@ from mmdp.data.images import BadImage
 from mmdp.data.reading.sources import cache_dir, undecoded
 from mmdp.data.videos import BadVideo
 from mmdp.drop_reasons import CODE, UNREACHABLE_FILE
-from mmdp.packing.weighing.cache import (
+from mmdp.packing.weights import Weights
+from mmdp.ranks import ranks_answering
+from mmdp.weighing.cache import (
     ARRAYS,
     load,
     load_if_sound,
@@ -65,10 +67,8 @@ from mmdp.packing.weighing.cache import (
     scratch_path,
     weights_of,
 )
-from mmdp.packing.weighing.local_wait import wait_for
-from mmdp.packing.weighing.rank_shares import gather_shares, gloo_group
-from mmdp.packing.weights import Weights
-from mmdp.ranks import ranks_answering
+from mmdp.weighing.local_wait import wait_for
+from mmdp.weighing.rank_shares import gather_shares, gloo_group
 
 # Bump when what a weight means changes (the chat template rendering, how images are counted...),
 # so that older caches are not reused.

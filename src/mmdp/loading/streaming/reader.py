@@ -1,4 +1,4 @@
-"""Step 1 of mmdp.packing.loading.streaming.loader: one reader's share of a stream (ReaderStream),
+"""Step 1 of mmdp.loading.streaming.loader: one reader's share of a stream (ReaderStream),
 the data files behind a datasets stream (to name the one at fault), and where a reader is
 (ReaderState: what a resume starts from)."""
 

@@ -1,7 +1,7 @@
 """Each row's pre-computed tokens (pretokenize=True), read as numpy views of their Arrow buffers.
 
 The weighing pass keeps every row's input_ids and labels in a Dataset of two list columns,
-memory-mapped from the weights' cache (mmdp.packing.weighing.weigh) or from a prepared dataset. A
+memory-mapped from the weights' cache (mmdp.weighing.weigh) or from a prepared dataset. A
 pack needs the tokens of a few rows; reading them through datasets' formatting cost a DataLoader
 worker about 5x what slicing the same buffers does (0.20 against 0.04 s for the 490 packs of
 2,000 embedded rows; docs/benchmarks.md, "The loader at the decode floor"). A list column is

@@ -1,6 +1,6 @@
-"""StreamingPackedDataset: what every reader of mmdp.packing.loading.streaming.loader runs, steps
+"""StreamingPackedDataset: what every reader of mmdp.loading.streaming.loader runs, steps
 1-4 (read a buffer of its share, weigh it, pack it, build the packs into batches in a producer
-thread). Iterate it with mmdp.packing.loading.streaming.loader.StreamingDataLoader."""
+thread). Iterate it with mmdp.loading.streaming.loader.StreamingDataLoader."""
 
 import dataclasses
 from collections import Counter
@@ -12,15 +12,15 @@ from datasets.distributed import split_dataset_by_node
 from torch.utils.data import IterableDataset, get_worker_info
 
 from mmdp import config as defaults
+from mmdp.batch import build_pack, collate_packs
 from mmdp.data.families import family_for
 from mmdp.data.reading.sources import undecoded
-from mmdp.packing.loading.background import iterate_in_background
-from mmdp.packing.loading.batch import build_pack, collate_packs
-from mmdp.packing.loading.guards import iterated_elsewhere
-from mmdp.packing.loading.streaming.reader import ReaderState, ReaderStream
+from mmdp.loading.background import iterate_in_background
+from mmdp.loading.guards import iterated_elsewhere
+from mmdp.loading.streaming.reader import ReaderState, ReaderStream
 from mmdp.packing.packing_config import PackingConfig, PackingSettings, default_config
-from mmdp.packing.planning.buffer import pack_buffer
 from mmdp.packing.weights import Weights
+from mmdp.planning.buffer import pack_buffer
 from mmdp.ranks import rank_and_world_size, sharding_warning
 
 

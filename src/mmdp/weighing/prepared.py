@@ -1,6 +1,6 @@
 """A prepared dataset: weigh once, train many times, on many machines.
 
-`uv run -m mmdp.prepare --out URL` weighs every row of a dataset (mmdp.packing.weighing.weigh; with
+`uv run -m mmdp.prepare --out URL` weighs every row of a dataset (mmdp.weighing.weigh; with
 --pretokenize it keeps each sample's input_ids and labels too) and writes the result to a local
 folder or any fsspec URL (s3://, gs://, hf://, ...), with a manifest of everything the weights
 depend on. Training reads it from there on every rank and node (PackedDataset.from_prepared) and
@@ -46,10 +46,10 @@ from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.reading.sources import cache_dir
 from mmdp.errors import UserError
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.planning.planner import filter_rows
-from mmdp.packing.weighing.cache import ARRAYS, checksum, weights_of
-from mmdp.packing.weighing.weigh import WEIGHING_VERSION, Weighing
 from mmdp.packing.weights import Budgets, Weights
+from mmdp.planning.planner import filter_rows
+from mmdp.weighing.cache import ARRAYS, checksum, weights_of
+from mmdp.weighing.weigh import WEIGHING_VERSION, Weighing
 
 # Bump when the layout under URL or the manifest's meaning changes.
 PREPARED_VERSION = 1

@@ -2,7 +2,7 @@
 
 LLaVA (`group_by_modality_length`) and OpenVLA pad rather than pack, and make padding cheap by
 choosing which samples share a batch. The plan needs only each row's weight (its tokens and
-images, from mmdp.packing.weighing.weigh: no image decoded, nothing tokenized twice), and every rank
+images, from mmdp.weighing.weigh: no image decoded, nothing tokenized twice), and every rank
 computes the same plan for (seed, epoch) and takes its share:
 
 1. Filter: rows that cannot be used, or longer than max_length, are left out and counted.
@@ -36,8 +36,8 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from mmdp.drop_reasons import LEFT_OUT_TO_EQUALISE_RANKS
-from mmdp.packing.planning.planner import EpochPlan, deal_equal_steps, filter_rows, gather_packs
 from mmdp.packing.weights import Budgets, Weights
+from mmdp.planning.planner import EpochPlan, deal_equal_steps, filter_rows, gather_packs
 from mmdp.ranks import rank_and_world_size
 
 GROUPINGS = ("modality_length",)  # the choices of stage 3's --group-by
@@ -61,7 +61,7 @@ def plan_grouped_epoch(
     """Steps 1-6: the epoch's padded batches for every rank, the same wherever computed.
 
     Returned as an EpochPlan whose packs hold one row each: plan.batch(step, rank) is a batch,
-    and mmdp.packing.planning.planner.batch_loads gives every batch's tokens and images.
+    and mmdp.planning.planner.batch_loads gives every batch's tokens and images.
     """
     # 1. Filter
     budget = NO_IMAGE_BUDGET if max_length is None else max_length
@@ -117,7 +117,7 @@ def modality_steps(
             continue
         part = rows[first:end]
         per_rank = batch_size if first == 0 else shared // world_size
-        # stage 5's dealer (mmdp.packing.planning.planner), with tokens as its first key: they are
+        # stage 5's dealer (mmdp.planning.planner), with tokens as its first key: they are
         # what a padded batch costs, 64 per image included (on the default data, 2 ranks: images
         # first left up to 377 tokens between ranks in a step, tokens first 11)
         order, _ = deal_equal_steps(

@@ -1,7 +1,7 @@
 """Loading: the planned packs built into batches, in DataLoader workers, for a trainer.
+The batch they yield is mmdp.batch's contract (build_pack, collate_packs).
 
 packed_dataset  PackedDataset, PackedDataLoader: stage 5, planned up front
-batch           the batch contract: build_pack(), collate_packs(), real_token_mask(), sample_ids()
 row_tokens      each row's pre-computed tokens (pretokenize=True)
 background      iterate_in_background(): the blog's producer-consumer thread, done safely
 workers         a failed DataLoader worker named in one sentence

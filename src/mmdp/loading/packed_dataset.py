@@ -4,8 +4,8 @@ How an epoch is made, in the blog's terms:
 
 1. Weigh every item without decoding it: a sample weighs its tokens (text + 64 per image) and
    carries its image count. Done once per dataset and machine, in parallel, and cached
-   (mmdp.packing.weighing.weigh).
-2-4. Plan the epoch from the weights alone (mmdp.packing.planning.planner): filter and count
+   (mmdp.weighing.weigh).
+2-4. Plan the epoch from the weights alone (mmdp.planning.planner): filter and count
    what cannot be packed, shuffle with (seed, epoch), pack buffer by buffer under a token budget
    and an image budget, shuffle the packs and deal them to ranks so that every rank gets the same
    number of batches and about the same number of images per step.
@@ -20,7 +20,7 @@ How an epoch is made, in the blog's terms:
 Steps 1-4 use only weights, so every rank and worker computes the same plan and no sample is
 yielded twice or lost. Images are decoded only for packs about to be yielded.
 
-The packs and batches it yields are described in mmdp.packing.loading.batch (the batch contract).
+The packs and batches it yields are described in mmdp.batch (the batch contract).
 """
 
 import functools
@@ -29,27 +29,27 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from mmdp.batch import build_pack, collate_packs
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
-from mmdp.packing.loading.background import iterate_in_background
-from mmdp.packing.loading.batch import build_pack, collate_packs
-from mmdp.packing.loading.guards import (
+from mmdp.loading.background import iterate_in_background
+from mmdp.loading.guards import (
     STATEFUL_REFUSED,
     RefusesAcceleratePrepare,
     iterated_elsewhere,
 )
-from mmdp.packing.loading.row_tokens import RowTokens
-from mmdp.packing.loading.workers import check_temp_folder, name_failed_worker
+from mmdp.loading.row_tokens import RowTokens
+from mmdp.loading.workers import check_temp_folder, name_failed_worker
 from mmdp.packing.packing_config import (
     PackingConfig,
     PackingSettings,
     check_resume,
     default_config,
 )
-from mmdp.packing.planning.planner import EpochPlan, eval_split, plan_epoch
-from mmdp.packing.weighing.prepared import load_prepared
-from mmdp.packing.weighing.weigh import cache_key, weigh_rows
+from mmdp.planning.planner import EpochPlan, eval_split, plan_epoch
 from mmdp.ranks import rank_and_world_size
+from mmdp.weighing.prepared import load_prepared
+from mmdp.weighing.weigh import cache_key, weigh_rows
 
 
 class PackedDataset(PackingSettings, IterableDataset):
@@ -65,7 +65,7 @@ class PackedDataset(PackingSettings, IterableDataset):
     data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`: the
     ranks that share a model replica's shard must read the same batches.
 
-    mixture (a mmdp.packing.planning.source_shares.MixturePlan, with a VQADataset made with the same
+    mixture (a mmdp.planning.source_shares.MixturePlan, with a VQADataset made with the same
     MixedRows): each epoch takes every source's share of the rows, balanced across ranks per
     source.
 
@@ -77,7 +77,7 @@ class PackedDataset(PackingSettings, IterableDataset):
 
     eval_ratio=R: hold out R of the rows (R of each source's, in a mixture) for evaluation; this
     dataset trains on the rest, and `eval_dataset()` packs the held-out rows, every one once
-    (mmdp.packing.planning.planner.eval_split: the same rows on every rank, from the seed alone).
+    (mmdp.planning.planner.eval_split: the same rows on every rank, from the seed alone).
 
     The constructor weighs every row (step 1 below), on purpose: under torchrun weighing is
     collective (the ranks weigh their shares together, or wait for the one that weighs), and the
@@ -171,7 +171,7 @@ class PackedDataset(PackingSettings, IterableDataset):
     ) -> "PackedDataset":
         """A PackedDataset that weighs nothing: the weights (and tokens, if prepared with them) of
         `dataset`'s rows are read from a prepared dataset at `url`, a path or any fsspec URL
-        (`uv run -m mmdp.prepare`; mmdp.packing.weighing.prepared). It is refused in one sentence (a
+        (`uv run -m mmdp.prepare`; mmdp.weighing.prepared). It is refused in one sentence (a
         UserError) when prepared for another model, processor, budget or rows."""
         return cls(dataset, config, prepared=url, **settings)
 
@@ -239,7 +239,7 @@ class PackedDataset(PackingSettings, IterableDataset):
         """What decides the epoch's plan and this rank's part of it: a resume needs the same.
         (The number of DataLoader workers does not: batch k goes to worker k % workers from
         wherever the epoch resumes.) `weights` names the dataset and the tokenizer: the key of
-        their weights in the cache (mmdp.packing.weighing.weigh.cache_key)."""
+        their weights in the cache (mmdp.weighing.weigh.cache_key)."""
         split = {"eval_ratio": self.eval_ratio, "split": self.split_name} if self.split_name else {}
         return {
             **self.config.settings(),
@@ -319,7 +319,7 @@ class PackedDataset(PackingSettings, IterableDataset):
 
     def samples(self, rows: list[int]) -> list[dict]:
         """The rows' samples, from their pre-computed tokens when there are some: each row's
-        sliced from the token file (mmdp.packing.loading.row_tokens), the images of the whole pack
+        sliced from the token file (mmdp.loading.row_tokens), the images of the whole pack
         read at once (one datasets read per row would cost more)."""
         if self.tokens is None:
             return [self.dataset[row] for row in rows]
@@ -350,7 +350,7 @@ class PackedDataLoader(RefusesAcceleratePrepare, DataLoader):
 
     It owns its dataset: another DataLoader that iterates the dataset (accelerate's, torchdata's)
     gets one sentence saying what to do instead, and so does `accelerator.prepare(loader)`
-    (mmdp.packing.loading.guards).
+    (mmdp.loading.guards).
     """
 
     def __init__(self, dataset: PackedDataset, num_workers: int = 2, **kwargs):

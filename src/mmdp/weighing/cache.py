@@ -1,7 +1,7 @@
-"""The weights cache on disk (steps 3 of mmdp.packing.weighing.weigh): one folder per cache key,
+"""The weights cache on disk (steps 3 of mmdp.weighing.weigh): one folder per cache key,
 saved atomically (written beside, then renamed) and checked when loaded (a manifest, written last,
 holds the rows and a checksum), so that a truncated or edited cache is weighed again, never
-planned from. mmdp.packing.weighing.prepared reads and writes the same arrays."""
+planned from. mmdp.weighing.prepared reads and writes the same arrays."""
 
 import errno
 import hashlib

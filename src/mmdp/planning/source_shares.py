@@ -1,6 +1,6 @@
 """Which rows make an epoch of a mixture (mmdp.data.mixture): each source's usable rows, shuffled
 with (seed, epoch, source), taken until the source's share of the epoch (in tokens or rows) is
-met. mmdp.packing.planning.planner calls MixturePlan.choose after filtering the rows (step 1), and
+met. mmdp.planning.planner calls MixturePlan.choose after filtering the rows (step 1), and
 balances every source across ranks (step 3b) with its source_of_row."""
 
 from dataclasses import dataclass
@@ -69,7 +69,7 @@ def closest_prefix(rows: np.ndarray, amounts: np.ndarray, target: float) -> np.n
 
 @dataclass(frozen=True)
 class MixturePlan:
-    """What mmdp.packing.planning.planner needs of a mixture: which rows make an epoch (`choose`),
+    """What mmdp.planning.planner needs of a mixture: which rows make an epoch (`choose`),
     and each row's source (to balance every source across ranks)."""
 
     source_of_row: np.ndarray
