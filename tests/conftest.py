@@ -16,7 +16,7 @@ import pytest
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 # torch is imported where it is used, not here: pytest-xdist's controller process, which loads this
 # file too, runs no test, and importing torch there cost every run about 3 s before its workers
-# started and 1.5 s more at its exit (docs/benchmarks.md, "The ninth round").
+# started and 1.5 s more at its exit (git log -S "The ninth round" -- docs/benchmarks.md).
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ tempfile.tempdir = None  # this process, too, reads TMPDIR again
 # and Trainer.train()'s at its start (transformers trainer.py:1593, accelerator.free_memory ->
 # gc.collect()), 0.3-0.5 s each in a process holding torch, transformers and the collected tests.
 # Those objects live to the end anyway: frozen, no collection walks them. The default suite:
-# 192 -> 169 s, 310 -> 270 s of CPU (docs/benchmarks.md, "The seventh round").
+# 192 -> 169 s, 310 -> 270 s of CPU (docs/benchmarks.md, "Test suite durations").
 def pytest_collection_finish(session):
     gc.freeze()
 
@@ -212,11 +212,12 @@ ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention
 # every packed batch of several rows their flex tests run is [2, PACKED_LENGTH]: one kernel for
 # Qwen2.5-VL, Qwen3-VL, SmolVLM, LLaVA-OneVision, TinyVLM, the video batches and the text packs
 # (Gemma 3's masks are its own). Before, each had its own length: the slow tests of
-# test_attention, test_families and test_video took 314 s of CPU, then 221 s (docs/benchmarks.md,
-# "The tenth round"); with the text packs too, test_attention's alone 91-100 -> 71-73 s ("The
-# eleventh round"). The kernel takes each batch's masks as inputs: a family's flex test on another
-# family's kernel still fails if its own samples see each other (test_attention's
-# test_flex_attention_keeps_the_samples_its_positions_say shows it on the shared kernel).
+# test_attention, test_families and test_video took 314 s of CPU, then 221 s; with the text packs
+# too, test_attention's alone 91-100 -> 71-73 s (docs/benchmarks.md, "Test suite durations"; each
+# round: git log -S "The tenth round" -- docs/benchmarks.md). The kernel takes each batch's masks
+# as inputs: a family's flex test on another family's kernel still fails if its own samples see
+# each other (test_attention's test_flex_attention_keeps_the_samples_its_positions_say shows it on
+# the shared kernel).
 PACKED_LENGTH = 320
 
 

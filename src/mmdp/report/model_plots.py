@@ -1,5 +1,5 @@
 """The figures of stages 5-6: what a pack holds, the budgets, the strategies compared, the
-learning curves; and grouped batches (examples/group_by_length.py). Colours and helpers: mmdp.report.plots."""
+learning curves; and batches grouped by length. Colours and helpers: mmdp.report.plots."""
 
 import matplotlib.artist
 import matplotlib.lines
