@@ -171,8 +171,8 @@ def test_the_checks_catch_a_wrong_flag_and_a_broken_anchor(tmp_path):
 
 
 def one_word_table() -> list[tuple[str, str]]:
-    """The README's table of names: (idea, what mmdp calls it)."""
-    text = (ROOT / "README.md").read_text()
+    """The glossary's table of names (docs/glossary.md): (idea, what mmdp calls it)."""
+    text = (ROOT / "docs" / "glossary.md").read_text()
     table = text.split("| Idea | mmdp | The blog |", 1)[1].split("\n\n", 1)[0]
     rows = [line.split(" | ") for line in table.strip().splitlines()[1:]]
     return [(cells[0].lstrip("| "), cells[1]) for cells in rows]
@@ -182,8 +182,8 @@ STAGE_SCRIPTS = {int(p.name[:2]): p for p in ROOT.glob("0[1-6]_*.py")}
 SOURCE = "\n".join(p.read_text() for p in (ROOT / "src").rglob("*.py"))
 
 
-def test_the_readmes_names_are_the_codes_names():
-    """Each flag in the README's one-word table is a flag of the stages it names (of some stage if
+def test_the_glossarys_names_are_the_codes_names():
+    """Each flag in the glossary's one-word table is a flag of the stages it names (of some stage if
     it names none), and each other name in it is a word of the package's code."""
     wrong = []
     for idea, names in one_word_table():
