@@ -244,14 +244,14 @@ def load_json(
 
 
 def file_stamp(name: str) -> str:
-    """What changes when a data file does: its size and time of change (a remote one: its ETag)."""
+    """What changes when a data file does: its size and time of change (a remote one: its ETag;
+    an http(s) server without one: its Last-Modified)."""
     import fsspec
 
     fs, inner = fsspec.core.url_to_fs(name)
     info = fs.info(inner)
-    return str(
-        info.get("ETag") or (info.get("size"), info.get("mtime") or info.get("LastModified"))
-    )
+    changed = info.get("mtime") or info.get("LastModified") or info.get("Last-Modified")
+    return str(info.get("ETag") or (info.get("size"), changed))
 
 
 def load_remote(
