@@ -2,8 +2,8 @@
 offline: a threaded file server on 127.0.0.1 that answers ranged requests as a store or a CDN
 does (https: with a certificate made here, trusted through fsspec's configuration, as a
 private CA would be). A JSON Lines file and the files it names beside it read as the same
-files on disk: the rows, each image's size from its first bytes (ranged reads, several in
-flight), its pixels, a video's header; and the file, changed on the server, is read again."""
+files on disk: the rows, each image's size from its first bytes (a ranged read), its pixels,
+a video's header; and the file, changed on the server, is read again."""
 
 import datetime
 import functools
@@ -164,7 +164,7 @@ def test_rows_and_their_files_over_http_read_as_the_same_files_on_disk(served):
     assert [t["user"] for r in rows for t in r["texts"]] == [
         t["user"] for r in here for t in r["texts"]
     ]
-    # each image's size from its first bytes, the images read together
+    # each image's size from its first bytes, in one ranged request
     remote_image_size.cache_clear()
     server.served.clear()
     sizes = files.in_flight(image_size, rows[0]["images"])
