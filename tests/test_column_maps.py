@@ -425,3 +425,21 @@ def test_a_hub_entry_offline_is_one_sentence(tmp_path, monkeypatch):
     assert said.startswith(
         "dataset 'BUAADreamer/llava-en-zh-300k' must be downloaded from the Hugging Face Hub"
     )
+
+
+def test_a_mixtures_sources_take_an_entry_and_columns(data):
+    from mmdp.data.mixture import load_mixture, mixture_from_dict
+
+    renamed = [{"talk": row["messages"], "images": row.get("images", [])} for row in PLAIN[:2]]
+    talk = write_json(data / "talk.jsonl", renamed)
+    mixture = mixture_from_dict(
+        {
+            "sources": [
+                {"name": "entry", "dataset": f"{data}/dataset_info.json:renamed", "share": 1},
+                {"name": "renamed", "dataset": talk, "share": 1, "columns": {"talk": "messages"}},
+            ]
+        }
+    )
+    mixed = load_mixture(mixture, num_rows=8).dataset
+    plain = load_vqa_dataset(str(data / "plain.jsonl"))
+    assert without_source(mixed) == without_source(plain) + without_source(plain.select([0, 1]))
