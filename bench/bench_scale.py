@@ -50,7 +50,7 @@ from mmdp.planning.planner import plan_epoch
 from mmdp.weighing.weigh import weigh_rows
 
 BASE_ROWS = 2_000
-SETTINGS = {"max_length": 512, "max_images": 18, "packs_per_batch": 8}
+CONFIG = PackingConfig(max_length=512, max_images=18, packs_per_batch=8)
 
 
 def replicated(size: int):
@@ -92,7 +92,7 @@ def child_start(size: int, batches: int, pretokenize: bool) -> dict:
     """A warm start to the first batch, then --batches batches; the cache holds the weights."""
     start = time.perf_counter()
     rows = replicated(size)
-    dataset = PackedDataset(VQADataset(rows, get_tokenizer()), pretokenize=pretokenize, **SETTINGS)
+    dataset = PackedDataset(VQADataset(rows, get_tokenizer()), CONFIG, pretokenize=pretokenize)
     assert batches == 1 or not dataset.weighing.weighed_here, "the weights should be cached"
     plan_start = time.perf_counter()
     dataset.plan()
@@ -164,7 +164,7 @@ def child_plan(rows: int, workers: int | None = None) -> dict:
     baseline_kib = status_kib("VmRSS")  # torch, datasets, the tokenizer, and the weights
     reset_peak()
     start, cpu_start = time.perf_counter(), time.process_time()
-    plan = plan_epoch(weights, **SETTINGS)
+    plan = plan_epoch(weights, CONFIG)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     peak_kib = status_kib("VmHWM")
     plan_bytes = sum(a.nbytes for a in (plan.rows, plan.pack_starts, plan.batch_starts))
@@ -172,7 +172,7 @@ def child_plan(rows: int, workers: int | None = None) -> dict:
     return {
         "plan_s": seconds,
         "plan_cpu_s": cpu_seconds,
-        "workers": planner.planning_workers(-(-rows // PackingConfig().buffer_size)),
+        "workers": planner.planning_workers(-(-rows // CONFIG.buffer_size)),
         "packs": len(plan.pack_starts) - 1,
         "baseline_mib": baseline_kib / 1024,
         "weights_bytes_per_row": sum({id(a): a.nbytes for a in vars(weights).values()}.values())
