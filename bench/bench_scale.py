@@ -2,8 +2,9 @@
 
     uv run bench/bench_scale.py                                   # 20k, 200k, 1M rows (~22 min on 2 cores)
     uv run bench/bench_scale.py --sizes 20000 --plan-rows 2000000 # quicker
-    uv run bench/bench_scale.py --plan-only --rows 100000000      # planning alone (~2 min)
+    uv run bench/bench_scale.py --plan-only --rows 100000000      # planning alone (1-4 min)
     uv run bench/bench_scale.py --plan-only --rows 100000000 --planning-workers 1  # one process
+    uv run bench/bench_scale.py --plan-only --rows 400            # the smallest run (the tests')
 
 The embedded dataset (2,000 rows) is replicated with `datasets.concatenate_datasets` to each size.
 Every measurement runs in a fresh process (peak memory is per process), on this machine:
@@ -17,7 +18,9 @@ Every measurement runs in a fresh process (peak memory is per process), on this 
    the images of the same rows, with and without pre-tokenized rows.
 4. Planning alone for --plan-rows rows (the embedded weights tiled): its time, and its peak
    memory over what the process held just before planning (the weights included), read from
-   /proc/self/status after resetting the peak (`clear_refs`), in bytes a row.
+   /proc/self/status after resetting the peak (`clear_refs`), in bytes a row. Fewer rows than
+   the embedded dataset's are weighed alone, not tiled. The last line: the rows planned, the
+   seconds and the peak bytes a row over the weights.
 """
 
 import argparse
@@ -155,8 +158,9 @@ def child_plan(rows: int, workers: int | None = None) -> dict:
     mmdp.planning.planner.planning_workers)."""
     if workers is not None:
         planner.planning_workers = lambda num_buffers: workers
-    base = weigh_rows(load_vqa_dataset(num_rows=BASE_ROWS), get_tokenizer()).weights
-    copies = -(-rows // BASE_ROWS)
+    embedded = load_vqa_dataset(num_rows=min(rows, BASE_ROWS))  # a smoke run weighs fewer
+    base = weigh_rows(embedded, get_tokenizer()).weights
+    copies = -(-rows // len(embedded))
     weights = Weights(
         *(np.tile(a, copies)[:rows] for a in (base.lengths, base.image_counts, base.reasons))
     )
@@ -276,6 +280,10 @@ def print_plan(rows: int, plan: dict) -> None:
     print(
         f"  the plan holds {plan['plan_bytes_per_row']:.1f} bytes a row, "
         f"a rank's plan {plan['rank_plan_bytes_per_row']:.1f}"
+    )
+    print(
+        f"{rows:,} rows planned in {plan['plan_s']:.1f} s, peak "
+        f"{plan['over_baseline_bytes_per_row']:.1f} bytes a row over the weights"
     )
 
 
