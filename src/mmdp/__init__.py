@@ -35,7 +35,13 @@ __getattr__, __dir__, __all__ = lazy_face(
         "mmdp.data.vqa_dataset": ["VQADataset"],
         "mmdp.data.padding": ["NaivePadCollator", "ConstrainedPadCollator"],
         "mmdp.data.families": ["MODELS", "OFFLINE", "family_for", "offline_processor"],
-        # packing (stages 4-5)
+        # packing (stages 4-5): the blog's loops, then the library's packer
+        "mmdp.packing.knapsack": [
+            "greedy_packing",
+            "bin_packing",
+            "packs_in_background",
+            "TOY_STRATEGIES",
+        ],
         "mmdp.packing.packers": ["pack", "pack_flat", "STRATEGIES"],
         "mmdp.packing.weights": ["Budgets", "Weights"],
         "mmdp.packing.packing_config": ["PackingConfig", "default_config"],
