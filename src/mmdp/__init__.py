@@ -47,6 +47,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "mmdp.packing.packing_config": ["PackingConfig", "default_config"],
         "mmdp.weighing.weigh": ["weigh_rows"],
         "mmdp.planning.planner": ["EpochPlan", "plan_epoch"],
+        "mmdp.planning.grouping": ["ModalityLengthBatchSampler"],  # padded, grouped (stage 3)
         "mmdp.loading.packed_dataset": ["PackedDataset", "PackedDataLoader"],
         "mmdp.loading.streaming.loader": ["StreamingPackedDataset", "StreamingDataLoader"],
         # the batch contract
@@ -69,6 +70,8 @@ __getattr__, __dir__, __all__ = lazy_face(
             "load_loader_state",
             "checkpoint_loader_with",
         ],
+        # every batching of an epoch compared, from the weights alone
+        "mmdp.training.strategies": ["compare_padding"],
         # several processes
         "mmdp.ranks": ["start_ranks", "gather_from_ranks"],
     },
