@@ -33,7 +33,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "mmdp.data.conversation": ["marked_turns", "system_prompt"],
         "mmdp.data.images": ["BadImage", "decode_image"],
         "mmdp.data.vqa_dataset": ["VQADataset"],
-        "mmdp.data.padding": ["NaivePadCollator", "ConstrainedPadCollator"],
+        "mmdp.data.padding": ["NaivePadCollator", "ConstrainedPadCollator", "stage3_batch"],
         "mmdp.data.families": ["MODELS", "OFFLINE", "family_for", "offline_processor"],
         # packing (stages 4-5): the blog's loops, then the library's packer
         "mmdp.packing.knapsack": [

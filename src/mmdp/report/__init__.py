@@ -40,6 +40,8 @@ __getattr__, __dir__, __all__ = lazy_face(
             "print_weighing",
             "print_epoch_report",
             "print_rank_balance",
+            "print_videos",
+            "print_your_rows",
         ],
         "mmdp.report.epoch": ["run_epoch", "run_packed_epoch", "nothing_to_do", "write_outputs"],
         "mmdp.report.metrics": [
