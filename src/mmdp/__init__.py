@@ -47,7 +47,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "mmdp.packing.packing_config": ["PackingConfig", "default_config"],
         "mmdp.weighing.weigh": ["weigh_rows"],
         "mmdp.planning.planner": ["EpochPlan", "plan_epoch"],
-        "mmdp.planning.grouping": ["ModalityLengthBatchSampler"],  # padded, grouped (stage 3)
+        "mmdp.planning.grouping": ["ModalityLengthBatchSampler"],  # examples/group_by_length.py
         "mmdp.loading.packed_dataset": ["PackedDataset", "PackedDataLoader"],
         "mmdp.loading.streaming.loader": ["StreamingPackedDataset", "StreamingDataLoader"],
         # the batch contract
