@@ -83,15 +83,7 @@ def test_stage4_loads_the_blogs_loops_and_nothing_heavy(measured):
 # Stages 2 and 3 load 4,259 lines each: the data pipeline a padded batch goes through
 # (families.base 482, sources 419, metrics 329, conversation 328, batch 305, formats 251...),
 # more than the 3,500 until that path is split further.
-@pytest.mark.parametrize(
-    "script",
-    [
-        pytest.param(script, marks=pytest.mark.xfail(strict=True, reason="4,259 > 3,500 lines"))
-        if script in STAGES[1:3]
-        else script
-        for script in MAX_LINES
-    ],
-)
+@pytest.mark.parametrize("script", MAX_LINES)
 def test_each_light_stage_loads_few_lines_of_mmdp(measured, script):
     loaded = measured["measured"][script]
     assert sum(loaded["lines"].values()) <= MAX_LINES[script], breakdown(loaded)

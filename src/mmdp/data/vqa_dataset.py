@@ -4,7 +4,7 @@ from torch.utils.data import Dataset
 
 from mmdp import config
 from mmdp.data.families import family_for
-from mmdp.data.reading.sources import undecoded
+from mmdp.data.images import undecoded
 
 
 class VQADataset(Dataset):

@@ -15,7 +15,6 @@ broken file becomes a counted skip instead of a crash.
 """
 
 import contextlib
-import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -28,6 +27,7 @@ from tqdm.auto import tqdm
 from mmdp import config
 from mmdp.data.files import is_remote, require_protocol
 from mmdp.data.hub import looks_like_a_path, require_hub
+from mmdp.data.images import undecoded
 from mmdp.data.reading import column_maps, formats
 from mmdp.errors import UserError
 
@@ -479,31 +479,3 @@ def check_schema(dataset: Dataset, source: str | None) -> None:
             f"dataset {source!r} lacks the column(s) {', '.join(sorted(missing))}: mmdp expects "
             "the_cauldron's schema, images (list of images) and texts (list of {user, assistant})"
         )
-
-
-def undecoded(rows):
-    """`rows` (a datasets.Dataset or IterableDataset) with its images and videos kept encoded:
-    every Image or Video feature of its columns cast to decode=False (datasets' default Image()
-    decodes each image as the row is read, where a truncated file raises inside a DataLoader
-    worker, outside mmdp's one decoding place). Only the features change, no row is rewritten;
-    anything else, and a dataset already undecoded, comes back as it is (the same object, the
-    same fingerprint)."""
-    features = getattr(rows, "features", None)
-    if features is None:
-        return rows
-    for column, feature in features.items():
-        if (encoded := kept_encoded(feature)) != feature:
-            rows = rows.cast_column(column, encoded)
-    return rows
-
-
-def kept_encoded(feature):
-    """A feature with its Image and Video parts set to decode=False (nested in lists and
-    dicts too)."""
-    if isinstance(feature, (datasets.Image, datasets.Video)):
-        return dataclasses.replace(feature, decode=False)
-    if isinstance(feature, (List, datasets.LargeList)):
-        return dataclasses.replace(feature, feature=kept_encoded(feature.feature))
-    if isinstance(feature, dict):
-        return type(feature)({key: kept_encoded(value) for key, value in feature.items()})
-    return feature

@@ -14,6 +14,7 @@ from datasets import load_dataset
 
 from mmdp.data.files import is_remote
 from mmdp.data.hub import looks_like_a_path, require_hub
+from mmdp.data.images import undecoded
 from mmdp.data.reading import column_maps, formats
 from mmdp.data.reading.sources import (
     CONVERSATION_FEATURES,
@@ -25,7 +26,6 @@ from mmdp.data.reading.sources import (
     names_files,
     refuse_entries_folder,
     renamed_columns,
-    undecoded,
     with_undecoded_images,
 )
 from mmdp.errors import UserError
