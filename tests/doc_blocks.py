@@ -49,9 +49,7 @@ CHECKED = {
     "uv run 01_check_dataset.py --seed 5": "test_stage_scripts.py::test_stage1 (exact)",
     "uv run 02_naive_pad_dataloader.py": "test_stage_scripts.py (template; exact: -m slow)",
     "uv run 03_constrained_pad_dataloader.py": "test_stage_scripts.py (template; exact: -m slow)",
-    "uv run 03_constrained_pad_dataloader.py --group-by modality_length": (
-        "test_stage_scripts.py (template; exact: -m slow)"
-    ),
+    "uv run examples/group_by_length.py": "test_stage_scripts.py (template; exact: -m slow)",
     "uv run 04_knapsack_toy.py": "test_stage_scripts.py::test_stage4 (exact)",
     "uv run 05_knapsack_multimodal.py": "test_stage_scripts.py (template; exact: -m slow)",
     "uv run examples/pack_mixture.py --mixture examples/mixture.json": (
@@ -59,8 +57,9 @@ CHECKED = {
     ),
     "uv run torchrun --standalone --nproc_per_node 2 05_knapsack_multimodal.py --metrics-json "
     "/tmp/05.json": "test_stage_scripts.py (template: -m slow)",
-    "uv run torchrun --standalone --nproc_per_node 2 03_constrained_pad_dataloader.py --group-by "
-    "modality_length": "test_stage_scripts.py (template: -m slow)",
+    "uv run torchrun --standalone --nproc_per_node 2 examples/group_by_length.py": (
+        "test_stage_scripts.py (template: -m slow)"
+    ),
     "uv run -m mmdp.prepare --out /tmp/prepared/synthetic": "test_prepared.py (template)",
     "uv run examples/pack_prepared.py --prepared /tmp/prepared/synthetic": (
         "test_prepared.py (template: -m slow)"

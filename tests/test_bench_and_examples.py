@@ -119,6 +119,12 @@ SMOKE_RUNS = [
         slow=True,
     ),
     Smoke(
+        "examples/group_by_length.py",
+        "--num-rows 120 --num-workers 0 --out-dir {tmp}",
+        r"Saved the grouped padding figure to \S*03_grouped\.png",
+        slow=True,
+    ),
+    Smoke(
         "examples/pack_mixture.py",
         "--mixture examples/mixture.json --num-rows 120 --num-workers 0",
         rf"multiturn +\d+ +\d+ +{NUMBER} +20\.0% +{PERCENT} +{PERCENT} +.+",

@@ -164,16 +164,15 @@ def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
 
 
 @pytest.mark.docs
-def test_stage3_grouped_by_modality_length_pads_little_and_puts_the_heaviest_batch_first(
+def test_grouped_by_modality_length_pads_little_and_puts_the_heaviest_batch_first(
     run_main, tmp_path
 ):
     metrics = tmp_path / "m.json"
-    argv = ["03_constrained_pad_dataloader.py", "--group-by", "modality_length", "--num-rows",
-            "300", "--num-workers", "1", "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
+    argv = ["examples/group_by_length.py", "--num-rows", "300", "--num-workers", "1",
+            "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
     status, out, err = run_main(*argv)
     assert status == 0, err
-    command = "uv run 03_constrained_pad_dataloader.py --group-by modality_length"
-    check_output(command, argv, out, paths=assets(tmp_path))  # as a template
+    check_output("uv run examples/group_by_length.py", argv, out, paths=assets(tmp_path))
     report = json.loads(metrics.read_text())
     assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"] == 300
     waste = {name: 1 - r["utilization"] for name, r in report["comparison"].items()}
@@ -187,15 +186,14 @@ def test_stage3_grouped_by_modality_length_pads_little_and_puts_the_heaviest_bat
 
 @pytest.mark.slow  # two processes, each weighing and loading a whole epoch
 @pytest.mark.docs
-def test_stage3_grouped_under_torchrun_two_ranks(run_script, tmp_path):
+def test_grouped_under_torchrun_two_ranks(run_script, tmp_path):
     metrics = tmp_path / "m.json"
-    argv = ["03_constrained_pad_dataloader.py", "--group-by", "modality_length", "--num-rows",
-            "300", "--num-workers", "1", "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
+    argv = ["examples/group_by_length.py", "--num-rows", "300", "--num-workers", "1",
+            "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
     result = run_script(*TORCHRUN_2, *argv, python_args=True)
     assert result.returncode == 0, result.stderr[-3000:]
     check_output(
-        "uv run torchrun --standalone --nproc_per_node 2 03_constrained_pad_dataloader.py "
-        "--group-by modality_length",
+        "uv run torchrun --standalone --nproc_per_node 2 examples/group_by_length.py",
         argv,
         result.stdout,
         paths=assets(tmp_path),
@@ -229,12 +227,7 @@ def test_stage3_grouped_under_torchrun_two_ranks(run_script, tmp_path):
         ("02_naive_pad_dataloader.py", ["--batch-size", "0"], "--batch-size: must be a positive"),
         ("02_naive_pad_dataloader.py", ["--dataset", "/nonexistent/x.parquet"], "no such file"),
         ("03_constrained_pad_dataloader.py", ["--max-length", "10"], "nothing to do"),
-        (
-            "03_constrained_pad_dataloader.py",
-            ["--group-by", "modality_length", "--max-length", "10"],
-            "nothing to do",
-        ),
-        ("03_constrained_pad_dataloader.py", ["--group-by", "length"], "--group-by: invalid"),
+        ("examples/group_by_length.py", ["--max-length", "10"], "nothing to do"),
         ("04_knapsack_toy.py", ["--max-length", "0"], "--max-length: must be a positive"),
         ("04_knapsack_toy.py", ["--max-length", "10"], "raise --max-length to at least 24"),
         ("04_knapsack_toy.py", ["--start", "30"], "no items to pack"),
@@ -334,10 +327,11 @@ def test_pack_mixture_prints_and_writes_every_sources_share(run_main, tmp_path):
     assert set(report["weighing"]) == {"seconds", "rows_weighed_per_rank"}
 
 
-# The README's runs of stages 2, 3 and examples/pack_mixture.py at their full 2,000 rows, in the
-# README's order (stage 3 grouped weighs the rows that stage 5 then loads), each output held exactly to the README's
-# block: the default suite holds smaller runs to the same blocks as templates (above). About
-# 15 s of CPU each (stage 5's own run: test_stage5_default_run_packs_at_least_98_percent).
+# The README's runs of stages 2, 3, examples/group_by_length.py and examples/pack_mixture.py at
+# their full 2,000 rows, in the README's order (the grouped run weighs the rows that stage 5 then
+# loads), each output held exactly to the README's block: the default suite holds smaller runs to
+# the same blocks as templates (above). About 15 s of CPU each (stage 5's own run:
+# test_stage5_default_run_packs_at_least_98_percent).
 @pytest.mark.slow
 @pytest.mark.docs
 @pytest.mark.parametrize(
@@ -345,7 +339,7 @@ def test_pack_mixture_prints_and_writes_every_sources_share(run_main, tmp_path):
     [
         "uv run 02_naive_pad_dataloader.py",
         "uv run 03_constrained_pad_dataloader.py",
-        "uv run 03_constrained_pad_dataloader.py --group-by modality_length",
+        "uv run examples/group_by_length.py",
         "uv run examples/pack_mixture.py --mixture examples/mixture.json",
     ],
 )

@@ -6,6 +6,7 @@ used, so stage 4's figures do not pull torch.
 plots        the figures of stages 1-4 and what every figure shares (colours, save_figure)
 model_plots  the figures of stages 5-6
 printing     a batch, a table, the settings, an epoch's report
+rows         stage 5's rows: the videos packed, a user's rows used and dropped (--dataset)
 epoch        one epoch through a loader into a report; --metrics-json, --save-batch
 metrics      EpochReport, PackReport: utilization and dropped samples; rank balance
 sources      source_report(): each source of a mixture, asked vs realised, and its drops
@@ -41,6 +42,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "print_epoch_report",
             "print_rank_balance",
         ],
+        "mmdp.report.rows": ["print_videos", "print_your_rows"],
         "mmdp.report.epoch": ["run_epoch", "run_packed_epoch", "nothing_to_do", "write_outputs"],
         "mmdp.report.metrics": [
             "EpochReport",

@@ -22,7 +22,6 @@ import numpy as np
 
 from mmdp.batch import real_token_mask
 from mmdp.packing.weights import Budgets
-from mmdp.ranks import gather_from_ranks
 
 
 class EpochReport:
@@ -303,6 +302,8 @@ def merge_over_ranks(report: PackReport, loads: dict | None = None) -> dict:
     mmdp.planning.planner.batch_loads), else of what each rank's batches held, step by
     step (a stream's ranks stop at the same step).
     """
+    from mmdp.ranks import gather_from_ranks  # a packed epoch's only (stages 2-3 need none)
+
     reports = gather_from_ranks(report)
     if loads is None:
         steps = list(zip(*(r.batch_loads for r in reports)))  # [step][rank] (tokens, ...)

@@ -29,7 +29,6 @@ from mmdp import config
 from mmdp.data.files import is_remote, require_protocol
 from mmdp.data.hub import looks_like_a_path, require_hub
 from mmdp.data.reading import column_maps, formats
-from mmdp.data.synthetic.rows import encode_png, generate_row
 from mmdp.errors import UserError
 
 SYNTHETIC_VERSION = 3  # bump when generate_row changes, so old caches are not reused
@@ -344,6 +343,8 @@ def load_synthetic(num_rows: int, seed: int = 0) -> Dataset:
     """The embedded default: generated on first use (with a progress bar), then loaded from disk."""
     path = cache_dir() / f"synthetic-v{SYNTHETIC_VERSION}-seed{seed}-rows{num_rows}"
     if not path.exists():
+        from mmdp.data.synthetic.rows import encode_png, generate_row  # once per machine
+
         print(f"Generating the synthetic VQA dataset ({num_rows:,} rows) into {path} (once)")
         rows = (
             {
