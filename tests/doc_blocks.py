@@ -127,9 +127,6 @@ RUN = {
     "06_packing_pays_off.py": (
         "tests/test_model_and_strategies.py::test_stage6_runs_and_reports (-m slow)"
     ),
-    "torchrun 03_constrained_pad_dataloader.py": (
-        STAGES + "test_stage3_grouped_under_torchrun_two_ranks (-m slow)"
-    ),
     "torchrun 05_knapsack_multimodal.py": (
         STAGES + "test_stage5_under_torchrun_two_ranks_two_workers (-m slow)"
     ),
@@ -157,6 +154,10 @@ RUN = {
     "bench/bench_scale.py": SMOKE,
     "bench/bench_streaming.py": SMOKE,
     "bench/bench_worker_profile.py": SMOKE,
+    "examples/group_by_length.py": SMOKE,
+    "torchrun examples/group_by_length.py": (
+        STAGES + "test_grouped_under_torchrun_two_ranks (-m slow)"
+    ),
     "examples/pack_mixture.py": SMOKE,
     "examples/pack_prepared.py": SMOKE,
     "examples/pack_streaming.py": SMOKE,
