@@ -23,10 +23,11 @@ CONTENT_HIGHLIGHT = "tab:blue"
 ITEM_COLOURS = [c for i, c in enumerate(matplotlib.colormaps["tab20"].colors) if i not in (14, 15)]
 
 
-def subplots(*grid, figsize, **kwargs):
+def subplots(*grid, figsize, layout=None, **kwargs):
     """A Figure and its axes, as pyplot.subplots makes them, without pyplot: no backend is
-    chosen and no figure is kept open (a figure is only ever saved)."""
-    fig = Figure(figsize=figsize)
+    chosen and no figure is kept open (a figure is only ever saved). layout="constrained" makes
+    room for titles and for legends drawn outside their axes."""
+    fig = Figure(figsize=figsize, layout=layout)
     return fig, fig.subplots(*grid, **kwargs)
 
 
@@ -81,12 +82,17 @@ def plot_padding(lengths: list[int], width: int, title: str, limit: int | None =
     return fig
 
 
-def plot_padding_side_by_side(left: dict, right: dict, title: str) -> Figure:
-    """Two padding panels (each a dict of draw_padding's arguments), e.g. knapsack vs constrained."""
-    rows = max(len(left["lengths"]), len(right["lengths"]))
-    fig, axes = subplots(1, 2, figsize=(15, 0.45 * rows + 2.4), sharex=True)
-    draw_padding(axes[0], **left)
-    draw_padding(axes[1], **right)
+def plot_padding_side_by_side(top: dict, bottom: dict, title: str) -> Figure:
+    """Two padding panels (each a dict of draw_padding's arguments), e.g. knapsack vs constrained,
+    one above the other on the same token axis: at a README's width, side by side is too small
+    to read."""
+    rows = len(top["lengths"]) + len(bottom["lengths"])
+    fig, axes = subplots(2, 1, figsize=(10, 0.3 * rows + 4), layout="constrained")
+    draw_padding(axes[0], **top)
+    draw_padding(axes[1], **bottom)
+    right = max(ax.get_xlim()[1] for ax in axes)
+    for ax in axes:
+        ax.set_xlim(0, right)
     fig.suptitle(title)
     return fig
 
