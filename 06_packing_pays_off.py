@@ -30,7 +30,22 @@ import time
 
 import torch
 
-from mmdp import config
+from mmdp import (
+    ExperimentSettings,
+    StageData,
+    check_ddp_gradient,
+    check_same_loss,
+    compare_every_strategy,
+    config,
+    final_losses,
+    load_data,
+    order_spreads,
+    stage_metrics,
+    summarize_learning,
+    summarize_speed,
+    time_per_part_columns,
+    train_over_seeds,
+)
 from mmdp.errors import exit_on_user_error
 from mmdp.flags import (
     add_batch_size_arg,
@@ -43,22 +58,14 @@ from mmdp.flags import (
     positive_int,
     settings_of,
 )
-from mmdp.report.metrics import write_json
-from mmdp.report.model_plots import plot_learning_curves, plot_strategies
-from mmdp.report.plots import save_figure
-from mmdp.report.printing import print_settings, print_table
-from mmdp.training.experiments.data import StageData, load_data
-from mmdp.training.experiments.every_strategy import compare_every_strategy, stage_metrics
-from mmdp.training.experiments.same_gradient import check_ddp_gradient
-from mmdp.training.experiments.same_learning import (
-    final_losses,
-    order_spreads,
-    summarize_learning,
-    train_over_seeds,
+from mmdp.report import (
+    plot_learning_curves,
+    plot_strategies,
+    print_settings,
+    print_table,
+    save_figure,
+    write_json,
 )
-from mmdp.training.experiments.same_loss import check_same_loss
-from mmdp.training.experiments.settings import ExperimentSettings
-from mmdp.training.experiments.speed import summarize_speed, time_per_part_columns
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 
