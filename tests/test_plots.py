@@ -5,7 +5,14 @@ import torch
 from PIL import Image
 
 from mmdp.batch import collate_packs, layout_pack
-from mmdp.report.model_plots import plot_learning_curves, plot_pack_samples, plot_strategies
+from mmdp.packing.weights import Budgets
+from mmdp.report.model_plots import (
+    plot_grouped,
+    plot_learning_curves,
+    plot_model_budgets,
+    plot_pack_samples,
+    plot_strategies,
+)
 from mmdp.report.plots import (
     plot_packs,
     plot_padding,
@@ -202,6 +209,8 @@ def test_strategies_names_do_not_overlap_at_the_readmes_width():
         "packs",
         "learning_curves",
         "strategies",
+        "grouped",
+        "model_budgets",
     ],
 )
 def test_every_figure_fits_the_readmes_width_and_labels_its_axes(figure):
@@ -226,6 +235,21 @@ def test_every_figure_fits_the_readmes_width_and_labels_its_axes(figure):
         ),
         "strategies": lambda: plot_strategies(
             {n: {**row, "per_row": per_row} for n in ("naive", "binpack")}, "t"
+        ),
+        "grouped": lambda: plot_grouped(
+            {"lengths": [3, 6], "width": 6, "title": "a", "limit": 8},
+            {
+                name: {"real_tokens": 9, "computed_tokens": c, "padded_tokens": [[c // 2]] * 2}
+                for name, c in (("naive", 12), ("modality_length", 10))
+            },
+            "t",
+        ),
+        "model_budgets": lambda: plot_model_budgets(
+            {"tiny": [64], "qwen2_5_vl": [49, 256]},
+            [500, 512],
+            [900, 1000],
+            model="qwen2_5_vl",
+            budgets=Budgets(max_length=512, max_patches=1024),
         ),
     }[figure]()
     assert fig.get_size_inches()[0] <= 10

@@ -15,6 +15,7 @@ from mmdp.report.plots import (
     PADDING_COLOUR,
     REAL_COLOUR,
     draw_padding,
+    legend_below,
     runs,
     subplots,
 )
@@ -83,9 +84,7 @@ def plot_pack_samples(batch: dict, image_token_id: int, title: str) -> Figure:
         ),
         matplotlib.patches.Patch(color=PADDING_COLOUR, label="padding"),
     ]
-    ax.legend(
-        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, frameon=False
-    )
+    legend_below(ax, handles=handles, ncol=3)
     return fig
 
 
@@ -231,7 +230,7 @@ def plot_grouped(first_batch: dict, comparison: dict, title: str) -> Figure:
     ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:,.0f}k")
     ax.set_xlabel("tokens computed over the epoch")
     ax.set_title("one epoch: real tokens and padding")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, frameon=False)
+    legend_below(ax, ncol=2)
     ax = axes[2]
     for name in names:
         padded = np.asarray(comparison[name]["padded_tokens"])  # [step, rank]
@@ -260,7 +259,7 @@ def plot_grouped(first_batch: dict, comparison: dict, title: str) -> Figure:
         "every step: its heaviest batch"
         + (f" (band: down to the lightest of {ranks} ranks)" if ranks > 1 else "")
     )
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, frameon=False)
+    legend_below(ax, ncol=3)
     fig.suptitle(title)
     return fig
 
@@ -276,7 +275,7 @@ def plot_model_budgets(
     """Stage 5 --model, one panel above the other: what the same images cost each family (tokens
     per image, one box per family, `model` highlighted); how full each pack of the run is in
     tokens and in vision-encoder patches (the two budgets)."""
-    fig, (costs, fill) = subplots(2, 1, figsize=(10, 10), layout="constrained")
+    fig, (costs, fill) = subplots(2, 1, figsize=(10, 8.5), layout="constrained")
     names = list(tokens_per_image)
     boxes = costs.boxplot(
         [tokens_per_image[n] for n in names], tick_labels=names, showfliers=False, patch_artist=True
@@ -284,6 +283,7 @@ def plot_model_budgets(
     for name, box in zip(names, boxes["boxes"]):
         box.set_facecolor(CONTENT_HIGHLIGHT if name == model else PADDING_COLOUR)
     costs.set_yscale("log")
+    costs.set_xlabel("model family (--model)")
     costs.set_ylabel("tokens per image (log scale)")
     costs.set_title("What the same images cost each model family")
     token_fill = np.asarray(tokens_per_row) / budgets.max_length

@@ -31,6 +31,15 @@ def subplots(*grid, figsize, layout=None, **kwargs):
     return fig, fig.subplots(*grid, **kwargs)
 
 
+def legend_below(ax, **kwargs) -> None:
+    """The axes' legend, in one row under its x label, whatever the axes' height (its distance
+    is in font sizes, not in the axes' fraction): after everything is drawn, so it lists every
+    labelled element, and outside the axes, so it hides nothing."""
+    ax.legend(
+        loc="upper center", bbox_to_anchor=(0.5, 0), borderaxespad=3.2, frameon=False, **kwargs
+    )
+
+
 def save_figure(fig: Figure, out_dir: str | Path, name: str) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -109,8 +118,7 @@ def draw_padding(ax, lengths, width: int, title: str, limit: int | None = None) 
     ax.set_xlabel("token position")
     ax.set_xlim(0, max(width, limit or 0) * 1.02 or 1)
     ax.set_title(title)
-    # After everything is drawn, so every element is listed; below the axes, so it hides no bar.
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
+    legend_below(ax, ncol=3)
 
 
 def runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -132,7 +140,7 @@ def waste_title(what: str, lengths, width: int) -> str:
 
 def plot_packs(packs: list[list[int]], max_length: int, title: str) -> Figure:
     """Stage 4: one stacked bar per pack, each item a labelled segment, unused room in grey."""
-    fig, ax = subplots(figsize=(10, 0.7 * len(packs) + 1.8))
+    fig, ax = subplots(figsize=(7, 0.6 * len(packs) + 1.8))  # the README shows two side by side
     colours = ITEM_COLOURS
     for row, items in enumerate(packs):
         left = 0
@@ -155,7 +163,5 @@ def plot_packs(packs: list[list[int]], max_length: int, title: str) -> Figure:
             [], [], color=LIMIT_COLOUR, linestyle="--", label=f"max length ({max_length})"
         ),
     ]
-    ax.legend(
-        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False
-    )
+    legend_below(ax, handles=handles, ncol=3)
     return fig
