@@ -247,7 +247,8 @@ def as_quoted(
     """A run's output as the docs write it (`paths`: printed paths to read as the docs write
     them, a test's folder as `assets`...; the run's cache as ~/.cache/mmdp), whether the run is
     the quoted command itself (an exact check), and the settings its output-only flags mask."""
-    replacements = {os.environ.get("MMDP_CACHE", "~/.cache/mmdp"): "~/.cache/mmdp", **(paths or {})}
+    cache = os.environ.get("MMDP_CACHE", os.path.expanduser("~/.cache/mmdp"))  # config's default
+    replacements = {cache: "~/.cache/mmdp", **(paths or {})}
     for path, shown in sorted(replacements.items(), key=lambda item: -len(item[0])):
         out = out.replace(path, shown)
     # what only a run on an empty cache prints: the docs quote a run after stage 1's
@@ -336,7 +337,9 @@ def refresh_output(
             for (number, line), quoted, printed in zip(stretch, exact_lines, raw[start:]):
                 if not matches(quoted, normalise(printed, template=False, masked_settings=masked)):
                     text[number - 1] = marked_as(line, printed)
-                    changes.append(f"{block.where(number)}\n  was: {line}\n  now: {printed}")
+                    changes.append(
+                        f"{block.where(number)}\n  was: {line}\n  now: {text[number - 1]}"
+                    )
             at = start + len(lines)
         if text != block.doc.read_text().split("\n"):
             block.doc.write_text("\n".join(text))

@@ -182,7 +182,7 @@ def remake(names: list[str], *, check: bool, assets: Path = ASSETS) -> list[str]
                 stale += [difference] if difference else []
             else:
                 changes = refresh_output(command, argv, out, paths=paths)
-                rewritten = f"{len(changes)} lines rewritten" if changes else "the same"
+                rewritten = f"{len(changes)} line(s) rewritten" if changes else "the same"
                 print(f"   its quoted output: {rewritten}")
                 print("".join(f"   {change}\n" for change in changes), end="")
     print(f"{len(commands)} commands in {time.perf_counter() - started:.0f} s")
