@@ -15,7 +15,8 @@ measured on a tiny vision-language model (mmdp.models.tiny_vlm.TinyVLM).
    held-out samples, never trained on. --orders N retrains each seed's samples in N - 1 other
    orders: how much the order alone moves the result. assets/06.png: held-out loss against
    samples seen (mean over runs, min-max band) and against optimizer steps; training loss.
-3. Real tokens per second over the seeds (median and range), and where the time goes.
+3. Real tokens per second over the seeds (median and range), and where the time goes. Packing's
+   gain over naive padding is the ratio of the two medians the table shows.
 4. Same gradient under DDP: one step of two ranks (torchrun, gloo) against one process.
 5. Every strategy on one epoch (from lengths): assets/strategies.png.
 The packed run is --strategy (default images_first_bfd) and is called by that name everywhere:
@@ -29,7 +30,22 @@ import time
 
 import torch
 
-from mmdp import config
+from mmdp import (
+    ExperimentSettings,
+    StageData,
+    check_ddp_gradient,
+    check_same_loss,
+    compare_every_strategy,
+    config,
+    final_losses,
+    load_data,
+    order_spreads,
+    stage_metrics,
+    summarize_learning,
+    summarize_speed,
+    time_per_part_columns,
+    train_over_seeds,
+)
 from mmdp.errors import exit_on_user_error
 from mmdp.flags import (
     add_batch_size_arg,
@@ -42,22 +58,14 @@ from mmdp.flags import (
     positive_int,
     settings_of,
 )
-from mmdp.report.metrics import write_json
-from mmdp.report.model_plots import plot_learning_curves, plot_strategies
-from mmdp.report.plots import save_figure
-from mmdp.report.printing import print_settings, print_table
-from mmdp.training.experiments.data import StageData, load_data
-from mmdp.training.experiments.every_strategy import compare_every_strategy, stage_metrics
-from mmdp.training.experiments.same_gradient import check_ddp_gradient
-from mmdp.training.experiments.same_learning import (
-    final_losses,
-    order_spreads,
-    summarize_learning,
-    train_over_seeds,
+from mmdp.report import (
+    plot_learning_curves,
+    plot_strategies,
+    print_settings,
+    print_table,
+    save_figure,
+    write_json,
 )
-from mmdp.training.experiments.same_loss import check_same_loss
-from mmdp.training.experiments.settings import ExperimentSettings
-from mmdp.training.experiments.speed import summarize_speed, time_per_part_columns
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 
@@ -300,11 +308,6 @@ def save_learning_curves(learning, runs, names, args) -> None:
 # 3. Real tokens per second, and where the time goes ---------------------------------------------
 
 
-def with_range(values: dict, spec: str, unit: str = "") -> str:
-    """A median_and_range as text: "2.07x [1.98-2.20]" (spec ".2f", unit "x")."""
-    return f"{values['median']:{spec}}{unit} [{values['min']:{spec}}-{values['max']:{spec}}]"
-
-
 def print_speed(speed, names, args) -> None:
     packed = names[2]
     print(
@@ -324,12 +327,12 @@ def print_speed(speed, names, args) -> None:
         rows,
         ["", ",.0f", ",.0f", ",.0f", "", "", ".1f"],
     )
-    gain = speed["gain"]
+    gain, waste = speed["gain"]["real_tokens_per_s"], speed["gain"]["waste"]
     print(
-        f"   {packed} / naive real tokens per second: "
-        f"{with_range(gain['real_tokens_per_s'], '.2f', 'x')}; naive padding computes "
-        f"{with_range(gain['waste'], '.2f', 'x')} its real tokens; recovered "
-        f"{with_range(gain['recovered'], '.0%')} of that waste"
+        f"   {packed} / naive real tokens per second, the ratio of the medians above: "
+        f"{gain['ratio_of_medians']:.2f}x (seed by seed {min(gain['per_seed']):.2f}x to "
+        f"{max(gain['per_seed']):.2f}x); naive padding computes "
+        f"{waste['ratio_of_medians']:.2f}x its real tokens"
     )
 
 
@@ -352,8 +355,9 @@ def print_where_the_time_goes(speed, names) -> None:
     print(
         f"   load average of this machine ({load['cores']} cores, this run's threads included): "
         f"{load['before']:.1f} before training, {load['after']:.1f} after"
-        + ("; above the core count, other processes compete and timings are noisy" if busy else "")
     )
+    if busy:
+        print("   above the core count: other processes compete, and the timings are noisy")
 
 
 # 4. Same gradient under DDP ----------------------------------------------------------------------

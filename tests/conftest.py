@@ -83,9 +83,9 @@ LAUNCH = ("test_ddp.py", "test_trainers.py", "test_trainer_matrix.py")  # traine
 # Longest first (2026-11-27, in 2 workers: 222, 79, 76, 28, 21 s; test_seed_run.py, issue 45's
 # four launches, several minutes), so that the last file one worker takes is a short one: in
 # alphabetical order test_weighing.py came last, and one worker ran it alone for 27 s at the end.
-STARTS_RANKS = (  # under torchrun, or as plain processes
-    "test_seed_run.py", "test_faults.py", "test_stage_scripts.py", "test_weighing.py",
-    "test_prepared.py", "test_streaming.py", "test_bench_and_examples.py",
+STARTS_RANKS = (  # under torchrun, or as plain processes; tools/figures.py --check: every figure
+    "test_figures.py", "test_seed_run.py", "test_faults.py", "test_stage_scripts.py",
+    "test_weighing.py", "test_prepared.py", "test_streaming.py", "test_bench_and_examples.py",
 )  # fmt: skip
 # Files whose slow tests share nothing (each runs a script in a fresh process): each test goes to
 # whichever worker is free, not the whole file to one, so that they fill the group's end.

@@ -1,9 +1,11 @@
 """What the README and docs/ quote, read back so that tests can hold it to the code.
 
 A quoted output is a fence with no language right after a ```bash fence: the output of the first
-`uv run` command of that bash block. Writing one, three conventions:
+`uv run` command of that bash block. Writing one, four conventions:
 
 - a number that varies by machine (seconds, rates) is written with a `~` before it: `~10.8 s`;
+- a run of spaces reads as one, so a table keeps its columns where a `~` number is wider or
+  narrower on another machine (write the `~` in place of a space to keep the quote aligned);
 - a line `...` stands for any number of lines left out;
 - a block may start and end anywhere in the output: each stretch between `...` lines must appear
   in the run's output, line for line, in order.
@@ -77,13 +79,12 @@ CHECKED = {
     "uv run 02_naive_pad_dataloader.py --dataset HuggingFaceM4/the_cauldron --subset ai2d": (
         "test_stage_scripts.py (exact, no name resolves)"
     ),
+    # the commands of the figures (tools/figures.py --check: tests/test_figures.py, -m slow)
+    "uv run 05_knapsack_multimodal.py --model qwen2_5_vl": "test_figures.py (exact: -m slow)",
+    "uv run 06_packing_pays_off.py": "test_figures.py (exact: -m slow)",
 }
 # Quoted outputs no test runs, and why.
 UNCHECKED = {
-    "uv run 06_packing_pays_off.py": "a 9-minute run whose figures are mostly timings; "
-    "test_model_and_strategies.py::test_stage6_runs_and_reports runs a small one (-m slow)",
-    "uv run 05_knapsack_multimodal.py --model qwen2_5_vl": "50 s of a real family's processor "
-    "over 2,100 rows; test_video.py runs a small Qwen3-VL stage 5 (-m slow)",
     "uv run --extra s3 moto_server -p 5077 &": "an S3 server and a torchrun job; "
     "test_prepared.py reads the same prepared dataset from a moto server",
     "uv run torchrun --standalone --nproc_per_node 2 examples/pack_streaming.py": (
@@ -419,8 +420,8 @@ def normalise(line: str, *, template: bool, masked_settings: set[str]) -> str:
         )
     if template:
         line = HASH.sub("*", line)
-        line = " ".join(NUMBER.sub("#", line).replace(ANY_NUMBER, "#").split())
-    return line
+        line = NUMBER.sub("#", line).replace(ANY_NUMBER, "#")
+    return " ".join(line.split())
 
 
 def matches(quoted: str, printed: str) -> bool:
@@ -461,12 +462,7 @@ def compare(block: Block, out: str, *, template: bool, masked_settings: set[str]
 
 def closest_difference(block, stretch, printed, at) -> list[str]:
     """The stretch's lines against the printed lines where most of them agree."""
-    best, best_score = at, -1
-    for start in range(at, max(at + 1, len(printed) - len(stretch) + 1)):
-        window = printed[start : start + len(stretch)]
-        score = sum(matches(q, p) for (_, q), p in zip(stretch, window))
-        if score > best_score:
-            best, best_score = start, score
+    best, _ = best_window([quoted for _, quoted in stretch], printed, at)
     window = printed[best : best + len(stretch)] + [""] * len(stretch)
     return [
         f"  {block.where(line)}\n    quoted:  {quoted}\n    printed: {got}"
@@ -475,17 +471,14 @@ def closest_difference(block, stretch, printed, at) -> list[str]:
     ]
 
 
-def check_output(
-    command: str, argv: list[str], out: str, *, paths: dict[str, str] | None = None
-) -> str:
-    """Assert that every output block quoted for `command` is what this run printed (`out`;
-    `argv`: the script and its arguments, as run). `paths`: printed paths to read as the docs
-    write them (a test's folder as `assets`...); the run's cache is read as ~/.cache/mmdp.
-    Returns "exact" or "template": how it was checked."""
-    assert command in CHECKED, f"{command!r}: add it to tests/doc_blocks.py CHECKED"
-    quoted = [b for b in output_blocks() if b.command == command]
-    assert quoted, f"no doc quotes the output of {command!r} any more: drop it from CHECKED"
-    replacements = {os.environ.get("MMDP_CACHE", "~/.cache/mmdp"): "~/.cache/mmdp", **(paths or {})}
+def as_quoted(
+    command: str, argv: list[str], out: str, paths: dict[str, str] | None = None
+) -> tuple[str, bool, set[str]]:
+    """A run's output as the docs write it (`paths`: printed paths to read as the docs write
+    them, a test's folder as `assets`...; the run's cache as ~/.cache/mmdp), whether the run is
+    the quoted command itself (an exact check), and the settings its output-only flags mask."""
+    cache = os.environ.get("MMDP_CACHE", os.path.expanduser("~/.cache/mmdp"))  # config's default
+    replacements = {cache: "~/.cache/mmdp", **(paths or {})}
     for path, shown in sorted(replacements.items(), key=lambda item: -len(item[0])):
         out = out.replace(path, shown)
     # what only a run on an empty cache prints: the docs quote a run after stage 1's
@@ -505,6 +498,25 @@ def check_output(
         if OUTPUT_FLAGS[flag][1] and flag not in quoted_flags
     )
     out = "\n".join(line for line in out.splitlines() if not (added and line.startswith(added)))
+    return out, exact, masked
+
+
+def quoted_blocks(command: str) -> list[Block]:
+    quoted = [b for b in output_blocks() if b.command == command]
+    assert quoted, f"no doc quotes the output of {command!r} any more: drop it from CHECKED"
+    return quoted
+
+
+def check_output(
+    command: str, argv: list[str], out: str, *, paths: dict[str, str] | None = None
+) -> str:
+    """Assert that every output block quoted for `command` is what this run printed (`out`;
+    `argv`: the script and its arguments, as run). `paths`: printed paths to read as the docs
+    write them (a test's folder as `assets`...); the run's cache is read as ~/.cache/mmdp.
+    Returns "exact" or "template": how it was checked."""
+    assert command in CHECKED, f"{command!r}: add it to tests/doc_blocks.py CHECKED"
+    quoted = quoted_blocks(command)
+    out, exact, masked = as_quoted(command, argv, out, paths)
     wrong = []
     for block in quoted:
         differences = compare(block, out, template=not exact, masked_settings=masked)
@@ -518,6 +530,94 @@ def check_output(
         "it as ~12.3; a line of ... skips lines): tests/doc_blocks.py explains the conventions."
     )
     return "exact" if exact else "template"
+
+
+def refresh_output(
+    command: str, argv: list[str], out: str, *, paths: dict[str, str] | None = None
+) -> list[str]:
+    """Rewrite, in the docs, each quoted line of `command`'s output that this run (the quoted
+    command itself) printed otherwise, keeping the `~` marks and `...` lines. A stretch between
+    `...` lines stands for the printed lines where most of its lines agree as a template does
+    (numbers aside); a stretch agreeing nowhere is left alone. Returns what changed,
+    "README.md:405\n  was: ...\n  now: ...", and a line for each stretch left for a person."""
+    out, exact, masked = as_quoted(command, argv, out, paths)
+    assert exact, f"{argv} is not the quoted run of {command!r}: its output cannot replace it"
+    raw = [line.rstrip() for line in out.splitlines()]
+    changes = []
+    for block in quoted_blocks(command):
+        text = block.doc.read_text().split("\n")
+        at, stretches = 0, [[]]
+        for offset, line in enumerate(block.lines):
+            if line.strip() == SKIP:
+                stretches.append([])
+            else:
+                stretches[-1].append((block.line + 1 + offset, line))
+        for stretch in filter(None, stretches):
+            lines = [line for _, line in stretch]
+            start, agree = place(lines, raw, at, masked)
+            if agree < len(lines) / 2:
+                changes.append(
+                    f"{block.where(stretch[0][0])}: these {len(lines)} quoted lines are nowhere "
+                    "in the output, numbers aside: update them by hand"
+                )
+                continue
+            exact_lines = [
+                normalise(line, template=False, masked_settings=masked) for line in lines
+            ]
+            for (number, line), quoted, printed in zip(stretch, exact_lines, raw[start:]):
+                if not matches(quoted, normalise(printed, template=False, masked_settings=masked)):
+                    text[number - 1] = marked_as(line, printed)
+                    changes.append(
+                        f"{block.where(number)}\n  was: {line}\n  now: {text[number - 1]}"
+                    )
+            at = start + len(lines)
+        if text != block.doc.read_text().split("\n"):
+            block.doc.write_text("\n".join(text))
+    return changes
+
+
+def place(lines: list[str], raw: list[str], at: int, masked: set[str]) -> tuple[int, int]:
+    """Where in the printed `raw` lines, from `at` on, a quoted stretch stands: its exact place,
+    else where most of its lines agree as templates; and how many agree there."""
+    exact = [normalise(line, template=False, masked_settings=masked) for line in raw]
+    quoted = [normalise(line, template=False, masked_settings=masked) for line in lines]
+    start, agree = best_window(quoted, exact, at)
+    if agree == len(lines):
+        return start, agree
+    template = [normalise(line, template=True, masked_settings=masked) for line in raw]
+    quoted = [normalise(line, template=True, masked_settings=masked) for line in lines]
+    start, agree = best_window(quoted, template, at)
+    return start, agree if start + len(lines) <= len(raw) else 0
+
+
+def best_window(quoted: list[str], printed: list[str], at: int) -> tuple[int, int]:
+    """(where in `printed`, from `at` on, the most of the `quoted` lines agree; how many do)."""
+    best, best_score = at, -1
+    for start in range(at, max(at + 1, len(printed) - len(quoted) + 1)):
+        window = printed[start : start + len(quoted)]
+        score = sum(matches(q, p) for q, p in zip(quoted, window))
+        if score > best_score:
+            best, best_score = start, score
+    return best, best_score
+
+
+def marked_as(quoted: str, printed: str) -> str:
+    """`printed`, with a `~` before each number that `quoted` marks as varying (the same place:
+    the k-th number of the line); in place of a space where two stand before it, so that a
+    table's columns stay aligned.
+
+    >>> marked_as("rate   ~1,100 packs/s, 4 packs", "rate  12,345 packs/s, 5 packs")
+    'rate ~12,345 packs/s, 5 packs'
+    """
+    marked = {i for i, m in enumerate(NUMBER.finditer(quoted)) if quoted[: m.start()].endswith("~")}
+    pieces, end = [], 0
+    for i, m in enumerate(NUMBER.finditer(printed)):
+        before = printed[end : m.start()]
+        if i in marked and not before.endswith("~"):
+            before = (before[:-1] if before.endswith("  ") else before) + "~"
+        pieces += [before, m[0]]
+        end = m.end()
+    return "".join(pieces) + printed[end:]
 
 
 # Tables ----------------------------------------------------------------------------------------

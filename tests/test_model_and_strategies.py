@@ -1,8 +1,11 @@
+import ast
+import importlib
 import json
 import math
 
 import pytest
 import torch
+from conftest import REPO
 from torch.utils.data import DataLoader
 
 from mmdp import config
@@ -247,6 +250,24 @@ def test_speed_of_a_run_leaves_out_its_first_step_unless_it_is_the_only_one():
     assert per_part["logits + loss"] == (1.0 + 3.0 + 0.0) / 2
     assert per_part["optimizer"] == 2.0  # 1 + 1 and 2
     assert per_part["language model"] == 0.0
+
+
+# the faces: names that keep working when files move (mmdp/_lazy.py)
+FACES = {"mmdp", "mmdp.flags", "mmdp.report", "mmdp.errors"}
+
+
+def test_stage6_takes_mmdps_names_from_at_most_four_faces():
+    tree = ast.parse((REPO / "06_packing_pays_off.py").read_text())
+    imported = {
+        node.module: [alias.name for alias in node.names]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] == "mmdp"
+    }
+    assert set(imported) <= FACES and len(imported) <= 4, sorted(imported)
+    for module, names in imported.items():
+        face = importlib.import_module(module)
+        for name in names:  # each name is on its face (or a module of it: mmdp.config)
+            assert hasattr(face, name) or importlib.util.find_spec(f"{module}.{name}"), name
 
 
 @pytest.mark.slow  # 2.5 min of CPU (training 3 strategies x 2 seeds over a 49k-token vocabulary)

@@ -5,7 +5,14 @@ import torch
 from PIL import Image
 
 from mmdp.batch import collate_packs, layout_pack
-from mmdp.report.model_plots import plot_learning_curves, plot_pack_samples, plot_strategies
+from mmdp.packing.weights import Budgets
+from mmdp.report.model_plots import (
+    plot_grouped,
+    plot_learning_curves,
+    plot_model_budgets,
+    plot_pack_samples,
+    plot_strategies,
+)
 from mmdp.report.plots import (
     plot_packs,
     plot_padding,
@@ -161,13 +168,93 @@ def test_strategies_figure_names_every_strategy_on_each_panel():
     assert [ax.get_title() for ax in fig.axes] == [
         "utilization: real tokens / computed tokens",
         "batches per epoch (and samples dropped)",
-        "real tokens per row (padded row or pack)",
-        "images per row (padded row or pack)",
+        "real tokens per row (padded row or pack): median, quartiles, min-max",
+        "images per row (padded row or pack): median, quartiles, min-max",
     ]
-    # the strategies are named under their bars, so no panel needs a legend
+    assert [ax.get_ylabel() for ax in fig.axes] == [
+        "% of computed tokens",
+        "batches",
+        "real tokens",
+        "images",
+    ]
+    # the strategies are named once, level, under the last panel: no legend, no overlap
     assert all(ax.get_legend() is None for ax in fig.axes)
-    for ax in (utilization, tokens, images):
-        assert tick_labels(ax) == ["naive", "binpack"]
-    assert tick_labels(batches) == ["naive\n0 dropped", "binpack\n2 dropped"]
+    assert tick_labels(images) == ["naive", "binpack"]
+    assert all(label.get_rotation() == 0 for label in images.get_xticklabels())
+    assert not any(label.get_visible() for label in utilization.get_xticklabels())
     assert [t.get_text() for t in utilization.texts] == ["40.0%", "97.5%"]
-    assert [t.get_text() for t in batches.texts] == ["25", "7"]
+    assert [t.get_text() for t in batches.texts] == ["25 (0 dropped)", "7 (2 dropped)"]
+
+
+def test_strategies_names_do_not_overlap_at_the_readmes_width():
+    """Every strategy of stage 6, with its longest names: their labels' boxes are apart."""
+    names = ["naive", "constrained", "greedy", "binpack", "bfd", "images_first_bfd"]
+    names.append("balanced_greedy")
+    row = {"utilization": 0.9, "batches": 62, "dropped": {"too_long": 16}}
+    results = {n: {**row, "per_row": {"tokens": [500, 490], "images": [3, 4]}} for n in names}
+    fig = plot_strategies(results, "Every strategy on one epoch")
+    fig.draw_without_rendering()  # where each label lands
+    for ax in fig.axes:
+        boxes = [label.get_window_extent() for label in ax.get_xticklabels()]
+        boxes += [text.get_window_extent() for text in ax.texts]
+        boxes = [box for box in boxes if box.width]
+        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
+@pytest.mark.parametrize(
+    "figure",
+    [
+        "padding",
+        "side_by_side",
+        "packs",
+        "learning_curves",
+        "strategies",
+        "grouped",
+        "model_budgets",
+    ],
+)
+def test_every_figure_fits_the_readmes_width_and_labels_its_axes(figure):
+    """At most 10 inches wide (1,100 px saved at 110 dpi, read at about 900): panels stack."""
+    eval_loss = {"naive": [[3.0, 2.0]], "binpack": [[3.0, 1.9]]}
+    row = {"utilization": 0.9, "batches": 7, "dropped": {}}
+    per_row = {"tokens": [500, 490], "images": [3, 4]}
+    fig = {
+        "padding": lambda: plot_padding([3, 6, 2], width=8, title="t", limit=8),
+        "side_by_side": lambda: plot_padding_side_by_side(
+            {"lengths": [3, 6], "width": 6, "title": "a"},
+            {"lengths": [8, 7], "width": 8, "title": "b"},
+            "t",
+        ),
+        "packs": lambda: plot_packs([[6, 2], [5, 3]], max_length=10, title="t"),
+        "learning_curves": lambda: plot_learning_curves(
+            [0, 8],
+            eval_loss,
+            {"naive": [[0, 1]], "binpack": [[0, 1]]},
+            {n: [([8], [2.5])] for n in eval_loss},
+            "t",
+        ),
+        "strategies": lambda: plot_strategies(
+            {n: {**row, "per_row": per_row} for n in ("naive", "binpack")}, "t"
+        ),
+        "grouped": lambda: plot_grouped(
+            {"lengths": [3, 6], "width": 6, "title": "a", "limit": 8},
+            {
+                name: {"real_tokens": 9, "computed_tokens": c, "padded_tokens": [[c // 2]] * 2}
+                for name, c in (("naive", 12), ("modality_length", 10))
+            },
+            "t",
+        ),
+        "model_budgets": lambda: plot_model_budgets(
+            {"tiny": [64], "qwen2_5_vl": [49, 256]},
+            [500, 512],
+            [900, 1000],
+            model="qwen2_5_vl",
+            budgets=Budgets(max_length=512, max_patches=1024),
+        ),
+    }[figure]()
+    assert fig.get_size_inches()[0] <= 10
+    for ax in fig.axes:
+        assert ax.get_title()
+        # its own x label, or the one of the panel below whose axis it shares
+        assert any(a.get_xlabel() for a in ax.get_shared_x_axes().get_siblings(ax))
+        assert ax.get_ylabel() or ax.get_yticklabels()  # or the rows' names ("row 1")

@@ -60,6 +60,19 @@ __getattr__, __dir__, __all__ = lazy_face(
             "mean_over_tokens",
             "mean_over_samples",
         ],
+        # stage 6's experiments (06_packing_pays_off.py): the computing, apart from its printing
+        "mmdp.training.experiments.settings": ["ExperimentSettings"],
+        "mmdp.training.experiments.data": ["StageData", "load_data"],
+        "mmdp.training.experiments.same_loss": ["check_same_loss"],
+        "mmdp.training.experiments.same_learning": [
+            "train_over_seeds",
+            "summarize_learning",
+            "final_losses",
+            "order_spreads",
+        ],
+        "mmdp.training.experiments.speed": ["summarize_speed", "time_per_part_columns"],
+        "mmdp.training.experiments.same_gradient": ["check_ddp_gradient"],
+        "mmdp.training.experiments.every_strategy": ["compare_every_strategy", "stage_metrics"],
         # training in your own loop: accelerate, torchrun (Trainer: mmdp.training.trainer.MMDPTrainer)
         "mmdp.training.recipes": [
             "optimizer_steps",

@@ -1,7 +1,6 @@
 """The figures of stages 5-6: what a pack holds, the budgets, the strategies compared, the
 learning curves; and batches grouped by length. Colours and helpers: mmdp.report.plots."""
 
-import matplotlib.artist
 import matplotlib.lines
 import matplotlib.patches
 import numpy as np
@@ -16,6 +15,7 @@ from mmdp.report.plots import (
     PADDING_COLOUR,
     REAL_COLOUR,
     draw_padding,
+    legend_below,
     runs,
     subplots,
 )
@@ -84,24 +84,25 @@ def plot_pack_samples(batch: dict, image_token_id: int, title: str) -> Figure:
         ),
         matplotlib.patches.Patch(color=PADDING_COLOUR, label="padding"),
     ]
-    ax.legend(
-        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, frameon=False
-    )
+    legend_below(ax, handles=handles, ncol=3)
     return fig
 
 
 def plot_learning_curves(
     samples_seen: list, eval_loss: dict, eval_steps: dict, training: dict, title: str
 ) -> Figure:
-    """Stage 6: learning over several runs (seeds), one colour per strategy.
+    """Stage 6: learning over several runs (seeds), one colour per strategy, three panels one
+    above the other.
 
-    Left: the held-out loss at each of `samples_seen`, `eval_loss[strategy]` being one list per
+    Top: the held-out loss at each of `samples_seen`, `eval_loss[strategy]` being one list per
     run; the line is the mean over runs, the band their min-max. Middle: the same losses against
     the optimizer steps done when they were measured (`eval_steps`, same shape), one line per
-    run. Right: the training loss of every step, `training[strategy]` being one (samples seen,
+    run. Bottom: the training loss of every step, `training[strategy]` being one (samples seen,
     losses) pair per run.
     """
-    fig, (held_out, per_step, train) = subplots(1, 3, figsize=(18, 5.4), sharey=True)
+    fig, (held_out, per_step, train) = subplots(
+        3, 1, figsize=(10, 12), sharey=True, layout="constrained"
+    )
     # different line styles: two strategies that learn alike (naive, constrained) stay visible
     styles = dict(zip(eval_loss, ["-", "--", "-.", ":"] * len(eval_loss)))
     _plot_held_out_loss(held_out, samples_seen, eval_loss, styles)
@@ -111,16 +112,15 @@ def plot_learning_curves(
     _plot_runs(train, training, styles)
     held_out.set_title("held-out loss against samples seen")
     held_out.set_xlabel("samples seen")
-    held_out.set_ylabel("loss (mean over reply tokens)")
     per_step.set_title("the same held-out losses against optimizer steps")
     per_step.set_xlabel("optimizer steps")
     train.set_title("training loss of each step")
     train.set_xlabel("samples seen")
     for ax in (held_out, per_step, train):
+        ax.set_ylabel("loss (mean over reply tokens)")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(loc="upper right")  # the losses fall from the top left: that corner is free
     fig.suptitle(title)
-    fig.tight_layout()
     return fig
 
 
@@ -166,48 +166,58 @@ def _plot_runs(ax, runs: dict, styles: dict, marker: str | None = None) -> None:
 
 
 def plot_strategies(results: dict, title: str) -> Figure:
-    """Stage 6: every strategy on one epoch: utilization, batches, and tokens / images per row."""
+    """Stage 6: every strategy on one epoch, one column per strategy through four panels one
+    above the other: utilization, batches (and samples dropped), real tokens and images per row."""
     names = list(results)
+    x = np.arange(len(names))
     colours = [STRATEGY_COLOURS.get(n) for n in names]
-    fig, axes = subplots(2, 2, figsize=(13, 8.5))
-    ax = axes[0, 0]
+    fig, axes = subplots(4, 1, figsize=(10, 11), sharex=True, layout="constrained")
+    ax = axes[0]
     values = [100 * results[n]["utilization"] for n in names]
-    bars = ax.bar(names, values, color=colours)
+    bars = ax.bar(x, values, color=colours)
     ax.bar_label(bars, labels=[f"{v:.1f}%" for v in values])
-    ax.set_ylim(0, 110)
+    ax.set_ylim(0, 115)
+    ax.set_ylabel("% of computed tokens")
     ax.set_title("utilization: real tokens / computed tokens")
-    ax = axes[0, 1]
+    ax = axes[1]
     values = [results[n]["batches"] for n in names]
     dropped = [sum(results[n]["dropped"].values()) for n in names]
-    bars = ax.bar([f"{n}\n{d} dropped" for n, d in zip(names, dropped)], values, color=colours)
-    ax.bar_label(bars)
+    bars = ax.bar(x, values, color=colours)
+    ax.bar_label(bars, labels=[f"{v} ({d} dropped)" for v, d in zip(values, dropped)])
+    ax.set_ylim(0, max(values) * 1.2)
+    ax.set_ylabel("batches")
     ax.set_title("batches per epoch (and samples dropped)")
     for ax, key, label in (
-        (axes[1, 0], "tokens", "real tokens per row"),
-        (axes[1, 1], "images", "images per row"),
+        (axes[2], "tokens", "real tokens per row"),
+        (axes[3], "images", "images per row"),
     ):
-        ax.boxplot([results[n]["per_row"][key] for n in names], tick_labels=names, showfliers=False)
-        ax.set_title(f"{label} (padded row or pack)")
-    for ax in axes.flat:  # long strategy names side by side
-        matplotlib.artist.setp(
-            ax.get_xticklabels(), rotation=25, ha="right", rotation_mode="anchor"
-        )
+        ax.boxplot([results[n]["per_row"][key] for n in names], positions=x, whis=(0, 100))
+        ax.set_ylabel(label.split(" per ")[0])
+        ax.set_title(f"{label} (padded row or pack): median, quartiles, min-max")
+    # the names once, under the last panel, level: each has its column's room
+    axes[-1].set_xticks(x, names)
+    axes[-1].set_xlabel("strategy")
     fig.suptitle(title)
-    fig.tight_layout()
     return fig
 
 
 def plot_grouped(first_batch: dict, comparison: dict, title: str) -> Figure:
-    """Stage 3 --group-by: the first batch (the heaviest of the epoch), real and padded tokens of
-    the epoch for each way of batching, and the padded tokens of every step in the order the
-    loader yields them (a band: from the lightest rank's batch to the heaviest's).
+    """Stage 3 --group-by, three panels one above the other: the first batch (the heaviest of the
+    epoch), real and padded tokens of the epoch for each way of batching, and the padded tokens
+    of every step in the order the loader yields them (a band: from the lightest rank's batch to
+    the heaviest's).
 
     `first_batch`: draw_padding's arguments; `comparison`: training.strategies.compare_padding's.
     """
-    fig, axes = subplots(1, 3, figsize=(18, 4.8), gridspec_kw={"width_ratios": [1.1, 1, 1.6]})
+    rows = len(first_batch["lengths"])
+    fig, axes = subplots(
+        3,
+        1,
+        figsize=(10, 0.35 * rows + 9),
+        layout="constrained",
+        gridspec_kw={"height_ratios": [0.35 * rows + 0.6, 2.2, 3.6]},
+    )
     draw_padding(axes[0], **first_batch)
-    # lower than draw_padding puts it: these axes are short
-    axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, frameon=False)
     names = list(comparison)
     ax = axes[1]
     real = np.array([comparison[n]["real_tokens"] for n in names])
@@ -216,11 +226,11 @@ def plot_grouped(first_batch: dict, comparison: dict, title: str) -> Figure:
     bars = ax.barh(names, padding, left=real, color=PADDING_COLOUR, label="padding")
     ax.bar_label(bars, labels=[f" {p / (r + p):.1%} padding" for r, p in zip(real, padding)])
     ax.invert_yaxis()
-    ax.set_xlim(0, (real + padding).max() * 1.45)
+    ax.set_xlim(0, (real + padding).max() * 1.3)
     ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:,.0f}k")
     ax.set_xlabel("tokens computed over the epoch")
-    ax.set_title("one epoch")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
+    ax.set_title("one epoch: real tokens and padding")
+    legend_below(ax, ncol=2)
     ax = axes[2]
     for name in names:
         padded = np.asarray(comparison[name]["padded_tokens"])  # [step, rank]
@@ -249,9 +259,8 @@ def plot_grouped(first_batch: dict, comparison: dict, title: str) -> Figure:
         "every step: its heaviest batch"
         + (f" (band: down to the lightest of {ranks} ranks)" if ranks > 1 else "")
     )
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, frameon=False)
+    legend_below(ax, ncol=3)
     fig.suptitle(title)
-    fig.tight_layout()
     return fig
 
 
@@ -263,10 +272,10 @@ def plot_model_budgets(
     model: str,
     budgets: Budgets,
 ) -> Figure:
-    """Stage 5 --model: left, what the same images cost each family (tokens per image, one box
-    per family, `model` highlighted); right, how full each pack of the run is in tokens and in
-    vision-encoder patches (the two budgets)."""
-    fig, (costs, fill) = subplots(1, 2, figsize=(14, 5.2))
+    """Stage 5 --model, one panel above the other: what the same images cost each family (tokens
+    per image, one box per family, `model` highlighted); how full each pack of the run is in
+    tokens and in vision-encoder patches (the two budgets)."""
+    fig, (costs, fill) = subplots(2, 1, figsize=(10, 8.5), layout="constrained")
     names = list(tokens_per_image)
     boxes = costs.boxplot(
         [tokens_per_image[n] for n in names], tick_labels=names, showfliers=False, patch_artist=True
@@ -274,9 +283,9 @@ def plot_model_budgets(
     for name, box in zip(names, boxes["boxes"]):
         box.set_facecolor(CONTENT_HIGHLIGHT if name == model else PADDING_COLOUR)
     costs.set_yscale("log")
+    costs.set_xlabel("model family (--model)")
     costs.set_ylabel("tokens per image (log scale)")
     costs.set_title("What the same images cost each model family")
-    matplotlib.artist.setp(costs.get_xticklabels(), rotation=20, ha="right", rotation_mode="anchor")
     token_fill = np.asarray(tokens_per_row) / budgets.max_length
     if budgets.max_patches:
         patch_fill = np.asarray(patches_per_row) / budgets.max_patches
@@ -296,5 +305,4 @@ def plot_model_budgets(
     fill.set_xlabel("tokens / token budget")
     fill.set_title(f"{model}: how full each pack is, in both budgets")
     fill.legend(loc="lower left")
-    fig.tight_layout()
     return fig

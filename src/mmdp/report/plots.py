@@ -23,11 +23,21 @@ CONTENT_HIGHLIGHT = "tab:blue"
 ITEM_COLOURS = [c for i, c in enumerate(matplotlib.colormaps["tab20"].colors) if i not in (14, 15)]
 
 
-def subplots(*grid, figsize, **kwargs):
+def subplots(*grid, figsize, layout=None, **kwargs):
     """A Figure and its axes, as pyplot.subplots makes them, without pyplot: no backend is
-    chosen and no figure is kept open (a figure is only ever saved)."""
-    fig = Figure(figsize=figsize)
+    chosen and no figure is kept open (a figure is only ever saved). layout="constrained" makes
+    room for titles and for legends drawn outside their axes."""
+    fig = Figure(figsize=figsize, layout=layout)
     return fig, fig.subplots(*grid, **kwargs)
+
+
+def legend_below(ax, **kwargs) -> None:
+    """The axes' legend, in one row under its x label, whatever the axes' height (its distance
+    is in font sizes, not in the axes' fraction): after everything is drawn, so it lists every
+    labelled element, and outside the axes, so it hides nothing."""
+    ax.legend(
+        loc="upper center", bbox_to_anchor=(0.5, 0), borderaxespad=3.2, frameon=False, **kwargs
+    )
 
 
 def save_figure(fig: Figure, out_dir: str | Path, name: str) -> Path:
@@ -81,12 +91,17 @@ def plot_padding(lengths: list[int], width: int, title: str, limit: int | None =
     return fig
 
 
-def plot_padding_side_by_side(left: dict, right: dict, title: str) -> Figure:
-    """Two padding panels (each a dict of draw_padding's arguments), e.g. knapsack vs constrained."""
-    rows = max(len(left["lengths"]), len(right["lengths"]))
-    fig, axes = subplots(1, 2, figsize=(15, 0.45 * rows + 2.4), sharex=True)
-    draw_padding(axes[0], **left)
-    draw_padding(axes[1], **right)
+def plot_padding_side_by_side(top: dict, bottom: dict, title: str) -> Figure:
+    """Two padding panels (each a dict of draw_padding's arguments), e.g. knapsack vs constrained,
+    one above the other on the same token axis: at a README's width, side by side is too small
+    to read."""
+    rows = len(top["lengths"]) + len(bottom["lengths"])
+    fig, axes = subplots(2, 1, figsize=(10, 0.3 * rows + 4), layout="constrained")
+    draw_padding(axes[0], **top)
+    draw_padding(axes[1], **bottom)
+    right = max(ax.get_xlim()[1] for ax in axes)
+    for ax in axes:
+        ax.set_xlim(0, right)
     fig.suptitle(title)
     return fig
 
@@ -103,8 +118,7 @@ def draw_padding(ax, lengths, width: int, title: str, limit: int | None = None) 
     ax.set_xlabel("token position")
     ax.set_xlim(0, max(width, limit or 0) * 1.02 or 1)
     ax.set_title(title)
-    # After everything is drawn, so every element is listed; below the axes, so it hides no bar.
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
+    legend_below(ax, ncol=3)
 
 
 def runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -126,7 +140,7 @@ def waste_title(what: str, lengths, width: int) -> str:
 
 def plot_packs(packs: list[list[int]], max_length: int, title: str) -> Figure:
     """Stage 4: one stacked bar per pack, each item a labelled segment, unused room in grey."""
-    fig, ax = subplots(figsize=(10, 0.7 * len(packs) + 1.8))
+    fig, ax = subplots(figsize=(7, 0.6 * len(packs) + 1.8))  # the README shows two side by side
     colours = ITEM_COLOURS
     for row, items in enumerate(packs):
         left = 0
@@ -149,7 +163,5 @@ def plot_packs(packs: list[list[int]], max_length: int, title: str) -> Figure:
             [], [], color=LIMIT_COLOUR, linestyle="--", label=f"max length ({max_length})"
         ),
     ]
-    ax.legend(
-        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False
-    )
+    legend_below(ax, handles=handles, ncol=3)
     return fig
