@@ -493,3 +493,30 @@ def test_the_output_check_catches_a_changed_line_and_skips_only_marked_numbers(t
     assert differs(smaller) and not differs(smaller, template=True)
     assert differs(smaller.replace("seed=1", "seed=1, video_rows=100"), template=True)
     assert differs(smaller.replace("Over the epoch", "Over an epoch"), template=True)
+
+
+# The tutorial's shape (issue 52): the README a companion to the blog, the stages short enough to
+# read beside it, the docs results rather than diaries.
+README_LINES, STAGE_1_BY, SECTION_LINES = 200, 40, 45
+SCRIPT_LINES = {1: 120, 2: 120, 3: 130, 4: 100, 5: 220}
+DOCS_WORDS, BENCHMARKS_WORDS = 30_000, 8_000
+
+
+def test_the_readme_reads_as_the_tutorial_and_the_stages_beside_the_blog():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    starts = [n for n, line in enumerate(lines) if line.startswith("## ")]
+    sections = {lines[a]: b - a for a, b in zip(starts, [*starts[1:], len(lines)])}
+    stage_1 = next(n for n in starts if lines[n].startswith("## Stage 1"))
+    long = {title: n for title, n in sections.items() if "Stage" in title and n > SECTION_LINES}
+    assert len(lines) <= README_LINES and stage_1 < STAGE_1_BY and not long, (
+        len(lines),
+        stage_1,
+        long,
+    )
+    scripts = {n: len(STAGE_SCRIPTS[n].read_text().splitlines()) for n in SCRIPT_LINES}
+    assert all(scripts[n] <= most for n, most in SCRIPT_LINES.items()), scripts
+
+
+def test_the_docs_are_results_not_a_diary():
+    words = {p.name: len(p.read_text().split()) for p in (ROOT / "docs").glob("*.md")}
+    assert words["benchmarks.md"] <= BENCHMARKS_WORDS and sum(words.values()) <= DOCS_WORDS, words
