@@ -38,6 +38,7 @@ from mmdp.loading.guards import (
     RefusesAcceleratePrepare,
     iterated_elsewhere,
 )
+from mmdp.loading.overflow import fit_over_long, truncate_sample
 from mmdp.loading.row_tokens import RowTokens
 from mmdp.loading.workers import check_temp_folder, name_failed_worker
 from mmdp.packing.packing_config import (
@@ -120,6 +121,13 @@ class PackedDataset(PackingSettings, IterableDataset):
         )
         pretokenize = self.weighing.tokens is not None
         self.weights = self.weighing.weights
+        # overflow="truncate": the rows over max_length that can be cut weigh their cut length
+        # (mmdp.loading.overflow), the same as the samples built from them
+        self.truncated_rows = np.zeros(0, dtype=np.int64)
+        if self.config.overflow == "truncate":
+            self.weights, self.truncated_rows = fit_over_long(
+                self.weights, dataset.dataset, dataset.family, self.config.max_length
+            )
         self.tokens = None if self.weighing.tokens is None else RowTokens(self.weighing.tokens)
         # with the tokens at hand, building a pack reads only the images (and videos) of its rows
         media = [name for name in ("images", "videos") if name in dataset.dataset.column_names]
@@ -192,6 +200,7 @@ class PackedDataset(PackingSettings, IterableDataset):
                 mixture=self.mixture,
                 split=self.split,
             )
+            plan.truncated = int(np.isin(plan.rows, self.truncated_rows).sum())
             mine = plan.for_rank(self.rank)
             self._plan = (epoch, plan)
             self._rank_plan = (epoch, mine, self.weights.lengths[mine.rows])
@@ -309,8 +318,12 @@ class PackedDataset(PackingSettings, IterableDataset):
                 f"the processor's settings changed after its rows were weighed ({changed}); "
                 "set them before making the PackedDataset"
             )
+        samples = self.samples(rows)
+        if self.config.overflow == "truncate":
+            family = self.dataset.family
+            samples = [truncate_sample(s, self.max_length, family) for s in samples]
         return build_pack(
-            self.samples(rows),
+            samples,
             planned,
             max_length=self.max_length,
             pad_token_id=self.dataset.family.pad_token_id,
