@@ -5,6 +5,7 @@ image ends past the budget, or whose reply starts past it, is still `too_long`.
 """
 
 import argparse
+import json
 
 import pytest
 import torch
@@ -82,7 +83,11 @@ def test_truncate_keeps_every_over_long_text_row_weighed_as_built(tiny_rows):
     dropped, report = epoch(tiny_rows, "drop")
     too_long = report.dropped["too_long"]
     assert too_long == 2 and report.truncated == 0
-    assert budget_hint(report.budgets_to_keep)[0].startswith("to keep 99% / 100% of the rows")
+    longest = int(dropped.weights.lengths.max())  # 99% of 8 rows is all 8: the longest
+    assert budget_hint(report.budgets_to_keep) == [
+        f"--max-length that keeps 99% / 100% of the rows whole: {longest} / {longest} "
+        "(or --overflow truncate: cut at --max-length)"
+    ]
     fitted, report = epoch(tiny_rows, "truncate")
     assert len(fitted.truncated_rows) == too_long
     assert report.samples == len(tiny_rows) and not report.dropped
@@ -206,3 +211,25 @@ def test_a_truncated_real_family_sample_packed_has_its_loss_alone(name, attentio
     finally:
         use_attention(model, "eager")
     assert packed == pytest.approx(alone, rel=1e-5)
+
+
+# Stage 5 ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_stage5_overflow_truncate_keeps_every_over_long_text_row(run_main, tmp_path):
+    """`--overflow truncate` on the embedded rows: what `--overflow drop` counts too_long is kept,
+    truncated, and the run says nothing of a budget (nothing was dropped)."""
+    runs = {}
+    for overflow in ("drop", "truncate"):
+        metrics = tmp_path / f"{overflow}.json"
+        argv = ["05_knapsack_multimodal.py", "--num-rows", "400", "--overflow", overflow,
+                "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
+        status, out, err = run_main(*argv)
+        assert status == 0, err
+        runs[overflow] = (json.loads(metrics.read_text()), out)
+    (dropped, said), (fitted, quiet) = runs["drop"], runs["truncate"]
+    assert dropped["dropped"]["too_long"] > 0 and "keeps 99% / 100% of the rows whole" in said
+    assert fitted["truncated"] == dropped["dropped"]["too_long"] and not fitted["dropped"]
+    assert fitted["samples"] == fitted["rows_read"] == 400 and "whole:" not in quiet
+    assert f"({fitted['truncated']} truncated to max_length)" in quiet
