@@ -5,6 +5,7 @@ image ends past the budget, or whose reply starts past it, is still `too_long`.
 """
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -17,9 +18,11 @@ from mmdp import config
 from mmdp.data.families import family_for, tiny_processor
 from mmdp.data.reading.sources import FEATURES
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.errors import UserError
 from mmdp.flags import add_packing_args, config_for
 from mmdp.loading.overflow import cut_length, truncate_sample
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
+from mmdp.loading.streaming.dataset import StreamingPackedDataset
 from mmdp.models.attention import use_attention
 from mmdp.models.tiny import tiny_model
 from mmdp.packing.packing_config import PackingConfig
@@ -103,6 +106,20 @@ def test_truncate_keeps_every_over_long_text_row_weighed_as_built(tiny_rows):
     # the rows that fit are untouched: the same weights, the same samples
     fits = dropped.weights.lengths <= PACKED_LENGTH
     assert (fitted.weights.lengths[fits] == dropped.weights.lengths[fits]).all()
+
+
+def test_an_eval_dataset_with_another_overflow_fits_its_rows_again(tiny_rows):
+    packing = PackingConfig(max_length=PACKED_LENGTH, packs_per_batch=2)
+    train = PackedDataset(tiny_rows, packing, rank=0, world_size=1, eval_ratio=0.5)
+    held_out = train.eval_dataset(dataclasses.replace(packing, overflow="truncate"))
+    assert train.truncated_rows.tolist() == [] and held_out.truncated_rows.tolist() == [0, 1]
+    assert (held_out.weights.lengths[:2] == PACKED_LENGTH).all()
+    assert (train.weights.lengths[:2] > PACKED_LENGTH).all()
+
+
+def test_the_streaming_loader_refuses_truncate_in_one_sentence(tokenizer):
+    with pytest.raises(UserError, match="needs the planned loader"):
+        StreamingPackedDataset([], tokenizer, PackingConfig(overflow="truncate"))
 
 
 def test_a_row_whose_image_ends_past_the_budget_or_reply_starts_past_it_is_still_too_long(
