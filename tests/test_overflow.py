@@ -20,13 +20,13 @@ from mmdp.data.reading.sources import FEATURES
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
 from mmdp.flags import add_packing_args, config_for
-from mmdp.loading.overflow import cut_length, truncate_sample
+from mmdp.loading.overflow import cut_length, media_end, truncate_sample
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.loading.streaming.dataset import StreamingPackedDataset
 from mmdp.models.attention import use_attention
 from mmdp.models.tiny import tiny_model
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.report.metrics import PackReport, budget_hint
+from mmdp.report.pack_report import PackReport
 
 IGNORE = config.IGNORE_INDEX
 
@@ -35,7 +35,7 @@ IGNORE = config.IGNORE_INDEX
 
 
 @pytest.mark.parametrize(
-    ("labels", "media_end", "max_length", "expected"),
+    ("labels", "media_ends_at", "max_length", "expected"),
     [
         # 12 tokens, the reply from token 5: cut at 8 when the image ends by then
         ([IGNORE] * 5 + [7] * 7, 3, 8, 8),
@@ -46,8 +46,10 @@ IGNORE = config.IGNORE_INDEX
         ([IGNORE] * 3 + [7] * 3, 9, 8, 6),  # fits: its own length, whatever its media
     ],
 )
-def test_cut_length_keeps_media_whole_and_a_trained_token(labels, media_end, max_length, expected):
-    assert cut_length(torch.tensor(labels), media_end, max_length) == expected
+def test_cut_length_keeps_media_whole_and_a_trained_token(
+    labels, media_ends_at, max_length, expected
+):
+    assert cut_length(torch.tensor(labels), media_ends_at, max_length) == expected
 
 
 def test_overflow_is_validated_and_a_flag_a_resume_must_match():
@@ -87,7 +89,7 @@ def test_truncate_keeps_every_over_long_text_row_weighed_as_built(tiny_rows):
     too_long = report.dropped["too_long"]
     assert too_long == 2 and report.truncated == 0
     longest = int(dropped.weights.lengths.max())  # 99% of 8 rows is all 8: the longest
-    assert budget_hint(report.budgets_to_keep) == [
+    assert report.budget_hint() == [
         f"--max-length that keeps 99% / 100% of the rows whole: {longest} / {longest} "
         "(or --overflow truncate: cut at --max-length)"
     ]
@@ -141,7 +143,7 @@ def test_a_row_whose_image_ends_past_the_budget_or_reply_starts_past_it_is_still
     dataset, report = epoch(samples, "truncate")
     assert dataset.truncated_rows.tolist() == [2]
     assert report.dropped == {"too_long": 2} and report.truncated == 1
-    hint = budget_hint(report.budgets_to_keep)
+    hint = report.budget_hint()
     assert len(hint) == 2 and "images or videos end past --max-length" in hint[1]
 
 
@@ -218,7 +220,7 @@ def test_a_truncated_real_family_sample_packed_has_its_loss_alone(name, attentio
            for row in batch["sample_index"].tolist()]  # fmt: skip
     first = next(s for s in cut if s["row"] == 0)
     assert first["truncated"] and len(first["input_ids"]) == PACKED_LENGTH
-    assert family.media_end(first["input_ids"]) < PACKED_LENGTH  # the image whole
+    assert media_end(family, first["input_ids"]) < PACKED_LENGTH  # the image whole
     alone_attention = "eager" if attention == "flex_attention" else attention
     try:
         use_attention(language_model(model), alone_attention)

@@ -215,9 +215,8 @@ def add_packing_args(parser: argparse.ArgumentParser) -> None:
         "--overflow",
         choices=OVERFLOWS,
         default="drop",
-        help="a row over --max-length: drop it (too_long), or truncate it to --max-length "
-        "tokens, cut from the end of its conversation, never inside an image's or video's "
-        "tokens (default: drop)",
+        help="a row over --max-length: drop it (too_long), or cut its text from the end, never "
+        "through an image's or video's tokens (default: drop)",
     )
     parser.add_argument(
         "--epoch", type=non_negative_int, default=0, help="which epoch's shuffle (default: 0)"

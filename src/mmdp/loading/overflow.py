@@ -6,7 +6,7 @@ LLaMA-Factory's `cutoff_len` and ms-swift's `truncation_strategy="right"` cut it
 
 1. Never inside an image's or video's tokens. Every image and video of the row is kept whole
    (its pixels go to the model, so all its tokens must too): a row whose last image or video
-   ends past max_length (`ModelFamily.media_end`) cannot be cut and stays `too_long`.
+   ends past max_length (`media_end`) cannot be cut and stays `too_long`.
 2. Never a sample without a trained token: a row with no reply token in its first max_length
    tokens (the first is never trained in a pack) stays `too_long`.
 
@@ -23,7 +23,7 @@ import torch
 
 from mmdp import config
 from mmdp.batch import TOKEN_INPUTS
-from mmdp.data.reading.sources import undecoded
+from mmdp.data.images import undecoded
 from mmdp.packing.weights import Weights
 
 
@@ -45,6 +45,16 @@ def cut_length(labels: torch.Tensor, media_end: int, max_length: int) -> int:
     return max_length if trained else 0
 
 
+def media_end(family, input_ids: torch.Tensor) -> int:
+    """Where the row's last image or video ends: the position after its last feature token or
+    closing token (the family's `media_closing_tokens`: Qwen-VL's <|vision_end|>, Gemma 3's
+    <end_of_image>), 0 without media. A cut at or after it keeps every image and video whole."""
+    closing = family.tokenizer.convert_tokens_to_ids(list(family.media_closing_tokens))
+    ids = torch.tensor([*family.feature_token_ids, *closing], dtype=input_ids.dtype)
+    found = torch.isin(input_ids, ids).nonzero()
+    return int(found[-1]) + 1 if len(found) else 0
+
+
 def truncate_sample(sample: dict, max_length: int, family) -> dict:
     """A built sample (ModelFamily.make_sample) over max_length, cut as `cut_length` says, with
     every per-token input cut alike (position_ids along its last dimension: a token's position
@@ -52,7 +62,7 @@ def truncate_sample(sample: dict, max_length: int, family) -> dict:
     is, and one that cannot be cut is left over-long (build_pack refuses its planned length)."""
     if sample["drop_reason"] is not None or len(sample["input_ids"]) <= max_length:
         return sample
-    length = cut_length(sample["labels"], family.media_end(sample["input_ids"]), max_length)
+    length = cut_length(sample["labels"], media_end(family, sample["input_ids"]), max_length)
     if not length:
         return sample
     cut = {
@@ -77,6 +87,6 @@ def fit_over_long(weights: Weights, rows, family, max_length: int) -> tuple[Weig
     media = undecoded(rows).select(over.tolist())
     for row, item in zip(over.tolist(), media):
         input_ids, labels, _, _ = family.tokenize(item["texts"], item["images"], item.get("videos"))
-        lengths[row] = cut_length(labels, family.media_end(input_ids), max_length) or lengths[row]
+        lengths[row] = cut_length(labels, media_end(family, input_ids), max_length) or lengths[row]
     cut = over[lengths[over] <= max_length]
     return Weights(lengths, weights.image_counts, weights.reasons, weights.patch_counts), cut

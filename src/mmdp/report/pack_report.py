@@ -114,6 +114,28 @@ class PackReport(EpochReport):
         ]
         return total
 
+    def budget_hint(self) -> list[str]:
+        """What stage 5 says when the plan dropped rows too_long (after add_loader): the
+        --max-length that would keep 99% and 100% of the rows whole, and what else would.
+
+        >>> report = PackReport()
+        >>> report.budgets_to_keep = (491, 649, "drop")
+        >>> print(*report.budget_hint())
+        --max-length that keeps 99% / 100% of the rows whole: 491 / 649 (or --overflow truncate: cut at --max-length)
+        """
+        if self.budgets_to_keep is None:
+            return []
+        most, every, overflow = self.budgets_to_keep
+        line = f"--max-length that keeps 99% / 100% of the rows whole: {most:,} / {every:,}"
+        if overflow == "drop":
+            return [line + " (or --overflow truncate: cut at --max-length)"]
+        return [
+            line,
+            "(the rows still too_long cannot be cut: their images or videos end past "
+            "--max-length, or no reply starts before it; a processor's lower max_pixels, fps or "
+            "frames shortens them)",
+        ]
+
     def as_dict(self) -> dict:
         return {
             **super().as_dict(),

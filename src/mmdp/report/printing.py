@@ -97,29 +97,8 @@ def print_epoch_report(epoch: dict, budgets: Budgets) -> None:
     report, seconds = epoch["report"], epoch["seconds"]
     print(f"\nOver the epoch ({seconds:.1f} s, {report.samples / seconds:,.0f} samples/s):")
     print(report.summary(budgets))
-    for line in budget_hint(getattr(report, "budgets_to_keep", None)):
+    for line in getattr(report, "budget_hint", list)():  # a PackReport's, when rows were too_long
         print(line)
-
-
-def budget_hint(budgets_to_keep) -> list[str]:
-    """What stage 5 says when rows were dropped too_long (PackReport.budgets_to_keep): the
-    --max-length that would keep 99% and 100% of the rows whole, and what else would keep them.
-
-    >>> budget_hint((491, 649, "drop"))
-    ['--max-length that keeps 99% / 100% of the rows whole: 491 / 649 (or --overflow truncate: cut at --max-length)']
-    """
-    if budgets_to_keep is None:
-        return []
-    most, every, overflow = budgets_to_keep
-    line = f"--max-length that keeps 99% / 100% of the rows whole: {most:,} / {every:,}"
-    if overflow == "drop":
-        return [line + " (or --overflow truncate: cut at --max-length)"]
-    return [
-        line,
-        "(the rows still too_long cannot be cut: their images or videos end past --max-length, "
-        "or no reply starts before it; a processor's lower max_pixels, fps or frames shortens "
-        "them)",
-    ]
 
 
 def print_rank_balance(balance: dict) -> None:

@@ -135,8 +135,8 @@ class ModelFamily:
     end_of_turn = ""  # the token that closes a reply (trained: the model learns to stop)
     video_token = ""  # what the chat template renders for each video ("": takes no video)
     video_feature_token = ""  # the token that stands for one video feature
-    # the tokens that close an image's or a video's run in the text (Qwen-VL's <|vision_end|>):
-    # with the feature tokens, where a row's media end (`media_end`: a cut never falls before)
+    # what closes an image's or video's run in the text (Qwen-VL's <|vision_end|>): with the
+    # feature tokens, where a row's media end (mmdp.loading.overflow.media_end)
     media_closing_tokens: tuple[str, ...] = ()
     # the vision inputs of the family's batches, which its model takes (mmdp.models.inputs)
     vision_keys: tuple[str, ...] = ("pixel_values",)
@@ -333,15 +333,6 @@ class ModelFamily:
         repeats = torch.ones_like(input_ids)
         repeats[is_feature] = torch.tensor(runs, dtype=torch.long)
         return repeats
-
-    def media_end(self, input_ids: torch.Tensor) -> int:
-        """Where the row's last image or video ends: the position after its last feature token
-        or closing token (`media_closing_tokens`), 0 without media. A cut at or after it keeps
-        every image and video whole (mmdp.loading.overflow)."""
-        closing = self.tokenizer.convert_tokens_to_ids(list(self.media_closing_tokens))
-        ids = torch.tensor([*self.feature_token_ids, *closing], dtype=input_ids.dtype)
-        found = torch.isin(input_ids, ids).nonzero()
-        return int(found[-1]) + 1 if len(found) else 0
 
     def weigh(
         self, texts_of_rows, images_of_rows, videos_of_rows=None
