@@ -27,19 +27,19 @@ from mmdp.data.images import undecoded
 from mmdp.packing.weights import Weights
 
 
-def cut_length(labels: torch.Tensor, media_end: int, max_length: int) -> int:
+def cut_length(labels: torch.Tensor, media_ends_at: int, max_length: int) -> int:
     """The length a row of `labels` is kept at: its own when it fits, max_length when it can be
     cut there (rules 1 and 2 of the module docstring), 0 when it cannot.
 
     >>> reply = torch.tensor([-100] * 5 + [7] * 7)  # 12 tokens, the reply from token 5
-    >>> cut_length(reply, media_end=3, max_length=8), cut_length(reply, media_end=9, max_length=8)
+    >>> cut_length(reply, 3, max_length=8), cut_length(reply, 9, max_length=8)  # image ends 3, 9
     (8, 0)
-    >>> cut_length(reply, media_end=3, max_length=5)  # no trained token in the first 5
+    >>> cut_length(reply, media_ends_at=3, max_length=5)  # no trained token in the first 5
     0
     """
     if len(labels) <= max_length:
         return len(labels)
-    if media_end > max_length:
+    if media_ends_at > max_length:
         return 0
     trained = bool((labels[1:max_length] != config.IGNORE_INDEX).any())
     return max_length if trained else 0
