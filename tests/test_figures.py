@@ -101,7 +101,7 @@ def test_the_refresh_rewrites_a_stale_quoted_line_and_keeps_its_marks(tmp_path, 
     )
 
 
-@pytest.mark.slow  # every figure's command at its full size: ~12 min on 2 busy cores
+@pytest.mark.slow  # every figure's command at its full size: 11 min on 2 cores at load 5
 @pytest.mark.docs
 def test_the_committed_figures_and_quoted_outputs_are_what_a_fresh_run_makes():
     done = subprocess.run(

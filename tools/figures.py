@@ -16,8 +16,9 @@ commands, one at a time, into a temporary folder (--out-dir), and compare:
 
 --check reports what differs and exits 1. Without it, a stale figure is copied into assets/ and a
 stale quoted line rewritten in its doc (its `~` marks kept); the prose around it is yours to read
-again. Stage 6 and the Qwen2.5-VL run take minutes: 12 min in all on 2 busy CPU cores.
-The slow group runs --check (tests/test_figures.py).
+again. Measured on 2 CPU cores shared with other jobs (load average 5-10): 14-17 min either way,
+stage 6 8-13 min of it (2 min on quiet cores). The slow group runs --check (tests/test_figures.py:
+11 min, on a fresh cache and one thread).
 """
 
 import argparse
@@ -37,7 +38,10 @@ sys.path.insert(0, str(ROOT / "tests"))  # the docs' quoted outputs, as the test
 from doc_blocks import check_output, output_blocks, refresh_output, script_words  # noqa: E402
 
 # Every figure in assets/ and the command that makes it, as the docs quote it (in the docs'
-# order: stage 3 grouped weighs the rows stage 5 then loads from the cache).
+# order: stage 3 grouped weighs the rows stage 5 then loads from the cache). When a command
+# moves (to another script, other flags), change its row with the docs: table_problems() stops
+# both ways before anything runs, naming the figure, and the script that is gone or the command
+# the docs quote saving it.
 FIGURES = {
     "01.png": "uv run 01_check_dataset.py --seed 5",
     "02.png": "uv run 02_naive_pad_dataloader.py",
