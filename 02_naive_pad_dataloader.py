@@ -12,11 +12,7 @@ import argparse
 import torch
 from torch.utils.data import DataLoader
 
-from mmdp.batch import real_token_mask
-from mmdp.data.padding import NaivePadCollator
-from mmdp.data.reading.settings import DataSettings
-from mmdp.data.tokenizer import get_tokenizer
-from mmdp.data.vqa_dataset import VQADataset
+from mmdp import DataSettings, NaivePadCollator, VQADataset, get_tokenizer, real_token_mask
 from mmdp.errors import exit_on_user_error
 from mmdp.flags import (
     add_batch_size_arg,
@@ -26,10 +22,16 @@ from mmdp.flags import (
     display_path,
     settings_of,
 )
-from mmdp.report.epoch import run_epoch
-from mmdp.report.metrics import EpochReport, write_json
-from mmdp.report.plots import plot_padding, save_figure, waste_title
-from mmdp.report.printing import print_batch, print_settings
+from mmdp.report import (
+    EpochReport,
+    plot_padding,
+    print_batch,
+    print_settings,
+    run_epoch,
+    save_figure,
+    waste_title,
+    write_json,
+)
 
 
 def parse_args():

@@ -2,33 +2,26 @@
 
     uv run 03_constrained_pad_dataloader.py
     uv run 03_constrained_pad_dataloader.py --max-length 1024 --metrics-json /tmp/03.json
-    uv run 03_constrained_pad_dataloader.py --group-by modality_length
-    uv run torchrun --nproc_per_node 2 03_constrained_pad_dataloader.py --group-by modality_length
 
 Prints the shapes of one batch, how many samples were dropped, the waste over a whole epoch, and
-saves assets/03.png. Every batch is padded to max_length, whatever its content.
-
-With --group-by modality_length, for trainers that cannot pack (LLaVA, OpenVLA): the same
-max_length, but text-only samples apart from those with images, similar lengths in a batch, each
-batch padded to its longest, each step's tokens balanced across ranks and the heaviest batch
-first (mmdp.planning.grouping). Prints the waste next to naive and constrained padding and
-how even the ranks' batches are, and saves assets/03_grouped.png. Under torchrun every rank loads
-its share and rank 0 reports for all.
+saves assets/03.png. Every batch is padded to max_length, whatever its content. For trainers
+that cannot pack, the same max_length with batches grouped by modality and length:
+examples/group_by_length.py.
 """
 
 import argparse
 
-import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from mmdp import config
-from mmdp.batch import real_token_mask
-from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
-from mmdp.data.reading.settings import DataSettings
-from mmdp.data.tokenizer import get_tokenizer
-from mmdp.data.vqa_dataset import VQADataset
+from mmdp import (
+    ConstrainedPadCollator,
+    DataSettings,
+    VQADataset,
+    config,
+    get_tokenizer,
+    real_token_mask,
+)
 from mmdp.errors import exit_on_user_error
 from mmdp.flags import (
     add_batch_size_arg,
@@ -39,15 +32,16 @@ from mmdp.flags import (
     positive_int,
     settings_of,
 )
-from mmdp.planning.grouping import GROUPINGS, ModalityLengthBatchSampler
-from mmdp.ranks import gather_from_ranks, start_ranks
-from mmdp.report.epoch import nothing_to_do, run_epoch
-from mmdp.report.metrics import EpochReport, rank_balance, write_json
-from mmdp.report.model_plots import plot_grouped
-from mmdp.report.plots import plot_padding, save_figure, waste_title
-from mmdp.report.printing import print_batch, print_settings
-from mmdp.training.strategies import compare_padding
-from mmdp.weighing.weigh import weigh_rows
+from mmdp.report import (
+    EpochReport,
+    plot_padding,
+    print_batch,
+    print_settings,
+    run_epoch,
+    save_figure,
+    waste_title,
+    write_json,
+)
 
 
 def parse_args():
@@ -62,22 +56,12 @@ def parse_args():
         help=f"fixed length every batch is padded to; longer samples are dropped "
         f"(default: {config.MAX_LENGTH})",
     )
-    parser.add_argument(
-        "--group-by",
-        choices=GROUPINGS,
-        default=None,
-        help="modality_length: batches of one modality (text only, or with images) and similar "
-        "lengths, each padded to its longest, the heaviest first (default: none, constrained "
-        "padding)",
-    )
     return parser.parse_args()
 
 
 def main():
     args = parse_args()
-    rank = start_ranks() if args.group_by else 0
-    if rank == 0:
-        print_settings(args)
+    print_settings(args)
 
     # Get the text tokenizer (SmolLM2's, shipped in the repo) and the dataset
     tokenizer = get_tokenizer(args.tokenizer)
@@ -85,10 +69,6 @@ def main():
 
     # Wrap it: each item is tokenized with the chat template, 64 image tokens per image
     train_dataset = VQADataset(rows, tokenizer)
-    if args.group_by:
-        # Or, for trainers that cannot pack: group the samples by modality and length
-        run_grouped(rows, train_dataset, args)
-        return
 
     # Constrained padding drops samples longer than max_length and pads the rest to max_length
     loader = DataLoader(
@@ -126,149 +106,6 @@ def main():
     fig = plot_padding(lengths, args.max_length, title, limit=args.max_length)
     path = save_figure(fig, args.out_dir, "03.png")
     print(f"Saved the padding figure to {display_path(path)}")
-
-
-def run_grouped(rows, train_dataset: VQADataset, args) -> None:
-    """--group-by modality_length: one epoch of grouped padded batches on every rank; rank 0
-    reports for all of them."""
-    # Weigh every row once (tokens and images, from the text and the image count: no decoding)
-    weights = weigh_rows(rows, train_dataset.tokenizer).weights
-
-    # Text-only apart from multimodal, similar lengths in a batch, each step's tokens balanced
-    # across ranks, the heaviest batch first; samples longer than max_length dropped as before
-    sampler = ModalityLengthBatchSampler(
-        weights, batch_size=args.batch_size, max_length=args.max_length, seed=args.seed
-    )
-    if len(sampler) == 0:
-        raise nothing_to_do(len(weights), sampler.dropped, "raise --max-length")
-
-    # Pad each batch to its longest sample: grouped, that is close to every sample's length
-    loader = DataLoader(
-        train_dataset,
-        batch_sampler=sampler,
-        num_workers=args.num_workers,
-        collate_fn=NaivePadCollator(train_dataset.tokenizer.pad_token_id),
-    )
-
-    # Go through one epoch on every rank; rank 0 reports for all of them
-    epoch = run_grouped_epoch(loader, sampler)
-    if sampler.rank != 0:
-        return
-    print("\nThe first batch, the heaviest of the epoch:")
-    print_batch(epoch["first_batch"])
-    ranks = f"{sampler.world_size} rank" + "s" * (sampler.world_size > 1)
-    print(f"\nOver the epoch ({ranks}):\n{epoch['report'].summary()}")
-    balance = epoch["rank_balance"]
-    if sampler.world_size > 1:
-        print(
-            f"batches per rank: {balance['batches_per_rank']}; between the ranks' batches of a "
-            f"step: real tokens differ by {mean_max(balance['token_spread_per_step'])} "
-            "(mean / max over steps)"
-        )
-
-    # Next to naive and constrained padding, on the same rows and ranks
-    comparison = compare_padding(
-        weights,
-        max_length=args.max_length,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        world_size=sampler.world_size,
-    )
-    print_comparison(comparison, sampler.world_size)
-    if args.metrics_json:
-        metrics = {**epoch["metrics"], "comparison": comparison}
-        print(f"Wrote the epoch report to {display_path(write_json(metrics, args.metrics_json))}")
-    draw_grouped(epoch["first_batch"], comparison, args)
-
-
-def run_grouped_epoch(loader: DataLoader, sampler: ModalityLengthBatchSampler) -> dict:
-    """One epoch on this rank; on rank 0, the report of every rank merged, and what each rank's
-    batch held at each step (real tokens, images, padded tokens), as the loader gave them."""
-    report, sample_index, loads = EpochReport(), [], []
-
-    def batches():
-        for batch in loader:
-            sample_index.extend(batch["sample_index"].tolist())
-            mask = real_token_mask(batch)
-            loads.append((int(mask.sum()), len(batch["pixel_values"]), mask.numel()))
-            yield batch
-
-    first_batch, _ = run_epoch(batches(), report, hint="raise --max-length")
-    reports, sample_index, loads = (gather_from_ranks(x) for x in (report, sample_index, loads))
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    merged = EpochReport.merged(reports)
-    merged.dropped.update(sampler.dropped)  # rows the plan left out, counted once
-    loads = np.array(list(zip(*loads)), dtype=np.int64)  # [step, rank, (tokens, images, padded)]
-    names = ("tokens", "images", "padded_tokens")
-    balance = rank_balance({name: loads[..., k] for k, name in enumerate(names)}, len(reports))
-    return {
-        "report": merged,
-        "first_batch": first_batch,
-        "rank_balance": balance,
-        "metrics": {
-            **merged.as_dict(),
-            "batches_per_rank_yielded": [r.batches for r in reports],
-            "sample_index_per_rank": sample_index,
-            "rank_balance": balance,
-            "padded_tokens": loads[..., 2].tolist(),  # [step][rank]: rows x padded length
-        },
-    }
-
-
-def draw_grouped(first_batch: dict, comparison: dict, args) -> None:
-    """assets/03_grouped.png: the first batch, the epoch's padding and every step, next to naive
-    and constrained padding."""
-    lengths = real_token_mask(first_batch).sum(dim=1).tolist()
-    width = first_batch["input_ids"].shape[1]
-    first = {
-        "lengths": lengths,
-        "width": width,
-        "limit": args.max_length,
-        "title": waste_title(f"The first batch: padded to its longest ({width})", lengths, width),
-    }
-    waste = 1 - comparison["modality_length"]["utilization"]
-    title = (
-        f"Constrained Padding grouped by modality and length: {waste:.1%} padding "
-        f"(constrained {1 - comparison['constrained']['utilization']:.1%})"
-    )
-    path = save_figure(plot_grouped(first, comparison, title), args.out_dir, "03_grouped.png")
-    print(f"Saved the grouped padding figure to {display_path(path)}")
-
-
-def print_comparison(comparison: dict, world_size: int) -> None:
-    """Padding waste and, on several ranks, how even the ranks' batches are: naive, constrained
-    and grouped batches of this epoch (from the weights)."""
-    ranks = world_size > 1
-    print(
-        f"\nThe same epoch batched three ways, from the weights ({world_size} rank"
-        + (
-            "s; spread: max - min between the ranks' batches of a step, mean / max over steps"
-            * ranks
-        )
-        + "; a step's padded tokens: its heaviest batch's rows x padded length):"
-    )
-    print(
-        f"{'batching':<16}{'padding':>8}{'steps':>7}{'dropped':>9}"
-        + (f"{'real tok spread':>17}{'padded tok spread':>19}" * ranks)
-        + f"{'first step':>12}{'heaviest step':>15}"
-    )
-    for name, result in comparison.items():
-        balance = result["rank_balance"]
-        tokens, padded = balance["token_spread_per_step"], balance["padded_token_spread_per_step"]
-        per_step = [max(step) for step in result["padded_tokens"]]
-        heaviest = max(range(len(per_step)), key=per_step.__getitem__)
-        spreads = f"{mean_max(tokens):>17}{mean_max(padded):>19}"
-        print(
-            f"{name:<16}{1 - result['utilization']:>8.1%}{result['batches_per_rank']:>7,}"
-            f"{sum(result['dropped'].values()):>9,}"
-            + (spreads * ranks)
-            + f"{per_step[0]:>12,}{per_step[heaviest]:>8,} (#{heaviest + 1})"
-        )
-
-
-def mean_max(spread: dict) -> str:
-    return f"{spread['mean']:,.0f} / {spread['max']:,}"
 
 
 if __name__ == "__main__":

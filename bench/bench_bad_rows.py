@@ -24,7 +24,7 @@ from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.report.metrics import PackReport
+from mmdp.report.pack_report import PackReport
 from mmdp.weighing import weigh as weighing
 
 GOOD_ROWS = 2000  # distinct rows of the embedded dataset; more are repeats of these

@@ -1,18 +1,21 @@
-"""Weighing 2,000 images on an S3-compatible server against the same files on disk: the time, the
-bytes read and the requests (mmdp.data.files: headers only, ranged reads, requests in flight).
+"""Weighing 2,000 images (or 200 videos) on an S3-compatible server against the same files on
+disk: the time, the bytes read and the requests (mmdp.data.files: headers only, ranged reads,
+requests in flight).
 
     uv run bench/bench_remote.py                  # about 6 minutes on 2 cores
     uv run bench/bench_remote.py --images 500 --repeats 1
+    uv run bench/bench_remote.py --videos 200     # videos instead
 
 2,000 JPEG photos (1024x768, smooth colours and grain: about 170 KB each, as COCO's), one a row
 of a messages JSON Lines file, are weighed for Qwen2.5-VL (`weigh_rows`: its datasets.map, one
-process, no cache) from:
+process, no cache); or, with --videos, as many MP4 clips (one clip of 320x180 noise, 4 s at
+15 fps: about 780 KB, its index at its end as FFmpeg writes it, under as many names), from:
 
 - the disk (the files beside the JSON Lines file);
 - moto's S3 server (tests/counting_s3.py, in a process of its own), which counts what it serves;
 - the same server holding every request `--latency` seconds first (S3's first byte: tens of
   ms), with REQUESTS_IN_FLIGHT requests in flight, and with one at a time (what a loop over the
-  images would do).
+  files would do, as video headers were read before issue 54).
 
 Medians of the repeats: the wall time, and this process's CPU time (the client's work: S3's
 request signing, parsing, the family's rules; the server's is in its own process, though on
@@ -39,6 +42,7 @@ from mmdp.data import files
 from mmdp.data.families import family_for, offline_processor
 from mmdp.data.images import remote_image_size
 from mmdp.data.reading.sources import load_vqa_dataset
+from mmdp.data.videos import remote_video_metadata
 from mmdp.weighing.weigh import weigh_rows
 
 SERVER = Path(__file__).resolve().parents[1] / "tests" / "counting_s3.py"
@@ -54,24 +58,40 @@ def photo(seed: int, width: int = 1024, height: int = 768) -> bytes:
     return buffer.getvalue()
 
 
-def write_dataset(folder: Path, count: int) -> dict[str, bytes]:
-    """count photos under folder/images and train.jsonl naming them (relative paths)."""
-    (folder / "images").mkdir(parents=True, exist_ok=True)
-    images = {f"images/{k:05d}.jpg": photo(k) for k in range(count)}
-    for name, data in images.items():
+def clip(seconds: int = 4, fps: int = 15, width: int = 320, height: int = 180) -> bytes:
+    """An MP4 of noise that compresses little (about 780 KB), its index (moov) at its end."""
+    from mmdp.data.synthetic.videos import encode_mp4
+
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 255, (seconds * fps, height, width, 3), dtype=np.uint8)
+    return encode_mp4(frames, fps)
+
+
+def write_dataset(folder: Path, count: int, videos: bool = False) -> dict[str, bytes]:
+    """count photos under folder/images (or copies of one clip under folder/videos) and
+    train.jsonl naming them (relative paths)."""
+    kind = "videos" if videos else "images"
+    (folder / kind).mkdir(parents=True, exist_ok=True)
+    if videos:
+        data = clip()
+        media = {f"videos/{k:05d}.mp4": data for k in range(count)}
+    else:
+        media = {f"images/{k:05d}.jpg": photo(k) for k in range(count)}
+    for name, data in media.items():
         (folder / name).write_bytes(data)
+    tag, what = ("<video>", "clip") if videos else ("<image>", "photo")
     rows = [
         {
             "messages": [
-                {"role": "user", "content": f"<image> What is in photo {k}?"},
+                {"role": "user", "content": f"{tag} What is in {what} {k}?"},
                 {"role": "assistant", "content": "Colours, and grain."},
             ],
-            "images": [name],
+            kind: [name],
         }
-        for k, name in enumerate(images)
+        for k, name in enumerate(media)
     ]
     (folder / "train.jsonl").write_text("\n".join(json.dumps(row) for row in rows))
-    return images
+    return media
 
 
 def weigh_once(dataset: str, family) -> tuple[float, float, np.ndarray]:
@@ -80,6 +100,7 @@ def weigh_once(dataset: str, family) -> tuple[float, float, np.ndarray]:
     rows = load_vqa_dataset(dataset)
     shutil.rmtree(Path(os.environ["MMDP_CACHE"]) / "weights", ignore_errors=True)
     remote_image_size.cache_clear()
+    remote_video_metadata.cache_clear()
     start, cpu = time.perf_counter(), time.process_time()
     weights = weigh_rows(rows, family, num_proc=1).weights
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -96,6 +117,9 @@ def ask(server: str, path: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=2000, help="photos, one a row (2,000)")
+    parser.add_argument(
+        "--videos", type=int, default=0, help="weigh this many clips, one a row, instead"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs per setting (default 3)")
     parser.add_argument(
         "--latency", type=float, default=0.02, help="seconds the slow server holds each request"
@@ -110,8 +134,9 @@ def main() -> None:
 
 
 def run(args, work: Path) -> None:
-    print(f"Writing {args.images:,} photos to {work} ...", flush=True)
-    images = write_dataset(work / "local", args.images)
+    count = args.videos or args.images
+    print(f"Writing {count:,} {'clips' if args.videos else 'photos'} to {work} ...", flush=True)
+    images = write_dataset(work / "local", count, videos=bool(args.videos))
     process = subprocess.Popen(
         [sys.executable, str(SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -173,13 +198,15 @@ def measure(args, work: Path, server: str, images: dict) -> tuple[dict, np.ndarr
 
 def report(args, results: dict, sizes: np.ndarray) -> None:
     disk = statistics.median(seconds for seconds, _ in results["disk"][0])
+    what = "MP4 clips" if args.videos else "JPEGs"
     print(
-        f"\nWeighing {args.images:,} JPEGs (median {np.median(sizes) / 1024:.0f} KB) for "
-        f"Qwen2.5-VL, medians of {args.repeats} runs:\n"
+        f"\nWeighing {args.videos or args.images:,} {what} (median "
+        f"{np.median(sizes) / 1024:.0f} KB) for Qwen2.5-VL, medians of {args.repeats} runs:\n"
     )
+    one = "video" if args.videos else "image"
     print(
-        "| images from | s | against disk | CPU s (this process) | bytes read / image (median) "
-        "| of the file (median) | requests / image | most in flight |"
+        f"| {one}s from | s | against disk | CPU s (this process) | bytes read / {one} (median) "
+        f"| of the file (median) | requests / {one} | most in flight |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, (runs, served, asked, most) in results.items():

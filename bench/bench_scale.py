@@ -2,8 +2,9 @@
 
     uv run bench/bench_scale.py                                   # 20k, 200k, 1M rows (~22 min on 2 cores)
     uv run bench/bench_scale.py --sizes 20000 --plan-rows 2000000 # quicker
-    uv run bench/bench_scale.py --plan-only --rows 100000000      # planning alone (~2 min)
+    uv run bench/bench_scale.py --plan-only --rows 100000000      # planning alone (1-4 min)
     uv run bench/bench_scale.py --plan-only --rows 100000000 --planning-workers 1  # one process
+    uv run bench/bench_scale.py --plan-only --rows 400            # the smallest run (the tests')
 
 The embedded dataset (2,000 rows) is replicated with `datasets.concatenate_datasets` to each size.
 Every measurement runs in a fresh process (peak memory is per process), on this machine:
@@ -17,7 +18,9 @@ Every measurement runs in a fresh process (peak memory is per process), on this 
    the images of the same rows, with and without pre-tokenized rows.
 4. Planning alone for --plan-rows rows (the embedded weights tiled): its time, and its peak
    memory over what the process held just before planning (the weights included), read from
-   /proc/self/status after resetting the peak (`clear_refs`), in bytes a row.
+   /proc/self/status after resetting the peak (`clear_refs`), in bytes a row. Fewer rows than
+   the embedded dataset's are weighed alone, not tiled. The last line: the rows planned, the
+   seconds and the peak bytes a row over the weights.
 """
 
 import argparse
@@ -50,7 +53,7 @@ from mmdp.planning.planner import plan_epoch
 from mmdp.weighing.weigh import weigh_rows
 
 BASE_ROWS = 2_000
-SETTINGS = {"max_length": 512, "max_images": 18, "packs_per_batch": 8}
+CONFIG = PackingConfig(max_length=512, max_images=18, packs_per_batch=8)
 
 
 def replicated(size: int):
@@ -92,7 +95,7 @@ def child_start(size: int, batches: int, pretokenize: bool) -> dict:
     """A warm start to the first batch, then --batches batches; the cache holds the weights."""
     start = time.perf_counter()
     rows = replicated(size)
-    dataset = PackedDataset(VQADataset(rows, get_tokenizer()), pretokenize=pretokenize, **SETTINGS)
+    dataset = PackedDataset(VQADataset(rows, get_tokenizer()), CONFIG, pretokenize=pretokenize)
     assert batches == 1 or not dataset.weighing.weighed_here, "the weights should be cached"
     plan_start = time.perf_counter()
     dataset.plan()
@@ -155,8 +158,9 @@ def child_plan(rows: int, workers: int | None = None) -> dict:
     mmdp.planning.planner.planning_workers)."""
     if workers is not None:
         planner.planning_workers = lambda num_buffers: workers
-    base = weigh_rows(load_vqa_dataset(num_rows=BASE_ROWS), get_tokenizer()).weights
-    copies = -(-rows // BASE_ROWS)
+    embedded = load_vqa_dataset(num_rows=min(rows, BASE_ROWS))  # a smoke run weighs fewer
+    base = weigh_rows(embedded, get_tokenizer()).weights
+    copies = -(-rows // len(embedded))
     weights = Weights(
         *(np.tile(a, copies)[:rows] for a in (base.lengths, base.image_counts, base.reasons))
     )
@@ -164,7 +168,7 @@ def child_plan(rows: int, workers: int | None = None) -> dict:
     baseline_kib = status_kib("VmRSS")  # torch, datasets, the tokenizer, and the weights
     reset_peak()
     start, cpu_start = time.perf_counter(), time.process_time()
-    plan = plan_epoch(weights, **SETTINGS)
+    plan = plan_epoch(weights, CONFIG)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     peak_kib = status_kib("VmHWM")
     plan_bytes = sum(a.nbytes for a in (plan.rows, plan.pack_starts, plan.batch_starts))
@@ -172,7 +176,7 @@ def child_plan(rows: int, workers: int | None = None) -> dict:
     return {
         "plan_s": seconds,
         "plan_cpu_s": cpu_seconds,
-        "workers": planner.planning_workers(-(-rows // PackingConfig().buffer_size)),
+        "workers": planner.planning_workers(-(-rows // CONFIG.buffer_size)),
         "packs": len(plan.pack_starts) - 1,
         "baseline_mib": baseline_kib / 1024,
         "weights_bytes_per_row": sum({id(a): a.nbytes for a in vars(weights).values()}.values())
@@ -276,6 +280,10 @@ def print_plan(rows: int, plan: dict) -> None:
     print(
         f"  the plan holds {plan['plan_bytes_per_row']:.1f} bytes a row, "
         f"a rank's plan {plan['rank_plan_bytes_per_row']:.1f}"
+    )
+    print(
+        f"{rows:,} rows planned in {plan['plan_s']:.1f} s, peak "
+        f"{plan['over_baseline_bytes_per_row']:.1f} bytes a row over the weights"
     )
 
 

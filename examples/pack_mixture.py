@@ -35,7 +35,7 @@ from mmdp.loading.packed_dataset import PackedDataset
 from mmdp.planning.source_shares import MixturePlan
 from mmdp.ranks import start_ranks
 from mmdp.report.epoch import run_packed_epoch, write_outputs
-from mmdp.report.metrics import epoch_metrics
+from mmdp.report.pack_report import epoch_metrics
 from mmdp.report.printing import (
     print_epoch_report,
     print_rank_balance,

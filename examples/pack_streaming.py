@@ -33,7 +33,7 @@ from mmdp.flags import (
 from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.ranks import start_ranks
 from mmdp.report.epoch import PACKING_HINT, run_epoch, write_outputs
-from mmdp.report.metrics import PackReport, epoch_metrics, merge_over_ranks
+from mmdp.report.pack_report import PackReport, epoch_metrics, merge_over_ranks
 from mmdp.report.printing import print_epoch_report, print_rank_balance, print_run_settings
 
 

@@ -85,8 +85,11 @@ LAUNCH = ("test_ddp.py", "test_trainers.py", "test_trainer_matrix.py")  # traine
 # alphabetical order test_weighing.py came last, and one worker ran it alone for 27 s at the end.
 STARTS_RANKS = (  # under torchrun, or as plain processes; tools/figures.py --check: every figure
     "test_figures.py", "test_seed_run.py", "test_faults.py", "test_stage_scripts.py",
-    "test_weighing.py", "test_prepared.py", "test_streaming.py",
+    "test_weighing.py", "test_prepared.py", "test_streaming.py", "test_bench_and_examples.py",
 )  # fmt: skip
+# Files whose slow tests share nothing (each runs a script in a fresh process): each test goes to
+# whichever worker is free, not the whole file to one, so that they fill the group's end.
+ONE_TEST_AT_A_TIME = ("test_bench_and_examples.py",)
 
 
 def slow_group_place(nodeid: str) -> tuple[int, int]:
@@ -109,11 +112,14 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadFileScheduling
 
     class SlowGroupScheduling(LoadFileScheduling):
-        """A file's tests on one worker, and the trainers' launch's three files together."""
+        """A file's tests on one worker, and the trainers' launch's three files together;
+        each test of ONE_TEST_AT_A_TIME on its own."""
 
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::")[0]
-            return "the trainers' launch" if slow_group_place(nodeid)[0] == 0 else file
+            if slow_group_place(nodeid)[0] == 0:
+                return "the trainers' launch"
+            return nodeid if file.rsplit("/", 1)[-1] in ONE_TEST_AT_A_TIME else file
 
     return SlowGroupScheduling(config, log)
 

@@ -20,6 +20,8 @@ differing lines, and says how to update the block.
 
 Every quoted output is listed in CHECKED (which test checks it) or UNCHECKED (why none does):
 tests/test_docs.py fails on a block in neither, so a new block cannot go unchecked unnoticed.
+So is every quoted command line: what it runs is in RUN (the test that runs it at some size), or
+the command is in NOT_RUN (why no test runs it: the network, a GPU, a server, hours).
 """
 
 import os
@@ -49,9 +51,7 @@ CHECKED = {
     "uv run 01_check_dataset.py --seed 5": "test_stage_scripts.py::test_stage1 (exact)",
     "uv run 02_naive_pad_dataloader.py": "test_stage_scripts.py (template; exact: -m slow)",
     "uv run 03_constrained_pad_dataloader.py": "test_stage_scripts.py (template; exact: -m slow)",
-    "uv run 03_constrained_pad_dataloader.py --group-by modality_length": (
-        "test_stage_scripts.py (template; exact: -m slow)"
-    ),
+    "uv run examples/group_by_length.py": "test_stage_scripts.py (template; exact: -m slow)",
     "uv run 04_knapsack_toy.py": "test_stage_scripts.py::test_stage4 (exact)",
     "uv run 05_knapsack_multimodal.py": "test_stage_scripts.py (template; exact: -m slow)",
     "uv run examples/pack_mixture.py --mixture examples/mixture.json": (
@@ -59,8 +59,9 @@ CHECKED = {
     ),
     "uv run torchrun --standalone --nproc_per_node 2 05_knapsack_multimodal.py --metrics-json "
     "/tmp/05.json": "test_stage_scripts.py (template: -m slow)",
-    "uv run torchrun --standalone --nproc_per_node 2 03_constrained_pad_dataloader.py --group-by "
-    "modality_length": "test_stage_scripts.py (template: -m slow)",
+    "uv run torchrun --standalone --nproc_per_node 2 examples/group_by_length.py": (
+        "test_stage_scripts.py (template: -m slow)"
+    ),
     "uv run -m mmdp.prepare --out /tmp/prepared/synthetic": "test_prepared.py (template)",
     "uv run examples/pack_prepared.py --prepared /tmp/prepared/synthetic": (
         "test_prepared.py (template: -m slow)"
@@ -97,6 +98,231 @@ UNCHECKED = {
         "(tests/torchrun_seed.py) and checks its log and eval split (-m slow)"
     ),
 }
+
+# Quoted commands -------------------------------------------------------------------------------
+# Every command line the README and docs/ quote: each line of a ```bash block (a `\` continuation
+# joined to it, a `# comment` dropped) and each inline code span that starts with a launcher
+# (`uv`, `python`, `torchrun`, `bash`, `pip`, or an environment setting before one of them);
+# `uv run` or `torchrun` alone, or before `...`, names the launcher, not a command. A command is
+# covered (tests/test_docs.py) when its whole text is in NOT_RUN or RUN, or else when what it runs
+# (`target`: the script, `-m module` or tool after the launcher and its options, with `torchrun `
+# before it when torchrun launches it) is in RUN. A command that needs what a test cannot have
+# (NEEDS: a Hub name, an s3:// bucket, a GPU) is covered by its whole text only: the smallest run
+# of its script runs none of that.
+
+# What is run (a target, or a whole command), and the test that runs it at some size: FILE::TEST
+# (tests/test_bench_and_examples.py::test_smallest_run_ends_on_its_figure: the script's row in
+# SMOKE_RUNS), then what the test changes, if anything.
+SMOKE = "tests/test_bench_and_examples.py::test_smallest_run_ends_on_its_figure"
+STAGES = "tests/test_stage_scripts.py::"
+RUN = {
+    "tools/figures.py": "tests/test_figures.py::"
+    "test_the_committed_figures_and_quoted_outputs_are_what_a_fresh_run_makes (-m slow)",
+    "01_check_dataset.py": STAGES + "test_stage1_saves_the_sample_figure",
+    "02_naive_pad_dataloader.py": (
+        STAGES + "test_padding_stages_write_figure_and_consistent_metrics"
+    ),
+    "03_constrained_pad_dataloader.py": (
+        STAGES + "test_padding_stages_write_figure_and_consistent_metrics"
+    ),
+    "04_knapsack_toy.py": STAGES + "test_stage4_prints_the_blogs_packs_and_saves_both_figures",
+    "05_knapsack_multimodal.py": STAGES + "test_stage5_default_run_packs_at_least_98_percent",
+    "06_packing_pays_off.py": (
+        "tests/test_model_and_strategies.py::test_stage6_runs_and_reports (-m slow)"
+    ),
+    "torchrun 05_knapsack_multimodal.py": (
+        STAGES + "test_stage5_under_torchrun_two_ranks_two_workers (-m slow)"
+    ),
+    "uv run 02_naive_pad_dataloader.py --dataset HuggingFaceM4/the_cauldron --subset ai2d": (
+        STAGES + "test_without_a_network_a_hub_dataset_is_the_sentence_the_docs_quote "
+        "(no name resolves: the sentence it ends on)"
+    ),
+    "-m mmdp.prepare": (
+        "tests/test_prepared.py::test_pack_prepared_with_another_max_length_exits_2_with_one_sentence"
+    ),
+    "torchrun -m mmdp.training.ddp": (
+        "tests/test_ddp.py::test_packed_ddp_matches_one_process_only_with_tokens_counted_over_all"
+        "_ranks (-m slow; its step, in tests/torchrun_trainers.py's launch)"
+    ),
+    "bench/bench_bad_rows.py": SMOKE,
+    "bench/bench_decode_floor.py": SMOKE,
+    "bench/bench_decoders.py": SMOKE,
+    "bench/bench_families.py": SMOKE,
+    "bench/bench_huge_pages.py": SMOKE,
+    "bench/bench_jpeg_draft.py": SMOKE,
+    "bench/bench_loader_memory.py": SMOKE,
+    "bench/bench_loss.py": SMOKE,
+    "bench/bench_packing.py": SMOKE,
+    "bench/bench_remote.py": SMOKE,
+    "bench/bench_scale.py": SMOKE,
+    "bench/bench_streaming.py": SMOKE,
+    "bench/bench_worker_profile.py": SMOKE,
+    "examples/group_by_length.py": SMOKE,
+    "torchrun examples/group_by_length.py": (
+        STAGES + "test_grouped_under_torchrun_two_ranks (-m slow)"
+    ),
+    "examples/pack_mixture.py": SMOKE,
+    "examples/pack_prepared.py": SMOKE,
+    "examples/pack_streaming.py": SMOKE,
+    "torchrun examples/pack_streaming.py": (
+        "tests/test_streaming.py::test_pack_streaming_under_torchrun_unequal_shards (-m slow)"
+    ),
+    "torchrun examples/trainer.py": (
+        "tests/test_seed_run.py::test_the_seed_users_command_trains_every_row_3_times_with_videos"
+        "_and_reports_eval_loss (-m slow; the example's main under tests/torchrun_seed.py)"
+    ),
+    "torchrun examples/torchrun.py": (
+        "tests/test_trainers.py::test_each_way_trains_every_planned_sample_once_per_epoch_and"
+        "_resumes_exactly (-m slow; the example's main under tests/torchrun_checks.py)"
+    ),
+    "torchrun tests/torchrun_matrix.py": (
+        "tests/test_trainer_matrix.py::test_every_family_on_every_path_under_torchrun (-m slow)"
+    ),
+    "pytest": ".ci/run (the suite itself: the default suite, then -m slow)",
+    'python -c "import mmdp; print(mmdp.__all__)"': (
+        "tests/test_docs.py::test_every_quoted_python_c_runs"
+    ),
+}
+# Commands no test runs, and why: the network, a GPU, a server, minutes of a user's machine.
+S3 = "a user's S3 bucket"
+INSTALL = "an install: the network (uv.lock's packages)"
+NOT_RUN = {
+    "uv run 05_knapsack_multimodal.py --processor Qwen/Qwen2.5-VL-7B-Instruct": (
+        "the network: the Hub's processor (the offline one, `--model qwen2_5_vl`, is run)"
+    ),
+    "PYTHONPATH=src python3 bench/bench_loss.py --device cuda": "a GPU; the smoke run is on CPU",
+    "uv run --extra s3 05_knapsack_multimodal.py --dataset s3://bucket/train.jsonl --model "
+    "qwen3_vl": S3 + "; tests/test_remote.py reads a user's rows from a moto server",
+    "uv run --extra s3 05_knapsack_multimodal.py --dataset llava.json --image-root "
+    "s3://bucket/coco --model llava_onevision": (
+        S3 + "; tests/test_remote.py reads a user's images from a moto server"
+    ),
+    "uv run --extra s3 moto_server -p 5077 &": "a server on a fixed port, for the three lines "
+    "after it; tests/test_prepared.py starts one in the test's process",
+    "export AWS_ENDPOINT_URL=http://127.0.0.1:5077 AWS_ACCESS_KEY_ID=testing "
+    "AWS_SECRET_ACCESS_KEY=testing": "the moto server's address: tests/test_prepared.py's "
+    "s3_bucket fixture sets the same",
+    "uv run --extra s3 -m mmdp.prepare --out s3://my-bucket/prepared/synthetic --pretokenize": (
+        "a server; tests/test_prepared.py::test_two_ranks_read_from_an_s3_server_weigh_nothing_"
+        "and_get_the_batches_of_a_path prepares to a moto server (-m slow)"
+    ),
+    "uv run --extra s3 torchrun --standalone --nproc_per_node 2 examples/pack_prepared.py "
+    "--prepared s3://my-bucket/prepared/synthetic --metrics-json /tmp/05-prepared.json": (
+        "a server; the same test reads it on 2 ranks with tests/train_from_prepared.py (-m slow)"
+    ),
+    "uv run tools/image_costs.py": "a minute of every real family's processor, for numbers "
+    "docs/real-vlms.md quotes; tests/test_families.py holds its default budgets to the code",
+    "bash .ci/run": "CI itself: 9-16 min on 2 cores, the suite and the slow group (`pytest`: run)",
+    'd=$(mktemp -d) && git clone -q . "$d" && (cd "$d" && time bash .ci/run)': (
+        "CI on a fresh clone: 9-16 min on 2 cores"
+    ),
+    "uv sync --locked --compile-bytecode": INSTALL + "; .ci/run's first step",
+    "uv sync --extra video": INSTALL,
+    "uv sync --extra NAME": INSTALL,
+    "uv sync --extra s3": INSTALL,
+    "pip install '.[video]'": INSTALL,
+    "pip install '.[NAME]'": INSTALL,
+    "pip install 'mmdp[s3]'": INSTALL,
+    'python3 -c "while True: pass"': "a busy core that never ends: the load a benchmark ran under",
+}
+# What only a command's whole text can cover: a Hub name (Org/name), an s3:// bucket, a GPU.
+NEEDS = re.compile(r"(?<![\w./:-])[A-Z][\w-]*/[\w.-]+|s3://|\bcuda\b")
+LAUNCHER = re.compile(r"^(?:[A-Z_]+=\S* )*(?:uv|python3?|torchrun|bash|pip)\b")
+UV_OPTIONS_WITH_VALUE = {"--extra", "--group", "--with", "--python", "--project"}
+TORCHRUN_OPTIONS_WITH_VALUE = {"--nproc_per_node", "--nproc-per-node", "--nnodes", "--node_rank"}
+
+
+def one_line(command: str) -> str:
+    """A command as the tables write it: `# comment` dropped, spaces collapsed."""
+    return " ".join(command.split(" # ")[0].split("  #")[0].split())
+
+
+def quoted_commands(doc: Path) -> list[tuple[int, str]]:
+    """(line, command) of every command line the doc quotes (see above)."""
+    found = []
+    for block in blocks(doc):
+        if block.language != "bash":
+            continue
+        start, pending = None, ""
+        for offset, line in enumerate(block.lines):
+            if not pending:
+                start = block.line + 1 + offset
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1] + " "
+                continue
+            command = one_line(pending + line)
+            pending = ""
+            if command and not command.startswith("#"):
+                found.append((start, command))
+    text = re.sub(r"```.*?```", lambda m: "\n" * m[0].count("\n"), doc.read_text(), flags=re.S)
+    for number, line in enumerate(text.splitlines(), 1):
+        for span in re.findall(r"`([^`]+)`", line):
+            if LAUNCHER.match(span) and target_or_launcher(span) != "launcher":
+                found.append((number, one_line(span)))
+    return sorted(found)
+
+
+def target_or_launcher(command: str) -> str | None:
+    """What a command runs: a script (`bench/bench_scale.py`), `-m module`, or a tool (`pytest`),
+    with `torchrun ` before it when torchrun launches it; "launcher" when it names no more than
+    the launcher; None when it runs nothing of these (pip, uv sync, a shell line)."""
+    words = command.split()
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        words = words[1:]
+    if len(words) == 1 and LAUNCHER.match(words[0]):
+        return "launcher"
+    torchrun = ""
+    if words[:2] == ["uv", "run"]:
+        words = words[2:]
+        while words and words[0].startswith("-") and words[0] != "-m":
+            words = words[2:] if words[0] in UV_OPTIONS_WITH_VALUE else words[1:]
+    elif words[:1] in (["python"], ["python3"], ["bash"]):
+        words = words[1:]
+    elif words[:1] != ["torchrun"]:
+        return None
+    if words[:1] == ["torchrun"]:
+        torchrun, words = "torchrun ", words[1:]
+        while words and words[0].startswith("--"):
+            words = words[2:] if words[0] in TORCHRUN_OPTIONS_WITH_VALUE else words[1:]
+    if not words or words[0] == "...":
+        return "launcher"
+    if words[0] == "-m":
+        return f"{torchrun}-m {words[1]}" if len(words) > 1 else "launcher"
+    if words[0] == "-c":
+        return None
+    return torchrun + words[0]
+
+
+def uncovered(commands: list[tuple[str, str]]) -> list[str]:
+    """Of (where, command) pairs, those neither table covers, each with what to add."""
+    wrong = []
+    for where, command in commands:
+        if command in NOT_RUN or command in RUN:
+            continue
+        target = target_or_launcher(command)
+        if NEEDS.search(command):
+            needs = NEEDS.search(command)[0]
+            wrong.append(
+                f"{where}: `{command}` needs {needs!r}, which its script's smallest run lacks: "
+                "add the command, whole, to tests/doc_blocks.py NOT_RUN with the reason (or to "
+                "RUN with the test that runs it)"
+            )
+        elif target is None or target not in RUN:
+            add = f"{target!r} to RUN with the test that runs it, or " if target else ""
+            wrong.append(
+                f"{where}: `{command}` is run by no test: add {add}the command, whole, to "
+                "tests/doc_blocks.py NOT_RUN with the reason (network, GPU, hours, a server...)"
+            )
+    return wrong
+
+
+def every_quoted_command() -> list[tuple[str, str]]:
+    """(doc:line, command) of every command the README and docs/ quote."""
+    return [
+        (f"{doc.relative_to(ROOT)}:{line}", command)
+        for doc in DOCS
+        for line, command in quoted_commands(doc)
+    ]
 
 
 @dataclass(frozen=True)

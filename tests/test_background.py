@@ -3,10 +3,8 @@ import threading
 import time
 
 import pytest
-from torch.utils.data import DataLoader
 
 from mmdp.loading.background import iterate_in_background
-from mmdp.loading.toy import ToyPackingDataset
 
 
 def producer_threads():
@@ -75,29 +73,3 @@ def test_garbage_collection_stops_the_producer():
     del stream
     gc.collect()
     assert not wait_for_no_producer()
-
-
-def test_toy_dataset_with_two_workers_yields_every_item_once():
-    for strategy in ("greedy", "binpack"):
-        dataset = ToyPackingDataset(1, 101, max_length=100, strategy=strategy, buffer_size=7)
-        packs = list(DataLoader(dataset, batch_size=None, num_workers=2))
-        items = sorted(int(i) for p in packs for i in p)
-        assert items == list(range(1, 101))
-        assert all(sum(int(i) for i in p) <= 100 for p in packs)
-
-
-def test_toy_dataset_reproduces_the_blog_without_workers():
-    greedy = [list(p) for p in DataLoader(ToyPackingDataset(strategy="greedy"), batch_size=None)]
-    binpack = [list(p) for p in DataLoader(ToyPackingDataset(strategy="binpack"), batch_size=None)]
-    assert greedy == [list(range(1, 14)), list(range(14, 20)), list(range(20, 24)), [24]]
-    assert binpack == [
-        [24, 23, 22, 21, 10],
-        [20, 19, 18, 17, 16, 9, 1],
-        [15, 14, 13, 12, 11, 8, 7, 6, 5, 4, 3, 2],
-    ]
-
-
-def test_an_item_over_the_token_budget_fails_the_epoch_with_its_name():
-    dataset = ToyPackingDataset(1, 30, max_length=25, strategy="binpack")
-    with pytest.raises(ValueError, match="longer than the token budget"):
-        list(DataLoader(dataset, batch_size=None))

@@ -9,7 +9,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from mmdp import config
-from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator
+from mmdp.data.padding import ConstrainedPadCollator, NaivePadCollator, stage3_batch
 from mmdp.data.reading.sources import FEATURES
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import (
@@ -19,6 +19,7 @@ from mmdp.drop_reasons import (
     TOO_LONG,
     UNDECODABLE_IMAGE,
 )
+from mmdp.report.epoch import run_epoch
 from mmdp.report.metrics import EpochReport
 
 
@@ -120,6 +121,29 @@ def test_a_batch_with_every_sample_dropped_is_empty_not_an_error(dataset, tokeni
     batch = ConstrainedPadCollator(tokenizer.pad_token_id, max_length=64)([dataset[1], dataset[9]])
     assert batch["input_ids"].shape == (0, 64)
     assert batch["dropped"] == {UNDECODABLE_IMAGE: 1, TOO_LONG: 1}
+
+
+def test_stage3_batch_is_the_batch_stage_3_shows(tokenizer):
+    """Stage 5 draws stage 3's batch beside its own (05_vs_03.png): the same samples as stage 3's
+    loader and run_epoch pick, found from the lengths alone. 16 rows, two too long."""
+    rows = [{"images": [RGB] * (i % 2), "texts": [turn(assistant="word " * (5 + 9 * i))]}
+            for i in range(14)]  # fmt: skip
+    rows[9:9] = [{"images": [], "texts": [turn(assistant="word " * 300)]}] * 2
+    dataset = VQADataset(Dataset.from_list(rows, features=FEATURES), tokenizer)
+    items = [dataset[i] for i in range(len(rows))]  # each row tokenized once
+    lengths = np.array([len(item["input_ids"]) for item in items])
+    for seed in range(3):
+        loader = DataLoader(  # stage 3's
+            items,
+            batch_size=4,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(seed),
+            collate_fn=ConstrainedPadCollator(tokenizer.pad_token_id, 256),
+        )
+        shown, _ = run_epoch(loader, EpochReport(), keep_batch=lambda batch: batch["dropped"])
+        batch = stage3_batch(dataset, lengths, max_length=256, batch_size=4, seed=seed)
+        assert batch["dropped"] == shown["dropped"] and TOO_LONG in batch["dropped"]
+        assert batch["sample_index"].tolist() == shown["sample_index"].tolist()
 
 
 def test_an_exif_rotated_jpeg_is_sized_and_decoded_upright():

@@ -1,6 +1,7 @@
 """The README and docs/ stay true to the repository: every relative link and anchor resolves;
 every `uv run SCRIPT --flag` they quote names a script that exists and flags its parser defines;
-every quoted output is checked by a test (tests/doc_blocks.py); the tables of drop reasons and
+every quoted output is checked by a test, and every quoted command run by one at some size or
+listed as not run, with the reason (tests/doc_blocks.py); the tables of drop reasons and
 batch keys list exactly what the code has; every repository path named in the docs, the
 docstrings and the comments exists; every Python snippet compiles and imports what exists (and,
 with -m slow, runs), unless marked `<!-- fragment -->`. Read statically, this costs about a
@@ -15,12 +16,19 @@ import pytest
 from doc_blocks import (
     CHECKED,
     DOCS,
+    NOT_RUN,
     ROOT,
+    RUN,
+    SMOKE,
     UNCHECKED,
     blocks,
     contract_keys,
+    every_quoted_command,
     output_blocks,
+    quoted_commands,
     quoted_drop_reasons,
+    target_or_launcher,
+    uncovered,
 )
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
@@ -171,8 +179,8 @@ def test_the_checks_catch_a_wrong_flag_and_a_broken_anchor(tmp_path):
 
 
 def one_word_table() -> list[tuple[str, str]]:
-    """The README's table of names: (idea, what mmdp calls it)."""
-    text = (ROOT / "README.md").read_text()
+    """The glossary's table of names (docs/glossary.md): (idea, what mmdp calls it)."""
+    text = (ROOT / "docs" / "glossary.md").read_text()
     table = text.split("| Idea | mmdp | The blog |", 1)[1].split("\n\n", 1)[0]
     rows = [line.split(" | ") for line in table.strip().splitlines()[1:]]
     return [(cells[0].lstrip("| "), cells[1]) for cells in rows]
@@ -182,8 +190,8 @@ STAGE_SCRIPTS = {int(p.name[:2]): p for p in ROOT.glob("0[1-6]_*.py")}
 SOURCE = "\n".join(p.read_text() for p in (ROOT / "src").rglob("*.py"))
 
 
-def test_the_readmes_names_are_the_codes_names():
-    """Each flag in the README's one-word table is a flag of the stages it names (of some stage if
+def test_the_glossarys_names_are_the_codes_names():
+    """Each flag in the glossary's one-word table is a flag of the stages it names (of some stage if
     it names none), and each other name in it is a word of the package's code."""
     wrong = []
     for idea, names in one_word_table():
@@ -218,6 +226,96 @@ def test_every_quoted_output_is_checked_by_a_test_or_says_why():
     )
     stale = (set(CHECKED) | set(UNCHECKED)) - set(quoted)
     assert not stale, f"no doc quotes these outputs any more: {stale}"
+
+
+# Quoted commands: run by a test at some size, or not run and why ------------------------------
+
+
+def test_every_quoted_command_is_run_by_a_test_or_says_why_not():
+    wrong = uncovered(every_quoted_command())
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_entry_of_run_and_not_run_is_still_quoted():
+    quoted = every_quoted_command()
+    commands = {command for _, command in quoted}
+    targets = {target_or_launcher(command) for command in commands}
+    stale = [f"NOT_RUN: {c!r}" for c in NOT_RUN if c not in commands]
+    stale += [f"RUN: {key!r}" for key in RUN if key not in commands and key not in targets]
+    assert not stale, (
+        "no doc quotes these any more (as a whole command, or a command running it): drop them "
+        "from tests/doc_blocks.py\n" + "\n".join(stale)
+    )
+
+
+def test_every_test_run_names_exists():
+    """Each RUN value is FILE::TEST (or a file) that exists; a SMOKE value's script has its row
+    in tests/test_bench_and_examples.py's SMOKE_RUNS."""
+    from test_bench_and_examples import SMOKE_RUNS
+
+    smoke = {run.script for run in SMOKE_RUNS}
+    wrong = []
+    for key, value in RUN.items():
+        path, _, test = value.split()[0].partition("::")
+        if not (ROOT / path).is_file():
+            wrong.append(f"{key}: no {path}")
+        elif test and not re.search(rf"^def {test}\(", (ROOT / path).read_text(), flags=re.M):
+            wrong.append(f"{key}: {path} has no test {test}")
+        elif value == SMOKE and key.removeprefix("torchrun ") not in smoke:
+            wrong.append(f"{key}: not in SMOKE_RUNS")
+    assert not wrong, "tests/doc_blocks.py RUN:\n" + "\n".join(wrong)
+
+
+def test_every_quoted_pytest_marker_is_registered():
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    markers = {m.split(":")[0] for m in config["tool"]["pytest"]["ini_options"]["markers"]}
+    named = {
+        (where, marker)
+        for where, command in every_quoted_command()
+        if target_or_launcher(command) == "pytest"
+        for marker in re.findall(r" -m (\w+)", command)
+    }
+    assert not [n for n in named if n[1] not in markers], f"markers {markers}, quoted {named}"
+
+
+def test_every_quoted_python_c_runs(capsys):
+    """`python -c CODE` as quoted, in this process: it prints what it says it prints."""
+    runs = {c for _, c in every_quoted_command() if c in RUN and c.startswith("python -c ")}
+    assert runs
+    for command in runs:
+        exec(command.removeprefix("python -c ").strip('"'), {})
+        import mmdp
+
+        assert capsys.readouterr().out.strip() == str(mmdp.__all__)
+
+
+def test_the_command_check_catches_an_unlisted_command_and_a_hub_name(tmp_path):
+    """Negative control: in a made-up doc, a script no test runs, a covered script given a Hub
+    name, and an install are reported; a covered script, a launcher alone and a listed command
+    are not."""
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "Run `uv run 07_no_such_stage.py --rows 10` with `uv run` or `torchrun`.\n"
+        "```bash\n"
+        "uv run 05_knapsack_multimodal.py --num-rows 400   # covered: its script\n"
+        "uv run 05_knapsack_multimodal.py \\\n    --processor Org/model   # the network\n"
+        "pip install something\n"
+        "bash .ci/run\n"
+        "```\n"
+    )
+    quoted = [(f"doc.md:{line}", command) for line, command in quoted_commands(doc)]
+    assert [c for _, c in quoted] == [
+        "uv run 07_no_such_stage.py --rows 10",
+        "uv run 05_knapsack_multimodal.py --num-rows 400",
+        "uv run 05_knapsack_multimodal.py --processor Org/model",
+        "pip install something",
+        "bash .ci/run",
+    ]
+    wrong = uncovered(quoted)
+    assert [w.split(":")[1] for w in wrong] == ["1", "4", "6"]  # where each command starts
+    assert "'07_no_such_stage.py' to RUN" in wrong[0] and "'Org/model'" in wrong[1]
 
 
 def test_the_bad_input_table_lists_every_drop_reason_once():
@@ -395,3 +493,30 @@ def test_the_output_check_catches_a_changed_line_and_skips_only_marked_numbers(t
     assert differs(smaller) and not differs(smaller, template=True)
     assert differs(smaller.replace("seed=1", "seed=1, video_rows=100"), template=True)
     assert differs(smaller.replace("Over the epoch", "Over an epoch"), template=True)
+
+
+# The tutorial's shape (issue 52): the README a companion to the blog, the stages short enough to
+# read beside it, the docs results rather than diaries.
+README_LINES, STAGE_1_BY, SECTION_LINES = 200, 40, 45
+SCRIPT_LINES = {1: 120, 2: 120, 3: 130, 4: 100, 5: 220}
+DOCS_WORDS, BENCHMARKS_WORDS = 30_000, 8_000
+
+
+def test_the_readme_reads_as_the_tutorial_and_the_stages_beside_the_blog():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    starts = [n for n, line in enumerate(lines) if line.startswith("## ")]
+    sections = {lines[a]: b - a for a, b in zip(starts, [*starts[1:], len(lines)])}
+    stage_1 = next(n for n in starts if lines[n].startswith("## Stage 1"))
+    long = {title: n for title, n in sections.items() if "Stage" in title and n > SECTION_LINES}
+    assert len(lines) <= README_LINES and stage_1 < STAGE_1_BY and not long, (
+        len(lines),
+        stage_1,
+        long,
+    )
+    scripts = {n: len(STAGE_SCRIPTS[n].read_text().splitlines()) for n in SCRIPT_LINES}
+    assert all(scripts[n] <= most for n, most in SCRIPT_LINES.items()), scripts
+
+
+def test_the_docs_are_results_not_a_diary():
+    words = {p.name: len(p.read_text().split()) for p in (ROOT / "docs").glob("*.md")}
+    assert words["benchmarks.md"] <= BENCHMARKS_WORDS and sum(words.values()) <= DOCS_WORDS, words

@@ -1,11 +1,13 @@
 """model_inputs asks the family that collated a batch what its model takes: its vision inputs
 (`vision_keys`), its per-token inputs (`token_keys`) and, for Gemma 3, the attention masks mmdp
-builds (`packed_mask`). The batch carries the family's class (`model_family`), so no name is looked
-up again. Every registered family must answer, and its answers must match the batches it
+builds (`packed_mask`). The batch carries the family's name (`model_family`), which model_inputs
+looks up (mmdp.data.families.family_named): plain data, so a saved batch loads with
+torch.load(weights_only=True). Every registered family must answer, and its answers must match the batches it
 collates."""
 
 import functools
 import importlib
+import pickle
 from types import SimpleNamespace
 
 import pytest
@@ -17,9 +19,11 @@ from transformers import Trainer
 from mmdp.batch import TOKEN_INPUTS, build_pack, collate_packs
 from mmdp.data.families import (
     FAMILIES,
+    NAMED,
     OFFLINE,
     family_class,
     family_for,
+    family_named,
     tiny_processor,
 )
 from mmdp.data.families.base import VISION_INPUTS
@@ -73,15 +77,15 @@ def test_the_inputs_a_batch_may_carry_are_the_families_keys():
 
 
 def test_the_family_a_batch_carries_reaches_model_inputs_through_loaders_and_trainers():
-    """The batch carries its family's class, and it arrives as it left: through a DataLoader
-    worker (pickled as its module and name), accelerate's send_to_device (accelerate 1.15: a value
+    """The batch carries its family's name, and it arrives as it left: through a DataLoader
+    worker, accelerate's send_to_device (accelerate 1.15: a value
     without `.to` is returned as it is), accelerate's concatenate of one batch (returned as it is;
     of several it refuses any non-tensor, a name as well: mmdp's loaders refuse
     accelerator.prepare, mmdp.loading.guards) and transformers' Trainer._prepare_input
     (transformers 5.23: a value neither a mapping, a sequence nor a tensor is returned as it is)."""
     family = family_for(tiny_processor("qwen2_5_vl"))
     batch = packed_batch(family)
-    assert batch["model_family"] is type(family)
+    assert batch["model_family"] == family.name
     worker = torch.utils.data.DataLoader([batch], batch_size=None, num_workers=1)
     (from_worker,) = list(worker)
     trainer = SimpleNamespace(args=SimpleNamespace(device="cpu"), is_deepspeed_enabled=False)
@@ -92,7 +96,7 @@ def test_the_family_a_batch_carries_reaches_model_inputs_through_loaders_and_tra
         concatenate([batch]),
         trainer._prepare_input(batch),
     ):
-        assert arrived["model_family"] is type(family)
+        assert arrived["model_family"] == family.name
         assert model_inputs(arrived).keys() == model_inputs(batch).keys()
 
 
@@ -104,7 +108,7 @@ def test_a_familys_batch_carries_its_vision_keys_and_the_model_gets_them(name, m
     monkeypatch.setitem(PACKED_MASKS, "gemma3", lambda batch, model: built.append(1) or {})
     family = family_for(tiny_processor(name))
     batch = packed_batch(family)
-    assert batch["model_family"] is type(family)
+    assert batch["model_family"] == family.name
     carried = {key for key in batch if key in VISION_INPUTS}
     assert carried == set(family.vision_keys)
     passed = model_inputs(batch)
@@ -141,3 +145,24 @@ def test_without_a_config_a_loader_packs_under_its_familys_budgets(tokenizer):
     assert tiny.config == PackingConfig() == default_config(tiny.dataset.family)
     given = default_config(qwen.dataset.family, max_length=4096, max_patches=None, seed=5)
     assert (given.max_length, given.max_patches, given.seed) == (4096, 8192, 5)
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_a_saved_batch_of_every_family_loads_with_weights_only(name, tmp_path, monkeypatch):
+    """--save-batch writes torch.save(batch); torch.load's default (weights_only=True) reads
+    tensors and plain values only. The family travels by name, so the batch loads and
+    model_inputs finds its family again. The trap, shown: the same batch carrying the family's
+    class (what mmdp saved before) is refused."""
+    monkeypatch.setitem(PACKED_MASKS, "gemma3", lambda batch, model: {})  # needs no model here
+    family = family_named(name)
+    module = importlib.import_module(family.__module__)
+    batch = packed_batch(
+        family_for(getattr(module, "tiny_processor", module.offline_processor)(family))
+    )
+    torch.save(batch, tmp_path / "batch.pt")
+    loaded = torch.load(tmp_path / "batch.pt", weights_only=True)
+    assert loaded["model_family"] == name
+    assert model_inputs(loaded).keys() == model_inputs(batch).keys()
+    torch.save({**batch, "model_family": family}, tmp_path / "with_class.pt")
+    with pytest.raises(pickle.UnpicklingError, match="weights_only"):
+        torch.load(tmp_path / "with_class.pt", weights_only=True)

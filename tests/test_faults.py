@@ -31,7 +31,7 @@ from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.loading.workers import WorkerFailed
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.report.metrics import PackReport
+from mmdp.report.pack_report import PackReport
 from mmdp.weighing import weigh as weighing
 from mmdp.weighing.weigh import weigh_rows
 

@@ -358,7 +358,7 @@ def test_format_a_users_rows_pack_for_qwen2_5_vl_each_used_or_counted_by_reason(
     from mmdp.data.vqa_dataset import VQADataset
     from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
     from mmdp.packing.packing_config import PackingConfig
-    from mmdp.report.metrics import PackReport
+    from mmdp.report.pack_report import PackReport
 
     rows = load_vqa_dataset(str(held_out / "train.jsonl"))
     samples = VQADataset(rows, offline_processor("qwen2_5_vl"))

@@ -64,7 +64,7 @@ from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.report.metrics import PackReport
+from mmdp.report.pack_report import PackReport
 
 FAST, DEEP = "mmdp-fast", "mmdp-deep"
 COMMON = {

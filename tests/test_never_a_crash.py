@@ -21,8 +21,9 @@ from mmdp.data.families import OFFLINE, family_for, tiny_processor
 from mmdp.data.families.qwen_vl import Qwen2_5_VL
 from mmdp.data.families.smolvlm import Idefics3
 from mmdp.data.families.smolvlm import tiny_processor as smolvlm_tiny_processor
+from mmdp.data.images import undecoded
 from mmdp.data.mixture import MixedRows, mixture_from_dict
-from mmdp.data.reading.sources import FEATURES, undecoded
+from mmdp.data.reading.sources import FEATURES
 from mmdp.data.synthetic.rows import encode_png
 from mmdp.data.synthetic.videos import encode_clip, encode_mp4, moving_shape
 from mmdp.data.videos import video_metadata
@@ -36,7 +37,7 @@ from mmdp.models.tiny import tiny_model
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Budgets
 from mmdp.planning.source_shares import MixturePlan
-from mmdp.report.metrics import PackReport
+from mmdp.report.pack_report import PackReport
 from mmdp.report.sources import source_report
 
 # The default suite checks Qwen2.5-VL (the family that crashed); the slow group every family (the

@@ -17,7 +17,7 @@ from mmdp.drop_reasons import (
 )
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.report.metrics import PackReport
+from mmdp.report.pack_report import PackReport
 
 IMAGE_SIZE = 16  # tiny images keep these tests fast; nothing here depends on the size
 

@@ -19,9 +19,11 @@ from mmdp.data import files
 from mmdp.data.families import family_for, offline_processor
 from mmdp.data.images import remote_image_size
 from mmdp.data.reading.sources import load_vqa_dataset
+from mmdp.data.videos import remote_video_metadata
 from mmdp.drop_reasons import UNDECODABLE_IMAGE, UNREACHABLE_FILE
 
 PHOTOS = 8
+CLIPS = 6
 CLOSED_PORT = "http://127.0.0.1:9"  # the discard port: nothing listens there, a refused connection
 
 
@@ -68,7 +70,9 @@ def bucket(tmp_path_factory):
         images["images/camera.jpg"] = photo_with_a_large_exif()
         from mmdp.data.synthetic.videos import generate_video_row
 
-        clip = {"clips/moving.mp4": generate_video_row(0)["videos"][0]["bytes"]}
+        moving = generate_video_row(0)["videos"][0]["bytes"]
+        # the clip, and CLIPS copies of it under other names (each weighed: read in flight)
+        clip = {"clips/moving.mp4": moving, **{f"clips/{k}.mp4": moving for k in range(CLIPS)}}
         for name, data in {**images, **clip}.items():
             fs.pipe(f"users-data/{name}", data)
             (local / name).parent.mkdir(exist_ok=True)
@@ -129,6 +133,27 @@ def test_remote_weighing_reads_only_headers_several_requests_in_flight(bucket):
     # the unreachable file: tried READ_ATTEMPTS times (retried, then given up); the missing
     # one not retried
     assert (files.STATS["retries"], files.STATS["unreachable"]) == (files.READ_ATTEMPTS - 1, 1)
+
+
+def test_remote_video_headers_are_read_several_requests_in_flight_and_once(bucket):
+    """A batch's video headers are read as its images' are: their requests (the file's size,
+    then a block or two as PyAV seeks) wait on the store together, and each header once in
+    this process."""
+    server, _, _ = bucket
+    family = family_for(offline_processor("qwen2_5_vl"))
+    clips = [[{"bytes": None, "path": f"s3://users-data/clips/{k}.mp4"}] for k in range(CLIPS)]
+    remote_video_metadata.cache_clear()
+    server.reset()
+    server.latency = 0.2  # as above
+    try:
+        costs = family.video_costs(clips)
+    finally:
+        server.latency = 0.0
+    assert len(costs) == CLIPS and len(set(costs)) == 1  # six copies of one clip
+    assert server.most_in_flight >= 2
+    assert all(server.ranged[f"/users-data/clips/{k}.mp4"] for k in range(CLIPS))
+    server.reset()
+    assert family.video_costs(clips) == costs and not server.requests  # remembered
 
 
 def test_remote_rows_make_the_samples_of_the_same_files_on_disk(bucket):

@@ -6,6 +6,7 @@ import json
 import socket
 
 import pytest
+from conftest import REPO
 from doc_blocks import check_output, quoted_batch_keys
 
 from mmdp import config
@@ -87,6 +88,37 @@ def test_stage4_prints_the_blogs_packs_and_saves_both_figures(run_main, tmp_path
 
 # The README's run, the default 2,000 rows, with the slow group (uv run pytest -m slow): its epoch
 # decodes every image in 2 workers, about 16 s of CPU; the default suite runs the same on 400 rows.
+def readme_stage5_runs() -> list[tuple[list[str], list[str]]]:
+    """The README's table of stage 5 runs (stage 5, "The image budget binds"): each run's flags
+    and its cells (packs, batches, utilization, images a pack)."""
+    text = (REPO / "README.md").read_text()
+    table = text.split("| stage 5 run with |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    rows = [[cell.strip() for cell in line.strip(" |").split("|")] for line in table]
+    return [(row[0].strip("`").split() if row[0].startswith("`") else [], row[1:]) for row in rows]
+
+
+# The README's table of stage 5 runs, each run at its 2,000 rows (-m slow): the table is what the
+# runs report, so a change in the packer or the budgets that moves a number fails here.
+@pytest.mark.slow
+@pytest.mark.docs
+@pytest.mark.parametrize(
+    "flags, cells", readme_stage5_runs(), ids=lambda v: " ".join(v) or "defaults"
+)
+def test_the_readmes_stage5_table_is_what_the_runs_report(run_main, tmp_path, flags, cells):
+    metrics = tmp_path / "m.json"
+    argv = ["05_knapsack_multimodal.py", *flags, "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
+    status, out, err = run_main(*argv)
+    assert status == 0, err
+    report = json.loads(metrics.read_text())
+    shown = [
+        f"{report['packs']:,}",
+        f"{report['batches']:,}",
+        f"{report['utilization']:.1%}",
+        f"at most {report['images_per_row']['max']}",
+    ]
+    assert shown == cells, f"README's stage 5 table says {cells} for {flags}; the run: {shown}"
+
+
 # The README quotes the 2,000-row run: checked exactly in the slow group, as a template on 400.
 @pytest.mark.docs
 @pytest.mark.parametrize(
@@ -164,16 +196,15 @@ def test_stage5_under_torchrun_two_ranks_two_workers(run_script, tmp_path):
 
 
 @pytest.mark.docs
-def test_stage3_grouped_by_modality_length_pads_little_and_puts_the_heaviest_batch_first(
+def test_grouped_by_modality_length_pads_little_and_puts_the_heaviest_batch_first(
     run_main, tmp_path
 ):
     metrics = tmp_path / "m.json"
-    argv = ["03_constrained_pad_dataloader.py", "--group-by", "modality_length", "--num-rows",
-            "300", "--num-workers", "1", "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
+    argv = ["examples/group_by_length.py", "--num-rows", "300", "--num-workers", "1",
+            "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
     status, out, err = run_main(*argv)
     assert status == 0, err
-    command = "uv run 03_constrained_pad_dataloader.py --group-by modality_length"
-    check_output(command, argv, out, paths=assets(tmp_path))  # as a template
+    check_output("uv run examples/group_by_length.py", argv, out, paths=assets(tmp_path))
     report = json.loads(metrics.read_text())
     assert report["samples"] + sum(report["dropped"].values()) == report["rows_read"] == 300
     waste = {name: 1 - r["utilization"] for name, r in report["comparison"].items()}
@@ -187,15 +218,14 @@ def test_stage3_grouped_by_modality_length_pads_little_and_puts_the_heaviest_bat
 
 @pytest.mark.slow  # two processes, each weighing and loading a whole epoch
 @pytest.mark.docs
-def test_stage3_grouped_under_torchrun_two_ranks(run_script, tmp_path):
+def test_grouped_under_torchrun_two_ranks(run_script, tmp_path):
     metrics = tmp_path / "m.json"
-    argv = ["03_constrained_pad_dataloader.py", "--group-by", "modality_length", "--num-rows",
-            "300", "--num-workers", "1", "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
+    argv = ["examples/group_by_length.py", "--num-rows", "300", "--num-workers", "1",
+            "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
     result = run_script(*TORCHRUN_2, *argv, python_args=True)
     assert result.returncode == 0, result.stderr[-3000:]
     check_output(
-        "uv run torchrun --standalone --nproc_per_node 2 03_constrained_pad_dataloader.py "
-        "--group-by modality_length",
+        "uv run torchrun --standalone --nproc_per_node 2 examples/group_by_length.py",
         argv,
         result.stdout,
         paths=assets(tmp_path),
@@ -229,12 +259,7 @@ def test_stage3_grouped_under_torchrun_two_ranks(run_script, tmp_path):
         ("02_naive_pad_dataloader.py", ["--batch-size", "0"], "--batch-size: must be a positive"),
         ("02_naive_pad_dataloader.py", ["--dataset", "/nonexistent/x.parquet"], "no such file"),
         ("03_constrained_pad_dataloader.py", ["--max-length", "10"], "nothing to do"),
-        (
-            "03_constrained_pad_dataloader.py",
-            ["--group-by", "modality_length", "--max-length", "10"],
-            "nothing to do",
-        ),
-        ("03_constrained_pad_dataloader.py", ["--group-by", "length"], "--group-by: invalid"),
+        ("examples/group_by_length.py", ["--max-length", "10"], "nothing to do"),
         ("04_knapsack_toy.py", ["--max-length", "0"], "--max-length: must be a positive"),
         ("04_knapsack_toy.py", ["--max-length", "10"], "raise --max-length to at least 24"),
         ("04_knapsack_toy.py", ["--start", "30"], "no items to pack"),
@@ -334,10 +359,11 @@ def test_pack_mixture_prints_and_writes_every_sources_share(run_main, tmp_path):
     assert set(report["weighing"]) == {"seconds", "rows_weighed_per_rank"}
 
 
-# The README's runs of stages 2, 3 and examples/pack_mixture.py at their full 2,000 rows, in the
-# README's order (stage 3 grouped weighs the rows that stage 5 then loads), each output held exactly to the README's
-# block: the default suite holds smaller runs to the same blocks as templates (above). About
-# 15 s of CPU each (stage 5's own run: test_stage5_default_run_packs_at_least_98_percent).
+# The README's runs of stages 2, 3, examples/group_by_length.py and examples/pack_mixture.py at
+# their full 2,000 rows, in the README's order (the grouped run weighs the rows that stage 5 then
+# loads), each output held exactly to the README's block: the default suite holds smaller runs to
+# the same blocks as templates (above). About 15 s of CPU each (stage 5's own run:
+# test_stage5_default_run_packs_at_least_98_percent).
 @pytest.mark.slow
 @pytest.mark.docs
 @pytest.mark.parametrize(
@@ -345,7 +371,7 @@ def test_pack_mixture_prints_and_writes_every_sources_share(run_main, tmp_path):
     [
         "uv run 02_naive_pad_dataloader.py",
         "uv run 03_constrained_pad_dataloader.py",
-        "uv run 03_constrained_pad_dataloader.py --group-by modality_length",
+        "uv run examples/group_by_length.py",
         "uv run examples/pack_mixture.py --mixture examples/mixture.json",
     ],
 )

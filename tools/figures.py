@@ -46,7 +46,7 @@ FIGURES = {
     "01.png": "uv run 01_check_dataset.py --seed 5",
     "02.png": "uv run 02_naive_pad_dataloader.py",
     "03.png": "uv run 03_constrained_pad_dataloader.py",
-    "03_grouped.png": "uv run 03_constrained_pad_dataloader.py --group-by modality_length",
+    "03_grouped.png": "uv run examples/group_by_length.py",
     "04_greedy.png": "uv run 04_knapsack_toy.py",
     "04_binpack.png": "uv run 04_knapsack_toy.py",
     "05.png": "uv run 05_knapsack_multimodal.py",

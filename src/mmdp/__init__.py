@@ -33,14 +33,21 @@ __getattr__, __dir__, __all__ = lazy_face(
         "mmdp.data.conversation": ["marked_turns", "system_prompt"],
         "mmdp.data.images": ["BadImage", "decode_image"],
         "mmdp.data.vqa_dataset": ["VQADataset"],
-        "mmdp.data.padding": ["NaivePadCollator", "ConstrainedPadCollator"],
+        "mmdp.data.padding": ["NaivePadCollator", "ConstrainedPadCollator", "stage3_batch"],
         "mmdp.data.families": ["MODELS", "OFFLINE", "family_for", "offline_processor"],
-        # packing (stages 4-5)
+        # packing (stages 4-5): the blog's loops, then the library's packer
+        "mmdp.packing.knapsack": [
+            "greedy_packing",
+            "bin_packing",
+            "packs_in_background",
+            "TOY_STRATEGIES",
+        ],
         "mmdp.packing.packers": ["pack", "pack_flat", "STRATEGIES"],
         "mmdp.packing.weights": ["Budgets", "Weights"],
         "mmdp.packing.packing_config": ["PackingConfig", "default_config"],
         "mmdp.weighing.weigh": ["weigh_rows"],
         "mmdp.planning.planner": ["EpochPlan", "plan_epoch"],
+        "mmdp.planning.grouping": ["ModalityLengthBatchSampler"],  # examples/group_by_length.py
         "mmdp.loading.packed_dataset": ["PackedDataset", "PackedDataLoader"],
         "mmdp.loading.streaming.loader": ["StreamingPackedDataset", "StreamingDataLoader"],
         # the batch contract
@@ -76,6 +83,8 @@ __getattr__, __dir__, __all__ = lazy_face(
             "load_loader_state",
             "checkpoint_loader_with",
         ],
+        # every batching of an epoch compared, from the weights alone
+        "mmdp.training.strategies": ["compare_padding"],
         # several processes
         "mmdp.ranks": ["start_ranks", "gather_from_ranks"],
     },

@@ -38,9 +38,10 @@ A batch of B packs, each a row of L = max_length tokens:
     filler                   True only in a batch that trains nothing (`filler_batch`): a rank's
                              batch in a last step of fewer packs than ranks, or what pads an
                              epoch's last optimizer step under Trainer
-    model_family, model_settings   (a real family) its ModelFamily class, which model_inputs
-                             asks what the model takes, and what the batch assumes of the
-                             model's config ({"vision_config.tokens_per_second": 2, ...}), which
+    model_family, model_settings   (a real family) its name ("qwen2_5_vl"), by which
+                             model_inputs asks the family what the model takes (a name, not the
+                             class: a saved batch loads with torch.load(weights_only=True)), and
+                             what the batch assumes of the model's config ({"vision_config.tokens_per_second": 2, ...}), which
                              model_inputs checks
 
 Example: two packs of 8 tokens, samples of 3 and 4 tokens in the first, of 6 in the second
@@ -173,7 +174,7 @@ def collate_packs(packs: list[dict], family=None) -> dict:
     """Stack packs (from build_pack, all of one planned batch) into a batch.
 
     `family` (a mmdp.data.families.base.ModelFamily) collates the vision inputs its model takes, and
-    puts its class in the batch (`model_family`); without one, each vision input is concatenated
+    puts its name in the batch (`model_family`); without one, each vision input is concatenated
     along its first dimension, which is what TinyVLM, Qwen-VL, LLaVA-OneVision and Gemma 3 take.
     Packs marked `filler` (a rank's filler batch, mmdp.planning.planner) make a
     `filler_batch`.
@@ -234,10 +235,10 @@ def stack_packs(packs: list[dict], family=None) -> dict:
         "dropped": dict(dropped),
         "dropped_rows": [row for p in packs for row in p.get("dropped_rows", ())],
         "converted": dict(converted),
-        # the family's class, not the family: a class pickles as its module and name (through the
-        # DataLoader's workers), while the family holds its processor (tokenizer and all)
+        # the family's name, not the family (it holds its processor) nor its class (torch.load
+        # refuses to unpickle a class with weights_only=True): model_inputs looks the name up
         **(
-            {"model_family": type(family), "model_settings": family.model_settings()}
+            {"model_family": family.name, "model_settings": family.model_settings()}
             if family and family.name != "tiny"
             else {}
         ),

@@ -76,18 +76,30 @@ def add_data_args(parser: argparse.ArgumentParser, num_rows: int = config.DEFAUL
     )
 
 
+def column_renames(text: str) -> dict[str, str]:
+    """An argparse type: ms-swift's --columns, a JSON object of old: new column names."""
+    from mmdp.data.reading.column_maps import renames_of
+    from mmdp.errors import UserError
+
+    try:
+        return renames_of(text)
+    except UserError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix(f"--columns {text!r}: ")) from None
+
+
 def add_dataset_args(parser: argparse.ArgumentParser) -> None:
-    """--dataset, --image-root, --format: a user's rows, where their files are, their format
-    (mmdp.data.reading.sources.load_vqa_dataset)."""
+    """--dataset, --image-root, --format, --columns: a user's rows, where their files are, their
+    format, their columns' names (mmdp.data.reading.sources.load_vqa_dataset)."""
     from mmdp.data.reading.formats import FORMATS
 
     parser.add_argument(
         "--dataset",
         default=None,
         help="a .json/.jsonl file or a folder of them, a save_to_disk folder, parquet file(s), a "
-        "remote .json/.jsonl/.parquet URL (s3://...), or a Hub name (e.g. "
-        "HuggingFaceM4/the_cauldron, needs a network); rows in the_cauldron's, messages' "
-        "(ms-swift, LLaMA-Factory) or LLaVA's format; default: the embedded synthetic dataset",
+        "remote .json/.jsonl/.parquet URL (s3://...), LLaMA-Factory's dataset_info.json:NAME, or "
+        "a Hub name (e.g. HuggingFaceM4/the_cauldron, needs a network); rows in the_cauldron's, "
+        "messages' (ms-swift, LLaMA-Factory) or LLaVA's format; default: the embedded synthetic "
+        "dataset",
     )
     parser.add_argument(
         "--image-root",
@@ -101,6 +113,14 @@ def add_dataset_args(parser: argparse.ArgumentParser) -> None:
         choices=FORMATS,
         default=None,
         help="the rows' format (default: told from their columns)",
+    )
+    parser.add_argument(
+        "--columns",
+        type=column_renames,
+        default=None,
+        metavar="JSON",
+        help="rename the rows' columns before their format is told, as ms-swift's --columns: "
+        'a JSON object of old: new names, e.g. \'{"conv": "conversations"}\'',
     )
 
 

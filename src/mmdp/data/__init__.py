@@ -2,7 +2,8 @@
 their images.
 
 reading/      load_vqa_dataset(), load_vqa_stream(): the synthetic default, your own files
-              (JSON, JSON Lines, save_to_disk, parquet; local or remote), or the Hub; the formats
+              (JSON, JSON Lines, save_to_disk, parquet; local or remote; a LLaMA-Factory
+              dataset_info.json entry), or the Hub; the formats; column maps
 synthetic/    the generators behind the default dataset (rows, videos)
 files         local and remote files (s3://, gs://, hf://, https://): ranged reads, retries
 hub           is the Hub reachable? (one sentence, not minutes of retries)

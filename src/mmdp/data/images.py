@@ -19,6 +19,7 @@ An image cell without bytes is read from its path: a local one, or a remote one 
 decode_image the whole file in one; a remote file that does not answer is `unreachable_file`.
 """
 
+import dataclasses
 import functools
 import io
 import warnings
@@ -176,3 +177,33 @@ def load_image(image, size: int = config.IMAGE_SIZE) -> tuple[torch.Tensor, str 
         raise BadImage(UNDECODABLE_IMAGE, f"{error.__class__.__name__}: {error}") from error
     pixels = torch.from_numpy(np.asarray(pil, dtype=np.uint8).copy())
     return pixels.permute(2, 0, 1).float().div_(255), converted_from
+
+
+def undecoded(rows):
+    """`rows` (a datasets.Dataset or IterableDataset) with its images and videos kept encoded:
+    every Image or Video feature of its columns cast to decode=False (datasets' default Image()
+    decodes each image as the row is read, where a truncated file raises inside a DataLoader
+    worker, outside mmdp's one decoding place). Only the features change, no row is rewritten;
+    anything else, and a dataset already undecoded, comes back as it is (the same object, the
+    same fingerprint)."""
+    features = getattr(rows, "features", None)
+    if features is None:
+        return rows
+    for column, feature in features.items():
+        if (encoded := kept_encoded(feature)) != feature:
+            rows = rows.cast_column(column, encoded)
+    return rows
+
+
+def kept_encoded(feature):
+    """A feature with its Image and Video parts set to decode=False (nested in lists and
+    dicts too)."""
+    import datasets  # only for a datasets.Dataset's features: stage 1 reads no datasets here
+
+    if isinstance(feature, (datasets.Image, datasets.Video)):
+        return dataclasses.replace(feature, decode=False)
+    if isinstance(feature, (datasets.List, datasets.LargeList)):
+        return dataclasses.replace(feature, feature=kept_encoded(feature.feature))
+    if isinstance(feature, dict):
+        return type(feature)({key: kept_encoded(value) for key, value in feature.items()})
+    return feature

@@ -13,7 +13,8 @@ A mixture file (JSON; `examples/pack_mixture.py --mixture FILE.json`):
 - `dataset`: `synthetic:TASK` (the rows of one task of the embedded synthetic data: count,
   colour, chart, diagram, describe, compare, multiturn, text_only), a user's files (JSON, JSON
   Lines, save_to_disk, parquet; local or remote) or a Hub name (`subset`, `split`, `num_rows`,
-  `image_root`, `format` as for one dataset: mmdp.data.reading.sources.load_vqa_dataset).
+  `image_root`, `format`, `columns` as for one dataset: mmdp.data.reading.sources.load_vqa_dataset;
+  LLaMA-Factory's entry as "data/dataset_info.json:NAME").
 - `share`: the source's part of the epoch; shares are normalised to sum to 1.
 - `share_by`: "tokens" (default) or "rows". Tokens, because a step costs tokens, not rows: with
   packing a step is a fixed token budget, so a token share is that share of the compute and of
@@ -63,6 +64,7 @@ class Source:
     format: str | None = (
         None  # its rows' format (mmdp.data.reading.formats; default: from its columns)
     )
+    columns: dict | None = None  # {"old": "new"}: its columns renamed first (--columns)
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,7 @@ def load_mixture(mixture: Mixture, num_rows: int, seed: int = 0) -> MixedRows:
                 source.num_rows or num_rows,
                 image_root=source.image_root,
                 format=source.format,
+                columns=source.columns,
             )
         parts.append(part)
     # every source's rows in one schema: the_cauldron's, with the system prompts and the videos

@@ -16,6 +16,7 @@ Both take the list of dicts VQADataset returns and produce one dict of tensors:
 from collections import Counter
 
 import torch
+from torch.utils.data import DataLoader
 
 from mmdp import config
 from mmdp.drop_reasons import TOO_LONG
@@ -80,3 +81,20 @@ class ConstrainedPadCollator:
             for s in samples
         ]
         return pad_batch(samples, self.pad_token_id, length=self.max_length)
+
+
+def stage3_batch(dataset, lengths, *, max_length: int, batch_size: int, seed: int) -> dict:
+    """The batch stage 3 shows (assets/03.png), for stage 5's figure beside it: of the batches
+    its DataLoader makes (`batch_size` samples of a shuffle seeded with `seed`), the first with a
+    sample longer than `max_length`, else the first; collated by ConstrainedPadCollator.
+    `lengths`, each sample's tokens (its weight), find it without tokenizing or decoding the
+    other batches. (Stage 3 shows the first batch that drops a sample for any reason: on rows
+    with none unusable, such as the default ones, the same batch.)"""
+    # Stage 3's very batches: a DataLoader's shuffle draws once from the generator before it
+    # shuffles (its workers' seed), so a plain randperm would give other batches
+    generator = torch.Generator().manual_seed(seed)
+    order = DataLoader(range(len(dataset)), batch_size, shuffle=True, generator=generator)
+    batches = [rows.numpy() for rows in order]
+    rows = next((b for b in batches if max(lengths[b]) > max_length), batches[0])
+    collate = ConstrainedPadCollator(dataset.family.pad_token_id, max_length)
+    return collate([dataset[int(i)] for i in rows])

@@ -21,6 +21,8 @@ mmdp.data.synthetic.videos encodes) offline on a bare machine. torchcodec, which
 which neither this machine nor CI has.
 """
 
+import copy
+import functools
 import io
 
 import numpy as np
@@ -75,7 +77,25 @@ def video_metadata(video):
     MP4 and MOV headers hold the frame count. WebM and Matroska headers hold none (PyAV says 0
     frames, and transformers' reader then samples nothing): their frames are counted from the
     container's packets instead (`count_packets`: demuxed, never decoded), one packet per frame.
+    A remote file's header is read once in this process (`remote_video_metadata`).
     """
+    if isinstance(video, dict) and video.get("bytes") is None and video.get("path"):
+        if files.is_remote(video["path"]):
+            # a copy: the caller may set its frames_indices (make_sample does)
+            return copy.copy(remote_video_metadata(video["path"]))
+    return read_metadata(video)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def remote_video_metadata(path: str):
+    """video_metadata of a remote file, its header read once in this process, as
+    mmdp.data.images.remote_image_size reads an image's: stage 5 weighs a row, then reports
+    what its videos cost, then builds its sample (a file that raises is read again)."""
+    return read_metadata({"bytes": None, "path": path})
+
+
+def read_metadata(video):
+    """video_metadata, read from the container (see there)."""
     # imported here: transformers.video_utils imports torchvision (seconds), which only rows
     # with videos need
     from transformers.video_utils import VideoMetadata

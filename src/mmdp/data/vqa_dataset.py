@@ -4,8 +4,7 @@ from torch.utils.data import Dataset
 
 from mmdp import config
 from mmdp.data.families import family_for
-from mmdp.data.mixture import apply_source_rules
-from mmdp.data.reading.sources import undecoded
+from mmdp.data.images import undecoded
 
 
 class VQADataset(Dataset):
@@ -63,4 +62,6 @@ class VQADataset(Dataset):
         sample = self.family.make_sample(row, index, tokenized=tokenized)
         if self.sources is None:
             return sample
+        from mmdp.data.mixture import apply_source_rules  # a mixture's rows only
+
         return apply_source_rules(sample, self.sources[self.source_of_row[index]])

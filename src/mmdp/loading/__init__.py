@@ -6,6 +6,5 @@ row_tokens      each row's pre-computed tokens (pretokenize=True)
 background      iterate_in_background(): the blog's producer-consumer thread, done safely
 workers         a failed DataLoader worker named in one sentence
 guards          why the loaders refuse to be wrapped by another loader
-toy             ToyPackingDataset: stage 4's iterable dataset of integers
 streaming/      stage 5 from a stream (loader, dataset, reader)
 """

@@ -7,6 +7,7 @@ import transformers
 from packaging.version import Version
 
 from mmdp.batch import TOKEN_INPUTS
+from mmdp.data.families import family_named
 from mmdp.data.families.base import VIDEO_INPUTS, VISION_INPUTS
 from mmdp.errors import UserError
 
@@ -67,10 +68,10 @@ def model_inputs(batch: dict, model=None) -> dict:
         check_model_settings(batch, model)
     inputs = {key: batch[key] for key in MODEL_INPUTS}
     inputs["use_cache"] = False
-    # the family that collated the batch (its class, carried in the batch) says what its model
+    # the family that collated the batch (its name, carried in the batch) says what its model
     # takes; a batch collated without one holds whichever per-token and vision inputs its samples
     # had (mmdp.batch.collate_packs)
-    family = batch.get("model_family")
+    family = family_named(batch["model_family"]) if "model_family" in batch else None
     token_keys = family.token_keys if family else TOKEN_INPUTS
     inputs.update({key: batch[key] for key in token_keys if key in batch})
     if len(batch.get("pixel_values", ())):
@@ -111,7 +112,7 @@ def check_model_settings(batch: dict, model) -> None:
         if value is not None and plain(value) != plain(built):
             hint = SETTING_HINTS.get(path, DEFAULT_HINT).format(model=value)
             raise UserError(
-                f"the model's config has {path} = {value!r}, but this {batch['model_family'].name} "
+                f"the model's config has {path} = {value!r}, but this {batch['model_family']} "
                 f"batch was built for {built!r}; {hint}"
             )
 

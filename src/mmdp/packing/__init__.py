@@ -1,5 +1,7 @@
 """Stages 4-5, the pure core: items (and their image and patch counts) in, packs out. numpy only.
 
+    knapsack        stage 4's loops as the blog writes them: greedy_packing, bin_packing (first-fit
+                    decreasing) and the producer-consumer thread, on integers, pure Python
     packers         pack(), pack_flat(): greedy, binpack, bfd, images_first_bfd, balanced_greedy
                     (the readable loops; the fast engines are the private _engines, _best_fit,
                     _scan, _placements)

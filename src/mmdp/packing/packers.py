@@ -2,8 +2,8 @@
 
 Everything here is pure: lengths (and image and patch counts) in, packs out, as lists of indices
 into `lengths`. The thread/queue plumbing that streams packs lives elsewhere
-(mmdp.loading.background, mmdp.loading.toy, mmdp.loading.packed_dataset) and
-calls `pack`.
+(mmdp.loading.background, mmdp.loading.packed_dataset) and calls `pack`; stage 4's toy loops, as
+the blog writes them, are mmdp.packing.knapsack.
 
 The budgets, per pack:
 - tokens: at most `max_length` (the blog's `max_length` in stage 4, its `seq_length` in stage 5);

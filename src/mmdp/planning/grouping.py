@@ -40,7 +40,6 @@ from mmdp.packing.weights import Budgets, Weights
 from mmdp.planning.planner import EpochPlan, deal_equal_steps, filter_rows, gather_packs
 from mmdp.ranks import rank_and_world_size
 
-GROUPINGS = ("modality_length",)  # the choices of stage 3's --group-by
 # Steps sorted together by length (HuggingFace's LengthGroupedSampler sorts 50 batches at a
 # time): a longer window sorts similar lengths together better, a shorter one leaves more of
 # the order to chance.

@@ -9,13 +9,13 @@ computes the same plan and takes its share. In the blog's terms:
 2. Shuffle the rest with (seed, epoch), pack them buffer by buffer (mmdp.packing.packers: a
    token budget and an image budget per pack; the buffers are independent, so a big epoch's
    go to several processes, `pack_buffers`) and shuffle the packs (`shuffle_and_pack`).
-3. Deal the packs to ranks a step at a time (`deal_steps`): a step is
-   world_size * packs_per_batch packs, and within a step each rank gets packs_per_batch of them,
-   heaviest first to the rank with the fewest images (then tokens) so far. Every rank gets the
-   same number of batches (DDP would hang otherwise) and no pack is left out: the last step is
-   shared as evenly as it goes (some ranks one pack more), and when it holds fewer packs than
-   ranks, a rank without one gets a `filler` batch (a copy of another rank's pack that trains
-   nothing: every label -100, mmdp.batch.filler_batch).
+3. Deal the packs to ranks a step at a time (`deal_steps`): a step is world_size * packs_per_batch
+   packs, and within a step each rank gets packs_per_batch of them, heaviest first to the rank with
+   the fewest images (then tokens) so far. Every rank gets the same number of batches (DDP would
+   hang otherwise) and no pack is left out: the last step is shared as evenly as it goes (some
+   ranks one pack more), and when it holds fewer packs than ranks, a rank without one gets a
+   `filler` batch (a copy of another rank's pack that trains nothing: every label -100,
+   mmdp.batch.filler_batch).
 
 Everything is a flat array, so that 24 M rows plan in seconds and a worker receives a few bytes
 per row. An EpochPlan holds:
@@ -55,7 +55,6 @@ from mmdp.planning.processes import PackingJob, pack_in_processes, planning_work
 # at any size: 100 M rows plan in about 12 bytes a row at the peak (docs/benchmarks.md).
 CHUNK_ROWS = 1 << 20  # rows per slice
 CHUNK_PACKS = 1 << 16  # packs per slice
-EVAL_SPLIT_STREAM = 11  # a seed word of the eval split's own: it never replays a shuffle
 
 
 @dataclass
@@ -177,30 +176,6 @@ def judge_rows(
     codes = np.bincount(reasons, minlength=len(REASONS))  # code 0 (usable) is never reported
     over = [np.count_nonzero(m) for m in (too_long, too_many_images, too_many_patches)]
     return keep, codes, np.array(over)
-
-
-def eval_split(
-    num_rows: int, eval_ratio: float, seed: int, source_of_row: np.ndarray | None = None
-) -> np.ndarray:
-    """The rows held out for evaluation, as a bool mask [num_rows]: round(eval_ratio x rows) of
-    them (of each source's rows, in a mixture, so that every source is evaluated), drawn with
-    (seed, EVAL_SPLIT_STREAM). Deterministic: the same on every rank and in every run with this
-    seed, whatever the budgets, ranks and epochs (the training split is the rest).
-
-    >>> eval_split(10, 0.3, seed=0).sum()
-    np.int64(3)
-    """
-    if not 0 <= eval_ratio < 1:
-        raise ValueError(f"eval_ratio must be in [0, 1), got {eval_ratio}")
-    held_out = np.zeros(num_rows, dtype=bool)
-    rng = np.random.default_rng([seed, EVAL_SPLIT_STREAM])
-    sources = np.zeros(num_rows, np.int16) if source_of_row is None else source_of_row
-    for source in np.unique(sources):
-        rows = np.flatnonzero(sources == source)
-        held_out[rng.choice(rows, size=round(eval_ratio * len(rows)), replace=False)] = True
-    if eval_ratio and not held_out.any():
-        raise ValueError(f"eval_ratio {eval_ratio} of {num_rows:,} rows holds out no row")
-    return held_out
 
 
 def index_dtype(size: int) -> type:
@@ -484,7 +459,7 @@ def ranges(first: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 def batch_loads(plan: EpochPlan, weights: Weights) -> dict[str, np.ndarray]:
     """The tokens, images and patches of every rank's batch at every step: arrays [steps,
-    world_size] (for mmdp.report.metrics.rank_balance)."""
+    world_size] (for mmdp.report.balance.rank_balance)."""
     pack_of_row = np.repeat(np.arange(len(plan.pack_starts) - 1), np.diff(plan.pack_starts))
     batch_of_pack = np.repeat(np.arange(len(plan.batch_starts) - 1), np.diff(plan.batch_starts))
     batch_of_row = batch_of_pack[pack_of_row]

@@ -6,8 +6,11 @@ used, so stage 4's figures do not pull torch.
 plots        the figures of stages 1-4 and what every figure shares (colours, save_figure)
 model_plots  the figures of stages 5-6
 printing     a batch, a table, the settings, an epoch's report
+rows         stage 5's rows: the videos packed, a user's rows used and dropped (--dataset)
 epoch        one epoch through a loader into a report; --metrics-json, --save-batch
-metrics      EpochReport, PackReport: utilization and dropped samples; rank balance
+metrics      EpochReport: utilization and dropped samples over an epoch
+balance      rank_balance(): how evenly the ranks share each step
+pack_report  PackReport: stage 5's, per pack and per source; merged over ranks; the JSON
 sources      source_report(): each source of a mixture, asked vs realised, and its drops
 """
 
@@ -41,15 +44,11 @@ __getattr__, __dir__, __all__ = lazy_face(
             "print_epoch_report",
             "print_rank_balance",
         ],
+        "mmdp.report.rows": ["print_videos", "print_your_rows"],
         "mmdp.report.epoch": ["run_epoch", "run_packed_epoch", "nothing_to_do", "write_outputs"],
-        "mmdp.report.metrics": [
-            "EpochReport",
-            "PackReport",
-            "write_json",
-            "rank_balance",
-            "merge_over_ranks",
-            "epoch_metrics",
-        ],
+        "mmdp.report.metrics": ["EpochReport", "write_json"],
+        "mmdp.report.balance": ["rank_balance"],
+        "mmdp.report.pack_report": ["PackReport", "merge_over_ranks", "epoch_metrics"],
         "mmdp.report.sources": ["source_report", "format_source_report"],
     },
 )

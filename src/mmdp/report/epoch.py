@@ -45,12 +45,12 @@ PACKING_HINT = "raise --max-length or --max-images, or use more --num-rows"
 
 def run_packed_epoch(packed, num_workers: int) -> dict:
     """One epoch of a PackedDataset through its loader, on this rank; the report merged over
-    ranks (mmdp.report.metrics.merge_over_ranks: rows dropped while planning counted once), the
+    ranks (mmdp.report.pack_report.merge_over_ranks: rows dropped while planning counted once), the
     first batch, the seconds, and how many rows each rank weighed."""
     from mmdp.loading.packed_dataset import PackedDataLoader
     from mmdp.planning.planner import batch_loads
     from mmdp.ranks import gather_from_ranks
-    from mmdp.report.metrics import PackReport, merge_over_ranks
+    from mmdp.report.pack_report import PackReport, merge_over_ranks
 
     if packed.num_batches() == 0:
         raise nothing_to_do(len(packed.weights), packed.plan().dropped, PACKING_HINT)

@@ -36,7 +36,7 @@ def print_batch(batch: dict) -> None:
         elif isinstance(value, torch.Tensor):
             print(f"  {key:<{width}} {str(tuple(value.shape)):<20} {value.dtype}")
         else:
-            print(f"  {key:<{width}} {getattr(value, 'name', value)}")  # a family: its name
+            print(f"  {key:<{width}} {value}")
 
 
 def print_table(

@@ -62,6 +62,7 @@ class DdpSettings:
     num_rows: int
     image_root: str | None
     format: str | None
+    columns: dict[str, str] | None
     # the packed batches and the step
     max_length: int
     packs_per_batch: int

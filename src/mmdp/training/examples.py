@@ -76,7 +76,7 @@ def training_flags(description: str) -> argparse.ArgumentParser:
     add("--grad-accum", type=positive_int, default=2, help="micro-batches per step (default 2)")
     add("--log-samples", default=None, metavar="PATH", help="JSON lines: every micro-batch's rows")
     add("--num-rows", type=positive_int, default=64, help="rows of the dataset to train on (64)")
-    add_dataset_args(parser)  # --dataset, --image-root, --format: your own rows
+    add_dataset_args(parser)  # --dataset, --image-root, --format, --columns: your own rows
     add(
         "--videos",
         type=non_negative_int,
@@ -144,6 +144,7 @@ class TrainingSettings:
     dataset: str | None
     image_root: str | None
     format: str | None
+    columns: dict[str, str] | None
     videos: int
     eval_ratio: float
     max_length: int | None

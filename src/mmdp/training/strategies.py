@@ -4,7 +4,7 @@ assets/strategies.png, and stage 3's comparison of padded batches (compare_paddi
 Naive and constrained padding batch `batch_size` samples in the order of a seeded shuffle (as
 stages 2 and 3 do, so the figures match); the packers plan the epoch as stage 5 does
 (mmdp.planning.planner), and differ only in the strategy; grouped padded batches are planned
-as stage 3's --group-by does (mmdp.planning.grouping).
+as examples/group_by_length.py does (mmdp.planning.grouping).
 """
 
 import numpy as np
@@ -16,7 +16,7 @@ from mmdp.packing.packers import STRATEGIES as PACKING_STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.planning.grouping import plan_batches, plan_grouped_epoch
 from mmdp.planning.planner import Weights, plan_epoch
-from mmdp.report.metrics import rank_balance, spread
+from mmdp.report.balance import rank_balance, spread
 
 PADDING_STRATEGIES = ("naive", "constrained")
 
@@ -156,8 +156,9 @@ def compare_padding(
     epoch: int = 0,
     world_size: int = 1,
 ) -> dict:
-    """Stage 3's --group-by comparison, from the weights: {naive, constrained, modality_length:
-    utilization, tokens, batches per rank, dropped, rank balance, padded tokens [step][rank]}.
+    """examples/group_by_length.py's comparison, from the weights: {naive, constrained,
+    modality_length: utilization, tokens, batches per rank, dropped, rank balance, padded tokens
+    [step][rank]}.
 
     On world_size ranks, naive and constrained batches go to the ranks in turn (batch b to rank
     b % world_size), as a DistributedSampler would share them; a step's padded tokens are those

@@ -53,8 +53,8 @@ from datasets import Dataset, Features, List, Value
 
 from mmdp.data.conversation import BadConversation
 from mmdp.data.families import family_for
-from mmdp.data.images import BadImage
-from mmdp.data.reading.sources import cache_dir, undecoded
+from mmdp.data.images import BadImage, undecoded
+from mmdp.data.reading.sources import cache_dir
 from mmdp.data.videos import BadVideo
 from mmdp.drop_reasons import CODE, UNREACHABLE_FILE
 from mmdp.packing.weights import Weights

@@ -7,6 +7,7 @@ tiny_processor(name)    the same with the smaller images a tiny model tests fast
                         family has them (LLaVA-OneVision: 32 px tiles; Gemma 3: 28 px, not 896);
                         the tiny models themselves are model-side: mmdp.models.tiny
 MODELS                  the names of stage 5's --model
+family_named(name)      the family class a batch names (its `model_family`)
 """
 
 import importlib
@@ -38,12 +39,25 @@ OFFLINE = {
     "smolvlm": "mmdp.data.families.smolvlm:SmolVLM",
 }
 MODELS = ("tiny", *OFFLINE)
+# By the family's own name (ModelFamily.name), the name a batch carries (`model_family`):
+NAMED = {**OFFLINE, "idefics3": "mmdp.data.families.smolvlm:Idefics3"}
 
 
 def family_class(where: str) -> type[ModelFamily]:
     """The family class at "module:class" (see FAMILIES)."""
     module, name = where.split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def family_named(name: str) -> type[ModelFamily]:
+    """The family class a batch names (`batch["model_family"]`, a ModelFamily.name).
+
+    >>> family_named("qwen2_5_vl").name
+    'qwen2_5_vl'
+    """
+    if name not in NAMED:
+        raise ValueError(f"no model family is named {name!r}; the families: {', '.join(NAMED)}")
+    return family_class(NAMED[name])
 
 
 def family_for(processor, **tiny_settings) -> ModelFamily:

@@ -239,11 +239,21 @@ class ModelFamily:
 
     def video_layouts(self, videos) -> list[ImageLayout]:
         """The layouts of a row's videos, from their containers' headers (no frame decoded)."""
-        layouts = []
-        for video in videos or []:
-            metadata = video_metadata(video)
-            layouts.append(self.video_layout(metadata, self.video_frames(metadata)))
-        return layouts
+        return self.layouts_of_videos([video_metadata(video) for video in videos or []])
+
+    def layouts_of_videos(self, metadata) -> list[ImageLayout]:
+        """The layouts of videos whose headers say `metadata` (transformers VideoMetadata)."""
+        return [self.video_layout(one, self.video_frames(one)) for one in metadata]
+
+    def headers(self, images_of_rows, videos_of_rows):
+        """Each row's (image sizes, video metadata), each a mmdp.data.files.in_flight outcome
+        (the value, or the exception it raised): every remote header of the rows read at once,
+        the images', then the videos', so that their requests wait on the network together."""
+        sizes = iter(in_flight(image_size, [i for images in images_of_rows for i in images or []]))
+        videos = [v for row_videos in videos_of_rows for v in row_videos or []]
+        metadata = iter(in_flight(video_metadata, videos))
+        for images, row_videos in zip(images_of_rows, videos_of_rows):
+            yield [next(sizes) for _ in images or []], [next(metadata) for _ in row_videos or []]
 
     def expanded_text(
         self, turns, layouts: list[ImageLayout], labels: bool = True, system: str | None = None
@@ -332,16 +342,14 @@ class ModelFamily:
         rendered, rendered_rows = [], []
         videos_of_rows = videos_of_rows or [None] * len(texts_of_rows)
         # every header of the rows at once: remote files' requests wait on the network together
-        sizes = iter(in_flight(image_size, [i for images in images_of_rows for i in images or []]))
-        for row, (texts, images, videos) in enumerate(
-            zip(texts_of_rows, images_of_rows, videos_of_rows)
+        headers = self.headers(images_of_rows, videos_of_rows)
+        for row, (texts, images, (sizes, metadata)) in enumerate(
+            zip(texts_of_rows, images_of_rows, headers)
         ):
-            images = images or []
-            image_counts.append(len(images))
-            row_sizes = [next(sizes) for _ in images]
+            image_counts.append(len(images or []))
             try:
-                layouts = self.layouts([outcome(size) for size in row_sizes])
-                layouts += self.video_layouts(videos)
+                layouts = self.layouts([outcome(size) for size in sizes])
+                layouts += self.layouts_of_videos([outcome(one) for one in metadata])
                 turns = chat_turns(texts, self.reserved)
                 text, _, _ = self.expanded_text(
                     turns, layouts, labels=False, system=system_prompt(texts)
@@ -373,11 +381,9 @@ class ModelFamily:
         left out): what a report or a figure shows of a family's rules."""
         self.read_settings()
         costs = []
-        sizes = iter(in_flight(image_size, [i for images in images_of_rows for i in images or []]))
-        for images in images_of_rows:
-            row_sizes = [next(sizes) for _ in images or []]
+        for sizes, _ in self.headers(images_of_rows, [None] * len(images_of_rows)):
             try:
-                layouts = self.layouts([outcome(size) for size in row_sizes])
+                layouts = self.layouts([outcome(size) for size in sizes])
             except BadImage:
                 continue
             costs += [(self.image_tokens(layout), layout.patches) for layout in layouts]
@@ -388,9 +394,9 @@ class ModelFamily:
         videos left out): what stage 5 reports of the videos it packed."""
         self.read_settings()
         costs = []
-        for videos in videos_of_rows:
+        for _, metadata in self.headers([None] * len(videos_of_rows), videos_of_rows):
             try:
-                layouts = self.video_layouts(videos)
+                layouts = self.layouts_of_videos([outcome(one) for one in metadata])
             except BadVideo:
                 continue
             costs += [(self.image_tokens(layout), layout.patches) for layout in layouts]

@@ -193,21 +193,38 @@ def content_text(content, images: list, videos: list) -> str | None:
     return "".join(pieces)
 
 
-def convert_batch(batch: dict, format: str, base: str | None, source: str | None) -> dict:
-    """datasets.map's function: a batch of rows of `format` in the_cauldron's schema."""
+def convert_batch(
+    batch: dict, format: str, base: str | None, source: str | None, entry=None
+) -> dict:
+    """datasets.map's function: a batch of rows of `format` in the_cauldron's schema (a
+    LLaMA-Factory `entry`'s rows first made messages rows: mmdp.data.reading.column_maps)."""
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
+    if entry is not None:
+        rows = [entry.as_messages(row) for row in rows]
     converted = [to_cauldron(row, format, base, source) for row in rows]
     return {key: [row[key] for row in converted] for key in ("images", "videos", "texts")}
 
 
 def json_rows(
-    files: list[str], format: str | None, image_root: str | None, stamps=None
+    files: list[str],
+    format: str | None,
+    image_root: str | None,
+    stamps=None,
+    renames: dict | None = None,
+    entry=None,
 ) -> Iterator[dict]:
     """Every row of JSON (a list of rows) and JSON Lines files, local or remote, in the_cauldron's
     schema: each row's format its own columns' (or `format`), its relative paths joined to
-    `image_root` or to its file's folder. (`stamps`: what the cache of the rows is keyed by.)"""
+    `image_root` or to its file's folder. Its columns are renamed first (`renames`, ms-swift's
+    --columns), a LLaMA-Factory `entry`'s rows made messages rows (mmdp.data.reading.column_maps);
+    a column either names that no row has is one sentence, once every row is read. (`stamps`:
+    what the cache of the rows is keyed by.)"""
     import fsspec
 
+    from mmdp.data.reading.column_maps import check_named, renamed
+
+    renames = renames or {}
+    seen = set()  # the columns of the rows, when a map names some
     for name in files:
         folder, _, source = name.rpartition("/")
         base = image_root or folder or "."
@@ -216,9 +233,20 @@ def json_rows(
             for row in read_json(file, name):
                 if not isinstance(row, dict):
                     raise UserError(f"{name}: a row is {type(row).__name__}, not an object")
+                if renames or entry is not None:
+                    seen.update(row)
+                    row = renamed(row, renames, name) if renames else row
+                    row = entry.as_messages(row) if entry is not None else row
                 if format is None and first is None:
                     first = detect_format(row)
                 yield to_cauldron(row, format or row_format(row, first), base, source)
+    where = (
+        files[0] if len(files) == 1 else f"the {len(files)} files of {files[0].rpartition('/')[0]}"
+    )
+    if renames:
+        check_named(renames, seen, where)
+    if entry is not None:
+        check_named(entry.named_columns(), {renames.get(c, c) for c in seen}, where, "the entry")
 
 
 def row_format(row: dict, first: str) -> str:

@@ -14,6 +14,7 @@ class DataSettings:
     num_rows: int | None = None  # None: every row
     image_root: str | None = None
     format: str | None = None  # None: told from the columns
+    columns: dict[str, str] | None = None  # {"old": "new"}: renamed first (ms-swift's --columns)
 
     def load(self):
         """The rows, in the_cauldron's schema (mmdp.data.reading.sources.load_vqa_dataset)."""

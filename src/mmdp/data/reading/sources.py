@@ -15,7 +15,6 @@ broken file becomes a counted skip instead of a crash.
 """
 
 import contextlib
-import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -28,8 +27,8 @@ from tqdm.auto import tqdm
 from mmdp import config
 from mmdp.data.files import is_remote, require_protocol
 from mmdp.data.hub import looks_like_a_path, require_hub
-from mmdp.data.reading import formats
-from mmdp.data.synthetic.rows import encode_png, generate_row
+from mmdp.data.images import undecoded
+from mmdp.data.reading import column_maps, formats
 from mmdp.errors import UserError
 
 SYNTHETIC_VERSION = 3  # bump when generate_row changes, so old caches are not reused
@@ -93,6 +92,8 @@ def load_vqa_dataset(
     *,
     image_root: str | None = None,
     format: str | None = None,
+    name: str | None = None,
+    columns: dict[str, str] | str | None = None,
 ) -> Dataset:
     """Load the dataset a stage runs on, in the_cauldron's schema, its images undecoded.
 
@@ -100,32 +101,42 @@ def load_vqa_dataset(
     - a local path: a .json or .jsonl file, a folder of them, a directory written by
       `Dataset.save_to_disk`, or parquet file(s) (a .parquet file, or a directory of them);
     - a remote .json, .jsonl or .parquet file (s3://, gs://, hf://, https://: fsspec);
+    - LLaMA-Factory's dataset_info.json and the `name` of one of its entries (or
+      "dataset_info.json:NAME"): the entry's rows, read as its formatting, columns and tags say
+      (mmdp.data.reading.column_maps);
     - anything else: a Hub name for `datasets.load_dataset`, e.g. "HuggingFaceM4/the_cauldron"
       with subset "ai2d".
     The rows may be in any format of mmdp.data.reading.formats (the_cauldron, messages, llava), told
-    from their columns unless `format` names it. Files named by a relative path are looked for
-    under `image_root` (a folder or a remote prefix), else beside the file that names them.
-    When `num_rows` is given, only the first `num_rows` rows are kept.
+    from their columns unless `format` names it; `columns` ({"old": "new"}, ms-swift's --columns)
+    renames columns first. Files named by a relative path are looked for under `image_root` (a
+    folder or a remote prefix), else beside the file that names them. When `num_rows` is given,
+    only the first `num_rows` rows are kept.
     """
     formats.check_format(format)
     image_root = absolute_root(image_root)
-    if name_or_path is None:
+    renames = column_maps.renames_of(columns)
+    entry = None if name_or_path is None else column_maps.entry_spec(name_or_path, name)
+    if entry is not None:
+        dataset = load_entry(*entry, image_root, format, renames)
+    elif name_or_path is None:
+        if renames:
+            raise UserError("--columns renames a --dataset's columns; the embedded rows have none")
         dataset = load_synthetic(max(num_rows or 0, config.DEFAULT_NUM_ROWS), seed=seed)
     elif is_remote(name_or_path):
-        dataset = load_remote(name_or_path, image_root, format)
+        dataset = load_remote(name_or_path, image_root, format, renames)
     elif Path(name_or_path).expanduser().exists():
         path = Path(name_or_path).expanduser().resolve()
         if json_files(path):
-            dataset = load_json(json_files(path), image_root, format)
+            dataset = load_json(json_files(path), image_root, format, renames)
         else:
+            refuse_entries_folder(path)
             base = image_root or str(path if path.is_dir() else path.parent)
-            dataset = as_cauldron(load_local(path, split), format, base, path.name)
+            dataset = as_cauldron(load_local(path, split), format, base, path.name, renames)
     elif looks_like_a_path(name_or_path):
         raise UserError(f"dataset {name_or_path!r}: no such file or directory")
     else:
-        dataset = as_cauldron(
-            load_hub(name_or_path, subset, split), format, image_root, name_or_path
-        )
+        rows = load_hub(name_or_path, subset, split)
+        dataset = as_cauldron(rows, format, image_root, name_or_path, renames)
     check_schema(dataset, name_or_path)
     if dataset.features["images"] != UNDECODED_IMAGES:
         dataset = dataset.cast_column("images", UNDECODED_IMAGES)
@@ -155,26 +166,69 @@ def json_files(path: Path) -> list[str]:
     return sorted(str(f) for suffix in JSON_SUFFIXES for f in path.glob(f"**/*{suffix}"))
 
 
-def load_json(files: list[str], image_root: str | None, format: str | None) -> Dataset:
+def refuse_entries_folder(path: Path) -> None:
+    """A LLaMA-Factory data folder (its dataset_info.json names datasets) is no save_to_disk
+    folder: one sentence naming how to read one of its entries."""
+    info = path / column_maps.INFO_FILE
+    if path.is_dir() and column_maps.looks_like_entries(info):
+        column_maps.read_entry(str(info), None)  # raises, naming its datasets
+
+
+def load_entry(
+    path: str, name: str | None, image_root: str | None, format: str | None, renames: dict
+) -> Dataset:
+    """LLaMA-Factory's entry `name` of the dataset_info.json at `path`, its rows read as its
+    formatting, columns and tags say (mmdp.data.reading.column_maps); files named by a relative
+    path are under `image_root`, else beside dataset_info.json (LLaMA-Factory's media_dir)."""
+    if format is not None:
+        raise UserError(
+            f"--format {format}: a dataset_info.json entry's formatting tells its rows' format"
+        )
+    entry, where = column_maps.read_entry(path, name)
+    folder = path.rpartition("/")[0] or "."
+    if where.hub is not None:
+        rows = load_hub(where.hub, where.subset, where.split, data_dir=where.folder)
+        return as_cauldron(rows, "messages", image_root, where.hub, renames, entry)
+    if where.url is not None:
+        return load_remote(where.url, image_root, "messages", renames, entry)
+    base = image_root or (folder if is_remote(folder) else absolute_root(folder))
+    if where.files[0].endswith(".parquet"):
+        with unreadable_files_named(list(where.files)):
+            rows = load_dataset("parquet", data_files=list(where.files), split="train")
+        return as_cauldron(rows, "messages", base, Path(where.files[0]).name, renames, entry)
+    return load_json(list(where.files), base, "messages", renames, entry)
+
+
+def load_json(
+    files: list[str],
+    image_root: str | None,
+    format: str | None,
+    renames: dict | None = None,
+    entry: column_maps.Entry | None = None,
+) -> Dataset:
     """Rows of JSON / JSON Lines files, in the_cauldron's schema
     (mmdp.data.reading.formats.json_rows).
 
     Read by Python's json, not pyarrow's: real files mix types in a column (LLaVA-665k's "id" is a
     string in most rows and a number in others; "image" one path or a list) that a table cannot
     hold, and only the converted rows become one. Cached by `datasets` under MMDP_CACHE, keyed by
-    the files with their sizes and times of change, the format and the image root: a second run
-    reads the table."""
+    the files with their sizes and times of change, the format, the image root and the column
+    map (`renames`, `entry`: mmdp.data.reading.column_maps): a second run reads the table."""
     stamps = [file_stamp(name) for name in files]
     try:
         with no_progress_bars():
             return Dataset.from_generator(
                 formats.json_rows,
                 features=CONVERSATION_FEATURES,
+                # tuples, not lists (which datasets would cut into a generator per file): one
+                # generator reads every file, so that a column map's check sees all their rows
                 gen_kwargs={
-                    "files": files,
+                    "files": tuple(files),
                     "format": format,
                     "image_root": image_root,
-                    "stamps": stamps,
+                    "stamps": tuple(stamps),
+                    "renames": renames or {},
+                    "entry": entry,
                 },
                 cache_dir=str(cache_dir() / "rows"),
             )
@@ -189,43 +243,78 @@ def load_json(files: list[str], image_root: str | None, format: str | None) -> D
 
 
 def file_stamp(name: str) -> str:
-    """What changes when a data file does: its size and time of change (a remote one: its ETag)."""
+    """What changes when a data file does: its size and time of change (a remote one: its ETag;
+    an http(s) server without one: its Last-Modified)."""
     import fsspec
 
     fs, inner = fsspec.core.url_to_fs(name)
     info = fs.info(inner)
-    return str(
-        info.get("ETag") or (info.get("size"), info.get("mtime") or info.get("LastModified"))
-    )
+    changed = info.get("mtime") or info.get("LastModified") or info.get("Last-Modified")
+    return str(info.get("ETag") or (info.get("size"), changed))
 
 
-def load_remote(url: str, image_root: str | None, format: str | None) -> Dataset:
+def load_remote(
+    url: str,
+    image_root: str | None,
+    format: str | None,
+    renames: dict | None = None,
+    entry: column_maps.Entry | None = None,
+) -> Dataset:
     """A remote .json, .jsonl or .parquet file of rows (fsspec)."""
     require_protocol(url.split("://", 1)[0])
     base = image_root or url.rsplit("/", 1)[0]
     if url.endswith(JSON_SUFFIXES):
-        return load_json([url], image_root, format)
+        return load_json([url], image_root, format, renames, entry)
     if url.endswith(".parquet"):
         rows = load_dataset("parquet", data_files=[url], split="train")
-        return as_cauldron(rows, format, base, url.rsplit("/", 1)[-1])
+        return as_cauldron(rows, format, base, url.rsplit("/", 1)[-1], renames, entry)
     raise UserError(f"dataset {url!r}: a remote dataset is a .json, .jsonl or .parquet file")
 
 
-def as_cauldron(rows: Dataset, format: str | None, base: str | None, source: str) -> Dataset:
+def as_cauldron(
+    rows: Dataset,
+    format: str | None,
+    base: str | None,
+    source: str,
+    renames: dict | None = None,
+    entry: column_maps.Entry | None = None,
+) -> Dataset:
     """`rows` in the_cauldron's schema (mmdp.data.reading.formats), converted by one cached
-    `datasets.map` unless they are in it already, their images never decoded."""
+    `datasets.map` unless they are in it already, their images never decoded; their columns
+    renamed first (`renames`), an `entry`'s rows turned into messages rows
+    (mmdp.data.reading.column_maps)."""
+    rows = renamed_columns(rows, renames, source)
+    if entry is not None:
+        column_maps.check_named(entry.named_columns(), rows.column_names, source, "the entry")
     format = format or formats.detect_format(rows.column_names)
     rows = undecoded(rows)  # the features only: no row is rewritten
-    if format == "the_cauldron" and not names_files(rows.features):
+    if format == "the_cauldron" and not names_files(rows.features) and entry is None:
         return rows
     return rows.map(
         formats.convert_batch,
         batched=True,
-        fn_kwargs={"format": format, "base": base, "source": source},
+        fn_kwargs={"format": format, "base": base, "source": source, "entry": entry},
         features=CONVERSATION_FEATURES,
         remove_columns=rows.column_names,
         desc=f"Reading the {format} rows",
     )
+
+
+def renamed_columns(rows, renames: dict | None, source: str):
+    """A Dataset's (or a stream's with known features) columns renamed (ms-swift's --columns):
+    only the schema changes. A column it names that the rows lack, or a new name they have, is
+    one sentence."""
+    if not renames:
+        return rows
+    columns = rows.column_names
+    if columns is not None:
+        column_maps.check_named(renames, columns, source)
+        for old, new in renames.items():
+            if new in columns and new not in renames:
+                raise UserError(
+                    f"--columns renames {old!r} to {new!r}, a column {source} has already"
+                )
+    return rows.rename_columns(renames)
 
 
 def names_files(features) -> bool:
@@ -254,6 +343,8 @@ def load_synthetic(num_rows: int, seed: int = 0) -> Dataset:
     """The embedded default: generated on first use (with a progress bar), then loaded from disk."""
     path = cache_dir() / f"synthetic-v{SYNTHETIC_VERSION}-seed{seed}-rows{num_rows}"
     if not path.exists():
+        from mmdp.data.synthetic.rows import encode_png, generate_row  # once per machine
+
         print(f"Generating the synthetic VQA dataset ({num_rows:,} rows) into {path} (once)")
         rows = (
             {
@@ -360,11 +451,11 @@ def first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
-def load_hub(name: str, subset: str | None, split: str) -> Dataset:
+def load_hub(name: str, subset: str | None, split: str, data_dir: str | None = None) -> Dataset:
     default_hint = "run without --dataset to use the embedded synthetic dataset"
     require_hub(f"dataset {name!r}", default_hint)
     try:
-        return load_dataset(name, subset, split=split)
+        return load_dataset(name, subset, split=split, data_dir=data_dir)
     except (ConnectionError, OSError, FileNotFoundError, ValueError) as error:
         raise UserError(
             f"could not load dataset {name!r}"
@@ -388,31 +479,3 @@ def check_schema(dataset: Dataset, source: str | None) -> None:
             f"dataset {source!r} lacks the column(s) {', '.join(sorted(missing))}: mmdp expects "
             "the_cauldron's schema, images (list of images) and texts (list of {user, assistant})"
         )
-
-
-def undecoded(rows):
-    """`rows` (a datasets.Dataset or IterableDataset) with its images and videos kept encoded:
-    every Image or Video feature of its columns cast to decode=False (datasets' default Image()
-    decodes each image as the row is read, where a truncated file raises inside a DataLoader
-    worker, outside mmdp's one decoding place). Only the features change, no row is rewritten;
-    anything else, and a dataset already undecoded, comes back as it is (the same object, the
-    same fingerprint)."""
-    features = getattr(rows, "features", None)
-    if features is None:
-        return rows
-    for column, feature in features.items():
-        if (encoded := kept_encoded(feature)) != feature:
-            rows = rows.cast_column(column, encoded)
-    return rows
-
-
-def kept_encoded(feature):
-    """A feature with its Image and Video parts set to decode=False (nested in lists and
-    dicts too)."""
-    if isinstance(feature, (datasets.Image, datasets.Video)):
-        return dataclasses.replace(feature, decode=False)
-    if isinstance(feature, (List, datasets.LargeList)):
-        return dataclasses.replace(feature, feature=kept_encoded(feature.feature))
-    if isinstance(feature, dict):
-        return type(feature)({key: kept_encoded(value) for key, value in feature.items()})
-    return feature

@@ -14,7 +14,8 @@ from datasets import load_dataset
 
 from mmdp.data.files import is_remote
 from mmdp.data.hub import looks_like_a_path, require_hub
-from mmdp.data.reading import formats
+from mmdp.data.images import undecoded
+from mmdp.data.reading import column_maps, formats
 from mmdp.data.reading.sources import (
     CONVERSATION_FEATURES,
     absolute_root,
@@ -23,7 +24,8 @@ from mmdp.data.reading.sources import (
     load_local,
     load_vqa_dataset,
     names_files,
-    undecoded,
+    refuse_entries_folder,
+    renamed_columns,
     with_undecoded_images,
 )
 from mmdp.errors import UserError
@@ -41,6 +43,8 @@ def load_vqa_stream(
     *,
     image_root: str | None = None,
     format: str | None = None,
+    name: str | None = None,
+    columns: dict[str, str] | str | None = None,
 ) -> datasets.IterableDataset:
     """The dataset a stage runs on (see mmdp.data.reading.sources.load_vqa_dataset), as a
     datasets.IterableDataset.
@@ -48,8 +52,9 @@ def load_vqa_stream(
     - `None`: the embedded synthetic dataset (`num_rows` rows), in `num_shards` shards;
     - a local path: parquet file(s), streamed from disk, one shard per file; or a folder written
       by `Dataset.save_to_disk`, in `num_shards` shards;
-    - a user's JSON / JSON Lines file(s), or a remote file: read as load_vqa_dataset reads them
-      (converted and cached once), in `num_shards` shards;
+    - a user's JSON / JSON Lines file(s), a remote file, or a LLaMA-Factory dataset_info.json
+      entry: read as load_vqa_dataset reads them (converted and cached once), in `num_shards`
+      shards;
     - anything else: a Hub name, read with `load_dataset(..., streaming=True)`, its rows
       converted to the_cauldron's schema as they come when they are in another format.
     With `num_rows`, at most that many rows are read (`IterableDataset.take`: with several shards,
@@ -57,10 +62,21 @@ def load_vqa_stream(
     """
     formats.check_format(format)
     image_root = absolute_root(image_root)
+    renames = column_maps.renames_of(columns)
     path = Path(name_or_path).expanduser() if name_or_path is not None else None
-    if path is None or is_remote(name_or_path) or (path.exists() and json_files(path)):
+    if (
+        path is None
+        or is_remote(name_or_path)
+        or (path.exists() and json_files(path))
+        or column_maps.entry_spec(name_or_path, name) is not None
+    ):
         rows = load_vqa_dataset(
-            name_or_path, num_rows=num_rows, image_root=image_root, format=format
+            name_or_path,
+            num_rows=num_rows,
+            image_root=image_root,
+            format=format,
+            name=name,
+            columns=renames or None,
         )
         return rows.to_iterable_dataset(num_shards=min(num_shards, max(len(rows), 1)))
     if path.exists():
@@ -69,6 +85,7 @@ def load_vqa_stream(
             files = [str(f) for f in parquet_files]
             stream = load_dataset("parquet", data_files=files, split="train", streaming=True)
         else:
+            refuse_entries_folder(path)
             rows = load_local(path, split)
             stream = rows.to_iterable_dataset(num_shards=min(num_shards, max(len(rows), 1)))
     elif looks_like_a_path(name_or_path):
@@ -77,9 +94,9 @@ def load_vqa_stream(
         stream = load_hub_stream(name_or_path, subset, split)
     if path.exists():
         base = image_root or str(path.resolve() if path.is_dir() else path.resolve().parent)
-        stream = as_cauldron_stream(stream, format, base, path.name)
+        stream = as_cauldron_stream(stream, format, base, path.name, renames)
     else:
-        stream = as_cauldron_stream(stream, format, image_root, name_or_path)
+        stream = as_cauldron_stream(stream, format, image_root, name_or_path, renames)
     if stream.features is not None:
         check_schema(stream, name_or_path)
     stream = with_undecoded_images(stream)
@@ -87,10 +104,16 @@ def load_vqa_stream(
 
 
 def as_cauldron_stream(
-    stream: datasets.IterableDataset, format: str | None, base: str | None, source: str
+    stream: datasets.IterableDataset,
+    format: str | None,
+    base: str | None,
+    source: str,
+    renames: dict | None = None,
 ) -> datasets.IterableDataset:
     """A stream's rows in the_cauldron's schema, converted as they are read
-    (mmdp.data.reading.formats) when their columns say another format (or `format` does)."""
+    (mmdp.data.reading.formats) when their columns say another format (or `format` does);
+    their columns renamed first (`renames`, ms-swift's --columns)."""
+    stream = renamed_columns(stream, renames, source)
     if stream.features is None:
         if format in (None, "the_cauldron"):
             return stream

@@ -14,7 +14,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from mmdp import config as defaults
 from mmdp.batch import build_pack, collate_packs
 from mmdp.data.families import family_for
-from mmdp.data.reading.sources import undecoded
+from mmdp.data.images import undecoded
 from mmdp.loading.background import iterate_in_background
 from mmdp.loading.guards import iterated_elsewhere
 from mmdp.loading.streaming.reader import ReaderState, ReaderStream
