@@ -69,3 +69,12 @@ REASONS = (
     UNREACHABLE_FILE,
 )
 CODE = {reason: code for code, reason in enumerate(REASONS)}
+
+
+class BadRow(Exception):
+    """A row that cannot be used, and why: `reason` is one of the reasons above. Its conversation
+    (mmdp.data.conversation.BadConversation), an image (BadImage) or a video (BadVideo)."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason

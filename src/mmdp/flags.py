@@ -195,7 +195,9 @@ def add_strategy_arg(parser: argparse.ArgumentParser, help: str = "packer") -> N
 
 def add_packing_args(parser: argparse.ArgumentParser) -> None:
     """How rows become batches in a packing run (stage 5, examples/pack_*.py): --packs-per-batch,
-    --strategy, --buffer-size, --epoch; and --save-batch to keep the first batch."""
+    --strategy, --buffer-size, --overflow, --epoch; and --save-batch to keep the first batch."""
+    from mmdp.packing.packing_config import OVERFLOWS
+
     parser.add_argument(
         "--packs-per-batch",
         type=positive_int,
@@ -208,6 +210,13 @@ def add_packing_args(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=4096,
         help="rows packed together, the shuffle window (default: 4096)",
+    )
+    parser.add_argument(
+        "--overflow",
+        choices=OVERFLOWS,
+        default="drop",
+        help="a row over --max-length: drop it (too_long), or cut its text from the end, never "
+        "through an image's or video's tokens (default: drop)",
     )
     parser.add_argument(
         "--epoch", type=non_negative_int, default=0, help="which epoch's shuffle (default: 0)"
@@ -250,7 +259,8 @@ def model_processor(args: argparse.Namespace):
 
 def config_for(family, args: argparse.Namespace, **budgets):
     """The PackingConfig of a run: each flag that names one of its fields (--max-length,
-    --max-images, --max-patches, --packs-per-batch, --strategy, --buffer-size, --seed) as given;
+    --max-images, --max-patches, --packs-per-batch, --strategy, --buffer-size, --seed,
+    --overflow) as given;
     a flag not given (None) takes its value from `budgets` (e.g. a prepared dataset's), else from
     the model family (mmdp.packing.packing_config.default_config)."""
     from mmdp.packing.packing_config import FIELDS, default_config

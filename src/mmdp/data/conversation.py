@@ -31,7 +31,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from mmdp import config
-from mmdp.drop_reasons import EMPTY_REPLY, IMAGE_TOKEN_IN_TEXT, MEDIA_TAG_MISMATCH, NO_TEXTS
+from mmdp.drop_reasons import EMPTY_REPLY, IMAGE_TOKEN_IN_TEXT, MEDIA_TAG_MISMATCH, NO_TEXTS, BadRow
 from mmdp.errors import UserError
 
 # The tags that say where a file stands in a user turn (ms-swift's, LLaMA-Factory's and LLaVA's).
@@ -40,10 +40,8 @@ VIDEO_TAG = "<video>"
 TAGS = re.compile(f"({re.escape(IMAGE_TAG)}|{re.escape(VIDEO_TAG)})")
 
 
-class BadConversation(Exception):
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
+class BadConversation(BadRow):
+    """A conversation that cannot be used; `reason` is one of mmdp.drop_reasons."""
 
 
 def normalize_texts(texts) -> list[dict]:

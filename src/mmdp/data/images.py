@@ -30,7 +30,7 @@ from PIL import Image
 
 from mmdp import config
 from mmdp.data import files
-from mmdp.drop_reasons import IMAGE_TOO_LARGE, UNDECODABLE_IMAGE, UNREACHABLE_FILE
+from mmdp.drop_reasons import IMAGE_TOO_LARGE, UNDECODABLE_IMAGE, UNREACHABLE_FILE, BadRow
 
 # The EXIF orientation tag, and how each value turns the stored pixels upright (the table of
 # PIL.ImageOps.exif_transpose). Orientations 5 to 8 turn by 90 degrees: width and height swap.
@@ -49,12 +49,8 @@ SWAPS_SIDES = {5, 6, 7, 8}
 SIXTEEN_BIT_MODES = {"I;16", "I;16L", "I;16B", "I;16N"}
 
 
-class BadImage(Exception):
+class BadImage(BadRow):
     """An image that cannot be used; `reason` is one of mmdp.drop_reasons."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
 
 
 def open_image(image, header_only: bool = False) -> Image.Image:

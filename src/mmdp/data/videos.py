@@ -28,16 +28,12 @@ import io
 import numpy as np
 
 from mmdp.data import files
-from mmdp.drop_reasons import UNDECODABLE_VIDEO, UNREACHABLE_FILE
+from mmdp.drop_reasons import UNDECODABLE_VIDEO, UNREACHABLE_FILE, BadRow
 from mmdp.errors import require_extra
 
 
-class BadVideo(Exception):
+class BadVideo(BadRow):
     """A video that cannot be used; `reason` is one of mmdp.drop_reasons."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
 
 
 def require_av():

@@ -38,6 +38,7 @@ from mmdp.loading.guards import (
     RefusesAcceleratePrepare,
     iterated_elsewhere,
 )
+from mmdp.loading.overflow import fit_over_long, truncate_sample
 from mmdp.loading.row_tokens import RowTokens
 from mmdp.loading.workers import check_temp_folder, name_failed_worker
 from mmdp.packing.packing_config import (
@@ -119,7 +120,7 @@ class PackedDataset(PackingSettings, IterableDataset):
             pretokenize, num_proc, across_ranks=rank is None and world_size is None
         )
         pretokenize = self.weighing.tokens is not None
-        self.weights = self.weighing.weights
+        self.weights, self.truncated_rows = self.fit_overflow()
         self.tokens = None if self.weighing.tokens is None else RowTokens(self.weighing.tokens)
         # with the tokens at hand, building a pack reads only the images (and videos) of its rows
         media = [name for name in ("images", "videos") if name in dataset.dataset.column_names]
@@ -144,12 +145,24 @@ class PackedDataset(PackingSettings, IterableDataset):
         held_out = object.__new__(type(self))  # not copy.copy: __getstate__ drops the weights
         held_out.__dict__.update(self.__dict__)
         held_out.config = self.config if config is None else config
+        if (held_out.config.overflow, held_out.max_length) != (self.overflow, self.max_length):
+            held_out.weights, held_out.truncated_rows = held_out.fit_overflow()
         held_out.split, held_out.split_name = ~self.split, "eval"
         held_out.mixture = None
         held_out.epoch, held_out.batches_done = 0, 0
         held_out._plan = held_out._rank_plan = None
         held_out._loader_starting = None
         return held_out
+
+    def fit_overflow(self) -> tuple:
+        """(weights to plan from, rows cut): the weighed ones as they are (overflow="drop"), or
+        with the rows over max_length that can be cut weighing their cut length, the same as the
+        samples built from them (overflow="truncate": mmdp.loading.overflow)."""
+        weights = self.weighing.weights
+        if self.config.overflow == "drop":
+            return weights, np.zeros(0, dtype=np.int64)
+        family = self.dataset.family
+        return fit_over_long(weights, self.dataset.dataset, family, self.config.max_length)
 
     def weigh(self, pretokenize: bool, num_proc: int | None, across_ranks: bool):
         """Step 1: the weights of every row, from a prepared dataset (weighed by mmdp.prepare,
@@ -192,6 +205,7 @@ class PackedDataset(PackingSettings, IterableDataset):
                 mixture=self.mixture,
                 split=self.split,
             )
+            plan.truncated = int(np.isin(plan.rows, self.truncated_rows).sum())
             mine = plan.for_rank(self.rank)
             self._plan = (epoch, plan)
             self._rank_plan = (epoch, mine, self.weights.lengths[mine.rows])
@@ -309,8 +323,12 @@ class PackedDataset(PackingSettings, IterableDataset):
                 f"the processor's settings changed after its rows were weighed ({changed}); "
                 "set them before making the PackedDataset"
             )
+        samples = self.samples(rows)
+        if self.config.overflow == "truncate":
+            family = self.dataset.family
+            samples = [truncate_sample(s, self.max_length, family) for s in samples]
         return build_pack(
-            self.samples(rows),
+            samples,
             planned,
             max_length=self.max_length,
             pad_token_id=self.dataset.family.pad_token_id,

@@ -17,6 +17,9 @@ import dataclasses
 from mmdp import config as defaults
 from mmdp.packing.weights import Budgets
 
+# What becomes of a row over the token budget (PackingConfig.overflow, --overflow).
+OVERFLOWS = ("drop", "truncate")
+
 
 @dataclasses.dataclass(frozen=True)
 class PackingConfig:
@@ -29,10 +32,15 @@ class PackingConfig:
     strategy: str = "images_first_bfd"  # the packer: one of mmdp.packing.packers.STRATEGIES
     buffer_size: int = 4096  # rows packed together: the shuffle window
     seed: int = 0  # seeds every shuffle, with the epoch
+    # a row over max_length: "drop" it (too_long), or "truncate" it to max_length tokens
+    # (mmdp.loading.overflow: never inside an image's or video's tokens)
+    overflow: str = "drop"
 
     def __post_init__(self):
         if self.buffer_size < 1:
             raise ValueError(f"buffer_size must be positive, got {self.buffer_size}")
+        if self.overflow not in OVERFLOWS:
+            raise ValueError(f"overflow must be one of {OVERFLOWS}, got {self.overflow!r}")
 
     @property
     def budgets(self) -> Budgets:
@@ -89,6 +97,7 @@ class PackingSettings:
     strategy = read_from_config("strategy")
     buffer_size = read_from_config("buffer_size")
     seed = read_from_config("seed")
+    overflow = read_from_config("overflow")
 
 
 def check_resume(saved: dict, now: dict, why: str) -> None:

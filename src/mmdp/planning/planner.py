@@ -67,6 +67,7 @@ class EpochPlan:
     world_size: int
     dropped: dict  # rows left out while planning, by reason
     fillers: np.ndarray | None = None  # bool per batch, in a rank's plan: None, no filler
+    truncated: int = 0  # planned rows cut to max_length (overflow="truncate": PackedDataset)
 
     def is_filler(self, batch: int) -> bool:
         """Whether a batch of this (rank's) plan is a filler, which trains nothing."""

@@ -26,6 +26,7 @@ from mmdp.batch import real_token_mask
 class EpochReport:
     def __init__(self):
         self.samples = 0  # rows that made it into a batch
+        self.truncated = 0  # of them, rows cut to max_length (the plan's: overflow="truncate")
         self.dropped = Counter()  # rows left out, by reason (the plan's included, once)
         self.planned = Counter()  # the part of `dropped` the plan left out, the same on every rank
         self.converted = Counter()  # images converted to RGB, by original mode
@@ -49,8 +50,10 @@ class EpochReport:
         StreamingDataLoader's `dropped_at_end`, a padded loader's batch sampler's `dropped`."""
         dataset = getattr(loader, "dataset", None)
         if hasattr(dataset, "plan") and hasattr(dataset, "weights"):  # PackedDataset
-            self.planned = Counter(dataset.plan(dataset.epoch).dropped)
+            plan = dataset.plan(dataset.epoch)
+            self.planned = Counter(plan.dropped)
             self.dropped.update(self.planned)
+            self.truncated = plan.truncated
         elif hasattr(loader, "dropped_at_end"):  # StreamingDataLoader
             self.dropped.update(loader.dropped_at_end)
         elif hasattr(getattr(loader, "batch_sampler", None), "dropped"):
@@ -77,6 +80,7 @@ class EpochReport:
             total.dropped.subtract(report.planned)
             total.converted.update(report.converted)
         total.planned = Counter(reports[0].planned) if reports else Counter()
+        total.truncated = reports[0].truncated if reports else 0  # the plan's: the same on all
         if any(report.planned != total.planned for report in reports):
             raise ValueError("the ranks' reports come from different plans: merge one epoch's")
         total.dropped = +(total.dropped + total.planned)
@@ -94,6 +98,7 @@ class EpochReport:
         return {
             "rows_read": self.rows_read,
             "samples": self.samples,
+            **({"truncated": self.truncated} if self.truncated else {}),
             "dropped": dict(sorted(self.dropped.items())),
             "converted": dict(sorted(self.converted.items())),
             "batches": self.batches,
@@ -107,7 +112,8 @@ class EpochReport:
         converted = ", ".join(f"{n} from {mode}" for mode, n in sorted(self.converted.items()))
         lines = [
             f"{'rows read:':<18}{self.rows_read:,}",
-            f"{'samples used:':<18}{self.samples:,}",
+            f"{'samples used:':<18}{self.samples:,}"
+            + (f" ({self.truncated:,} truncated to max_length)" if self.truncated else ""),
             f"{'samples dropped:':<18}{sum(self.dropped.values()):,}"
             + (f" ({dropped})" if dropped else ""),
             f"{'batches:':<18}{self.batches:,}",

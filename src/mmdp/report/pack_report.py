@@ -1,11 +1,13 @@
 """Stage 5's epoch report: PackReport (an EpochReport of packed batches: packs, samples and images
 per pack, each source of a mixture), merged over ranks, and the JSON of --metrics-json."""
 
+import math
 from collections import Counter
 
 import numpy as np
 
 from mmdp.batch import real_token_mask
+from mmdp.drop_reasons import TOO_LONG
 from mmdp.packing.weights import Budgets
 from mmdp.report.balance import rank_balance, spread
 from mmdp.report.metrics import EpochReport, row_of_image
@@ -26,6 +28,9 @@ class PackReport(EpochReport):
         self.dropped_rows = []  # (row, reason) of the rows dropped while batches were built
         # a mixture's sources (add_loader): names, each row's source, the plan's drops of each
         self.sources, self.source_of_row, self.planned_by_source = [], None, []
+        # when the plan dropped rows too_long: the token budgets that would keep 99% and 100%
+        # of the usable rows whole, and the overflow they were planned with (add_loader)
+        self.budgets_to_keep = None
 
     def add_batch(self, batch: dict) -> None:
         super().add_batch(batch)
@@ -50,6 +55,13 @@ class PackReport(EpochReport):
         """EpochReport.add_loader, and for a mixture its sources: the plan's drops of each."""
         super().add_loader(loader)
         packed = getattr(loader, "dataset", None)
+        if self.planned.get(TOO_LONG):
+            usable = packed.weights.reasons == 0
+            if packed.split is not None:
+                usable &= packed.split
+            lengths = packed.weights.lengths[usable]
+            keep = (budget_to_keep(lengths, 0.99), budget_to_keep(lengths, 1.0))
+            self.budgets_to_keep = (*keep, packed.config.overflow)
         if getattr(packed, "mixture", None) is None:
             return
         from mmdp.report.sources import planned_drops_by_source
@@ -88,6 +100,7 @@ class PackReport(EpochReport):
             first = reports[0]
             total.sources, total.source_of_row = first.sources, first.source_of_row
             total.planned_by_source = first.planned_by_source
+            total.budgets_to_keep = first.budgets_to_keep
         for report in reports:
             total.dropped_rows += report.dropped_rows
             for name in ("tokens_per_row", "images_per_row", "patches_per_row", "samples_per_row"):
@@ -100,6 +113,28 @@ class PackReport(EpochReport):
             if step < len(r.batch_samples)
         ]
         return total
+
+    def budget_hint(self) -> list[str]:
+        """What stage 5 says when the plan dropped rows too_long (after add_loader): the
+        --max-length that would keep 99% and 100% of the rows whole, and what else would.
+
+        >>> report = PackReport()
+        >>> report.budgets_to_keep = (491, 649, "drop")
+        >>> print(*report.budget_hint())
+        --max-length that keeps 99% / 100% of the rows whole: 491 / 649 (or --overflow truncate: cut at --max-length)
+        """
+        if self.budgets_to_keep is None:
+            return []
+        most, every, overflow = self.budgets_to_keep
+        line = f"--max-length that keeps 99% / 100% of the rows whole: {most:,} / {every:,}"
+        if overflow == "drop":
+            return [line + " (or --overflow truncate: cut at --max-length)"]
+        return [
+            line,
+            "(the rows still too_long cannot be cut: their images or videos end past "
+            "--max-length, or no reply starts before it; a processor's lower max_pixels, fps or "
+            "frames shortens them)",
+        ]
 
     def as_dict(self) -> dict:
         return {
@@ -135,6 +170,16 @@ class PackReport(EpochReport):
 
 
 LOADS = ("tokens", "images", "patches")  # what rank_balance compares between ranks, per step
+
+
+def budget_to_keep(lengths: np.ndarray, share: float) -> int:
+    """The smallest token budget under which `share` of the rows of `lengths` fit (0: none).
+
+    >>> budget_to_keep(np.array([3, 9, 5, 7]), 0.5), budget_to_keep(np.array([3, 9, 5, 7]), 1.0)
+    (5, 9)
+    """
+    ordered = np.sort(lengths)
+    return int(ordered[max(0, math.ceil(share * len(ordered)) - 1)]) if len(ordered) else 0
 
 
 def merge_over_ranks(report: PackReport, loads: dict | None = None) -> dict:

@@ -97,6 +97,8 @@ def print_epoch_report(epoch: dict, budgets: Budgets) -> None:
     report, seconds = epoch["report"], epoch["seconds"]
     print(f"\nOver the epoch ({seconds:.1f} s, {report.samples / seconds:,.0f} samples/s):")
     print(report.summary(budgets))
+    for line in getattr(report, "budget_hint", list)():  # a PackReport's, when rows were too_long
+        print(line)
 
 
 def print_rank_balance(balance: dict) -> None:

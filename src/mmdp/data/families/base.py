@@ -38,7 +38,6 @@ from torch.utils.data import get_worker_info
 
 from mmdp import config
 from mmdp.data.conversation import (
-    BadConversation,
     chat_messages,
     chat_turns,
     reply_spans,
@@ -46,8 +45,10 @@ from mmdp.data.conversation import (
 )
 from mmdp.data.files import in_flight
 from mmdp.data.images import BadImage, decode_image, image_size
-from mmdp.data.videos import BadVideo, decode_frames, video_metadata
-from mmdp.drop_reasons import VIDEO_REFUSED
+from mmdp.drop_reasons import VIDEO_REFUSED, BadRow
+
+# mmdp.data.videos (PyAV's readers) is imported by the methods that read a video, so that a
+# family packing images and text never loads it (stages 1-3 do not).
 
 # What a packed batch may carry for the images, under transformers' names: every family's
 # `vision_keys` (tests/test_families.py checks it is their union), for the code that has no family
@@ -135,6 +136,9 @@ class ModelFamily:
     end_of_turn = ""  # the token that closes a reply (trained: the model learns to stop)
     video_token = ""  # what the chat template renders for each video ("": takes no video)
     video_feature_token = ""  # the token that stands for one video feature
+    # what closes an image's or video's run in the text (Qwen-VL's <|vision_end|>): with the
+    # feature tokens, where a row's media end (mmdp.loading.overflow.media_end)
+    media_closing_tokens: tuple[str, ...] = ()
     # the vision inputs of the family's batches, which its model takes (mmdp.models.inputs)
     vision_keys: tuple[str, ...] = ("pixel_values",)
     video_keys: tuple[str, ...] = ()  # ...and of its batches with videos
@@ -178,11 +182,15 @@ class ModelFamily:
 
     def video_frames(self, metadata) -> list[int]:
         """The family's: which frames of a video (its VideoMetadata) the processor samples."""
+        from mmdp.data.videos import BadVideo
+
         raise BadVideo(VIDEO_REFUSED, f"{self.name or 'this'} family takes no video")
 
     def video_layout(self, metadata, frames: list[int]) -> ImageLayout:
         """The family's: what the processor makes of a video whose `frames` are sampled (BadVideo
         if it refuses it)."""
+        from mmdp.data.videos import BadVideo
+
         raise BadVideo(VIDEO_REFUSED, f"{self.name or 'this'} family takes no video")
 
     def video_inputs(self, videos: list, metadata: list) -> dict:
@@ -239,6 +247,8 @@ class ModelFamily:
 
     def video_layouts(self, videos) -> list[ImageLayout]:
         """The layouts of a row's videos, from their containers' headers (no frame decoded)."""
+        from mmdp.data.videos import video_metadata
+
         return self.layouts_of_videos([video_metadata(video) for video in videos or []])
 
     def layouts_of_videos(self, metadata) -> list[ImageLayout]:
@@ -249,6 +259,8 @@ class ModelFamily:
         """Each row's (image sizes, video metadata), each a mmdp.data.files.in_flight outcome
         (the value, or the exception it raised): every remote header of the rows read at once,
         the images', then the videos', so that their requests wait on the network together."""
+        from mmdp.data.videos import video_metadata
+
         sizes = iter(in_flight(image_size, [i for images in images_of_rows for i in images or []]))
         videos = [v for row_videos in videos_of_rows for v in row_videos or []]
         metadata = iter(in_flight(video_metadata, videos))
@@ -354,7 +366,7 @@ class ModelFamily:
                 text, _, _ = self.expanded_text(
                     turns, layouts, labels=False, system=system_prompt(texts)
                 )
-            except (BadConversation, BadImage, BadVideo) as error:
+            except BadRow as error:
                 lengths.append(0)
                 patches.append(0)
                 reasons.append(error.reason)
@@ -397,7 +409,7 @@ class ModelFamily:
         for _, metadata in self.headers([None] * len(videos_of_rows), videos_of_rows):
             try:
                 layouts = self.layouts_of_videos([outcome(one) for one in metadata])
-            except BadVideo:
+            except BadRow:  # a refused or broken video
                 continue
             costs += [(self.image_tokens(layout), layout.patches) for layout in layouts]
         return costs
@@ -426,7 +438,7 @@ class ModelFamily:
             if tokenized is None:
                 turns = chat_turns(row["texts"], self.reserved)
                 tokenized = self.encode(turns, layouts, system_prompt(row["texts"]))
-        except (BadConversation, BadImage, BadVideo) as error:
+        except BadRow as error:
             return {"row": index, "drop_reason": error.reason}
         input_ids, labels = tokenized
         vision = self.vision_inputs([pil for pil, _ in decoded]) if decoded else {}
@@ -451,6 +463,8 @@ class ModelFamily:
     def decode_videos(self, videos) -> tuple[list[tuple], list[ImageLayout]]:
         """Each video's sampled frames with its metadata (frames_indices set, as transformers'
         readers set it), and its layout."""
+        from mmdp.data.videos import decode_frames, video_metadata
+
         decoded, layouts = [], []
         for video in videos or []:
             metadata = video_metadata(video)

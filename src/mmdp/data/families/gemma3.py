@@ -157,6 +157,7 @@ class Gemma3(ModelFamily):
 
     name = "gemma3"
     image_token = "<start_of_image>"  # what the chat template renders for each image
+    media_closing_tokens = ("<end_of_image>",)  # closes each image's (and video's) run
     feature_token = "<image_soft_token>"
     end_of_turn = "<end_of_turn>"
     vision_keys = ("pixel_values",)  # a sample's num_crops only checks its image processor

@@ -113,6 +113,7 @@ class QwenVL(ModelFamily):
     """What Qwen2.5-VL and Qwen3-VL share (see the module docstring)."""
 
     image_token = feature_token = "<|image_pad|>"
+    media_closing_tokens = ("<|vision_end|>",)  # closes each image's (and video's) run
     video_token = video_feature_token = "<|video_pad|>"
     end_of_turn = "<|im_end|>"
     vision_keys = ("pixel_values", "image_grid_thw")

@@ -102,6 +102,7 @@ class SmolVLM(ModelFamily):
 
     name = "smolvlm"
     image_token = feature_token = "<image>"
+    media_closing_tokens = ("<fake_token_around_image>",)  # closes each image's (and video's) run
     end_of_turn = "<end_of_utterance>"
     vision_keys = ("pixel_values",)
     model_class = transformers.SmolVLMForConditionalGeneration

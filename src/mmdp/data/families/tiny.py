@@ -12,7 +12,6 @@ from mmdp import config
 from mmdp.data.conversation import BadConversation, count_tokens_batch, tokenize_conversation
 from mmdp.data.families.base import ImageLayout, ModelFamily, concatenate, tokenizer_fingerprint
 from mmdp.data.images import BadImage, load_image
-from mmdp.data.videos import BadVideo
 from mmdp.drop_reasons import VIDEO_REFUSED
 
 
@@ -70,6 +69,8 @@ class TinyFamily(ModelFamily):
 
     def tokenize(self, texts, images, videos=None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         if videos:
+            from mmdp.data.videos import BadVideo  # PyAV's readers: only for a row with video
+
             raise BadVideo(VIDEO_REFUSED, "TinyVLM takes no video")
         count = images if isinstance(images, int) else len(images or [])
         input_ids, labels = tokenize_conversation(

@@ -15,6 +15,7 @@ from mmdp import config as defaults
 from mmdp.batch import build_pack, collate_packs
 from mmdp.data.families import family_for
 from mmdp.data.images import undecoded
+from mmdp.errors import UserError
 from mmdp.loading.background import iterate_in_background
 from mmdp.loading.guards import iterated_elsewhere
 from mmdp.loading.streaming.reader import ReaderState, ReaderStream
@@ -61,6 +62,11 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
             processor, image_size=image_size, image_token_length=image_token_length
         )
         self.config = default_config(self.family) if config is None else config
+        if self.config.overflow != "drop":
+            raise UserError(
+                f"overflow={self.config.overflow!r} needs the planned loader (PackedDataset): a "
+                "stream weighs each buffer as it reads it, and fits no row over max_length"
+            )
         self.max_queued_batches = max_queued_batches
         self.rank, self.world_size = rank_and_world_size(rank, world_size, group)
         self.total_shards = None  # a plain iterable has none
