@@ -16,11 +16,13 @@ commands, one at a time, into a temporary folder (--out-dir), and compare:
 
 --check reports what differs and exits 1. Without it, a stale figure is copied into assets/ and a
 stale quoted line rewritten in its doc (its `~` marks kept); the prose around it is yours to read
-again. Stage 6 and the Qwen2.5-VL run take minutes: 12 min in all on 2 busy CPU cores.
-The slow group runs --check (tests/test_figures.py).
+again. Measured on 2 CPU cores shared with other jobs (load average 5-10): 14-17 min either way,
+stage 6 8-13 min of it (2 min on quiet cores). The slow group runs --check (tests/test_figures.py:
+11 min, on a fresh cache and one thread).
 """
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -34,10 +36,20 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "assets"
 sys.path.insert(0, str(ROOT / "tests"))  # the docs' quoted outputs, as the tests read them
-from doc_blocks import check_output, output_blocks, refresh_output, script_words  # noqa: E402
+from doc_blocks import (  # noqa: E402
+    DOCS,
+    FENCE,
+    check_output,
+    first_command,
+    refresh_output,
+    script_words,
+)
 
 # Every figure in assets/ and the command that makes it, as the docs quote it (in the docs'
-# order: stage 3 grouped weighs the rows stage 5 then loads from the cache).
+# order: stage 3 grouped weighs the rows stage 5 then loads from the cache). When a command
+# moves (to another script, other flags), change its row with the docs: table_problems() stops
+# both ways before anything runs, naming the figure, and the script that is gone or the command
+# the docs quote saving it.
 FIGURES = {
     "01.png": "uv run 01_check_dataset.py --seed 5",
     "02.png": "uv run 02_naive_pad_dataloader.py",
@@ -53,6 +65,8 @@ FIGURES = {
     "strategies.png": "uv run 06_packing_pays_off.py",
 }
 REFRESH = "uv run tools/figures.py"
+EMBEDDED = re.compile(r"\]\((?:\.\./)?assets/([\w.-]+\.png)\)")  # ![...](assets/NAME.png)
+INLINE_COMMAND = re.compile(r"`(uv run [^`]+)`")
 # How far (of 255) a pixel's colour may move before a figure is stale: anti-aliasing that a
 # number's 7th digit moves, no more (a changed title, bar or line moves some pixel by far more).
 TOLERANCE = 2
@@ -77,31 +91,57 @@ def parse_args(argv: list[str] | None = None):
     return parser.parse_args(argv)
 
 
+def quoted_above(doc: Path) -> dict[str, tuple[int, str | None]]:
+    """Each figure `doc` shows (![...](assets/NAME.png)): its line, and the last command quoted
+    above it (a bash block's first `uv run`, or inline code `uv run ...`)."""
+    shown, command, fence = {}, None, None  # fence: the open block's language and lines
+    for number, line in enumerate(doc.read_text().splitlines(), 1):
+        opening = FENCE.match(line)
+        if fence is not None:
+            if opening:  # its end: a bash block's first `uv run` is the command above
+                if fence[0] == "bash":
+                    command = first_command(fence[1]) or command
+                fence = None
+            else:
+                fence[1].append(line)
+            continue
+        if opening:
+            fence = (opening[1], [])
+            continue
+        for span in INLINE_COMMAND.findall(line):
+            command = " ".join(span.split())
+        for name in EMBEDDED.findall(line):
+            shown[name] = (number, command)
+    return shown
+
+
 def table_problems(figures: dict[str, str] = FIGURES) -> list[str]:
     """What makes FIGURES disagree with assets/ and the docs: a figure not listed, a listed one
-    not committed, a command whose script is gone, a command whose quoted output does not say
-    it saves the figure. [] when they agree."""
+    not committed or shown nowhere, a command whose script is gone, a doc that shows the figure
+    under another command. [] when they agree. (Other commands may write the same file, a
+    user's --dataset run of stage 1 say: the committed figure is the one the docs show.)"""
     problems = [
         f"{path.relative_to(ROOT)} is in no row of FIGURES (tools/figures.py): what makes it?"
         for path in sorted(ASSETS.glob("*.png"))
         if path.name not in figures
     ]
-    saved = {}  # figure -> the commands whose quoted output says they saved it
-    for block in output_blocks():
-        for line in block.lines:
-            if line.strip().startswith("Saved ") and " to assets/" in line:
-                saved.setdefault(line.rsplit("/", 1)[1].strip(), set()).add(block.command)
+    quoted = {}  # figure -> [(where a doc shows it, the command quoted above it)]
+    for doc in DOCS:
+        for name, (line, command) in quoted_above(doc).items():
+            quoted.setdefault(name, []).append((f"{doc.relative_to(ROOT)}:{line}", command))
     for name, command in figures.items():
         script = script_words(command)[0]
         if not (ROOT / "assets" / name).exists():
             problems.append(f"{name}: listed in FIGURES but not in assets/")
         if not (ROOT / script).exists():
             problems.append(f"{name}: `{command}` runs {script}, which does not exist")
-        elif command not in saved.get(name, ()):
-            quoted = ", ".join(f"`{c}`" for c in sorted(saved.get(name, ()))) or "no command"
-            problems.append(
-                f"{name}: FIGURES says `{command}` makes it; the docs quote {quoted} saving it"
-            )
+        if name not in quoted:
+            problems.append(f"{name}: no doc shows it (an image link to {ASSETS.name}/{name})")
+        problems += [
+            f"{name}: FIGURES says `{command}` makes it; {where} quotes `{other}`"
+            for where, other in quoted.get(name, [])
+            if other != command
+        ]
     return problems
 
 
