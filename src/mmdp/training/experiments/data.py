@@ -20,6 +20,7 @@ from mmdp.models.tiny_vlm import TinyVLMConfig
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Budgets, Weights
 from mmdp.planning.planner import EpochPlan, filter_rows, plan_epoch
+from mmdp.report.epoch import nothing_to_do
 from mmdp.training.experiments.settings import ExperimentSettings
 from mmdp.weighing.weigh import weigh_rows
 
@@ -70,13 +71,12 @@ def load_data(settings: ExperimentSettings) -> StageData:
 def rows_that_fit(weights: Weights, settings: ExperimentSettings) -> list[int]:
     """The usable rows within --max-length and --max-images, in dataset order (the planner's
     own filter, step 1)."""
-    fits = filter_rows(weights, Budgets(settings.max_length, settings.max_images))[0].tolist()
-    if not fits:
-        raise UserError(
-            f"nothing to do: none of the {len(weights):,} rows fits in a pack of max_length "
-            f"{settings.max_length} and max_images {settings.max_images}; raise --max-length"
+    fits, dropped = filter_rows(weights, Budgets(settings.max_length, settings.max_images))
+    if not len(fits):
+        raise nothing_to_do(
+            len(weights), dropped, f"raise --max-length ({settings.max_length} tokens a pack)"
         )
-    return fits
+    return fits.tolist()
 
 
 def hold_out(
