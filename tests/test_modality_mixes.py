@@ -164,3 +164,47 @@ def test_stage6_trains_on_every_mix_but_videos(run_main, tmp_path, mix_files, mi
         return
     assert status == 0, err
     assert (tmp_path / "strategies.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow  # an S3 server, and Qwen2.5-VL's processor built offline
+def test_videos_only_on_s3_run_stages_1_5_and_6(run_main, tmp_path, monkeypatch):
+    """The issue's check: a messages file of video-only rows on a local S3 server (moto's) runs
+    stages 1 and 5 (Qwen2.5-VL) and stage 6 (TinyVLM: one sentence), with no traceback."""
+    import fsspec
+    import s3fs
+    from counting_s3 import CountingS3Server
+
+    server = CountingS3Server()
+    server.start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.url())
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(name, "testing")
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        s3fs.S3FileSystem.clear_instance_cache()  # none made for another test's server
+        fs = fsspec.filesystem("s3")
+        fs.mkdir("mixes")
+        mixes, files = mix_rows()
+        for name, data in files.items():
+            fs.pipe(f"mixes/{name}", data)
+        fs.pipe("mixes/videos_only.json", json.dumps(mixes["videos_only"]).encode())
+        dataset = ["--dataset", "s3://mixes/videos_only.json", "--out-dir", str(tmp_path)]
+
+        status, out, err = run_main("01_check_dataset.py", *dataset, "--row", "1")
+        assert status == 0, err
+        assert "video 1: s3://mixes/media/1.mp4" in out
+        metrics = tmp_path / "m.json"
+        status, out, err = run_main(
+            "05_knapsack_multimodal.py", *dataset, "--model", "qwen2_5_vl", "--num-workers", "0",
+            "--metrics-json", str(metrics),
+        )  # fmt: skip
+        assert status == 0, err
+        assert json.loads(metrics.read_text())["samples"] == 2
+        assert "videos packed:    2" in out and "no images in these rows" in out
+        assert (tmp_path / "05_qwen2_5_vl.png").stat().st_size > 10_000
+        status, out, err = run_main("06_packing_pays_off.py", *dataset, *STAGE6_SMALL)
+        assert status != 0 and "Traceback" not in err
+        assert err.strip().splitlines()[-1].endswith(f"{VIDEO_HINT} qwen2_5_vl")
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        server.stop()
