@@ -147,6 +147,19 @@ def test_stage5_with_a_video_family_packs_and_draws_every_mix(
     assert (tmp_path / f"05_{model}.png").stat().st_size > 10_000
 
 
+def test_the_model_figure_of_rows_without_images_says_so():
+    """Stage 5 --model's figure of videos or text only: "no images", and one pack (a lone
+    dot) inside the axes, not under the legend."""
+    from mmdp.packing.weights import Budgets
+    from mmdp.report.model_plots import plot_model_budgets
+
+    budgets = Budgets(max_length=2048, max_images=18, max_patches=8192)
+    fig = plot_model_budgets({}, [975], [5300], model="qwen2_5_vl", budgets=budgets)
+    costs, fill = fig.axes
+    assert [text.get_text() for text in costs.texts] == ["no images in these rows"]
+    assert fill.get_xlim() == (0, 1.05) and fill.get_ylim() == (0, 1.05)
+
+
 STAGE6_SMALL = ["--check-samples", "2", "--seeds", "1", "--train-samples", "2", "--eval-every",
                 "2", "--eval-samples", "1", "--batch-size", "2", "--skip-ddp"]  # fmt: skip
 
