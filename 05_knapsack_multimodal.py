@@ -189,15 +189,19 @@ def draw_model_figure(report, packed: PackedDataset, out_dir: str) -> None:
     family's tokens and patches per image."""
     samples, packing = packed.dataset, packed.config
     images = [row["images"] for row in samples.dataset]
-    costs = {name: family_for(offline_processor(name)).image_costs(images) for name in OFFLINE}
-    costs = {"tiny": [(config.IMAGE_TOKEN_LENGTH, config.IMAGE_TOKEN_LENGTH)], **costs}
     mine = samples.family.image_costs(images)
-    tokens, patches = (np.array(values) for values in zip(*mine))
-    print(
-        f"{'tokens per image:':<18}min {tokens.min()}, median {np.median(tokens):.0f}, "
-        f"max {tokens.max()} ({len(tokens):,} images; patches: min {patches.min()}, "
-        f"median {np.median(patches):.0f}, max {patches.max()})"
-    )
+    costs = {}  # rows without images (videos, text): no family's costs to compare
+    if mine:
+        costs = {name: family_for(offline_processor(name)).image_costs(images) for name in OFFLINE}
+        costs = {"tiny": [(config.IMAGE_TOKEN_LENGTH, config.IMAGE_TOKEN_LENGTH)], **costs}
+        tokens, patches = (np.array(values) for values in zip(*mine))
+        print(
+            f"{'tokens per image:':<18}min {tokens.min()}, median {np.median(tokens):.0f}, "
+            f"max {tokens.max()} ({len(tokens):,} images; patches: min {patches.min()}, "
+            f"median {np.median(patches):.0f}, max {patches.max()})"
+        )
+    else:
+        print(f"{'tokens per image:':<18}no images in these rows")
     model = samples.family.name
     fig = plot_model_budgets(
         {name: [t for t, _ in per_image] for name, per_image in costs.items()},

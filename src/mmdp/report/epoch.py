@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from mmdp.drop_reasons import VIDEO_REFUSED
 from mmdp.errors import UserError
 from mmdp.flags import display_path
 
@@ -30,8 +31,10 @@ def run_epoch(loader, report, keep_batch=None, hint="raise --num-rows") -> tuple
     return shown, seconds
 
 
-def nothing_to_do(rows_read: int, dropped: dict, hint: str) -> UserError:
+def nothing_to_do(rows_read: int, dropped: dict, hint: str, takes_video=False) -> UserError:
     """The one sentence for settings that leave no sample to use."""
+    if set(dropped) == {VIDEO_REFUSED} and not takes_video:  # TinyVLM: no budget would pack them
+        hint = f"TinyVLM takes no video: pack videos with {VIDEO_STAGE} --model qwen2_5_vl"
     reasons = ", ".join(f"{n:,} {reason}" for reason, n in sorted(dropped.items()))
     return UserError(
         f"nothing to do: none of the {rows_read:,} rows read made it into a batch"
@@ -41,6 +44,7 @@ def nothing_to_do(rows_read: int, dropped: dict, hint: str) -> UserError:
 
 
 PACKING_HINT = "raise --max-length or --max-images, or use more --num-rows"
+VIDEO_STAGE = "05_knapsack_multimodal.py"
 
 
 def run_packed_epoch(packed, num_workers: int) -> dict:
@@ -53,7 +57,8 @@ def run_packed_epoch(packed, num_workers: int) -> dict:
     from mmdp.report.pack_report import PackReport, merge_over_ranks
 
     if packed.num_batches() == 0:
-        raise nothing_to_do(len(packed.weights), packed.plan().dropped, PACKING_HINT)
+        video = bool(packed.dataset.family.video_token)
+        raise nothing_to_do(len(packed.weights), packed.plan().dropped, PACKING_HINT, video)
     loader = PackedDataLoader(packed, num_workers=num_workers)
     report = PackReport()
     first_batch, seconds = run_epoch(loader, report, hint=PACKING_HINT)

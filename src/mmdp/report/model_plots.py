@@ -273,16 +273,23 @@ def plot_model_budgets(
     budgets: Budgets,
 ) -> Figure:
     """Stage 5 --model, one panel above the other: what the same images cost each family (tokens
-    per image, one box per family, `model` highlighted); how full each pack of the run is in
-    tokens and in vision-encoder patches (the two budgets)."""
+    per image, one box per family, `model` highlighted; "no images" when `tokens_per_image` is
+    empty); how full each pack of the run is in tokens and in vision-encoder patches (the two
+    budgets)."""
     fig, (costs, fill) = subplots(2, 1, figsize=(10, 8.5), layout="constrained")
     names = list(tokens_per_image)
-    boxes = costs.boxplot(
-        [tokens_per_image[n] for n in names], tick_labels=names, showfliers=False, patch_artist=True
-    )
-    for name, box in zip(names, boxes["boxes"]):
-        box.set_facecolor(CONTENT_HIGHLIGHT if name == model else PADDING_COLOUR)
-    costs.set_yscale("log")
+    if not names:  # rows of videos or text only: no image to cost
+        costs.text(0.5, 0.5, "no images in these rows", ha="center", va="center")
+        costs.set_xticks([])
+        costs.set_yticks([])
+    else:
+        boxes = costs.boxplot(
+            [tokens_per_image[n] for n in names], tick_labels=names, showfliers=False,
+            patch_artist=True,
+        )  # fmt: skip
+        for name, box in zip(names, boxes["boxes"]):
+            box.set_facecolor(CONTENT_HIGHLIGHT if name == model else PADDING_COLOUR)
+        costs.set_yscale("log")
     costs.set_xlabel("model family (--model)")
     costs.set_ylabel("tokens per image (log scale)")
     costs.set_title("What the same images cost each model family")
@@ -304,5 +311,8 @@ def plot_model_budgets(
     )
     fill.set_xlabel("tokens / token budget")
     fill.set_title(f"{model}: how full each pack is, in both budgets")
-    fill.legend(loc="lower left")
+    fill.set_xlim(0, 1.05)  # the budgets whole, the legend where packs seldom are: a lone pack
+    if budgets.max_patches:  # or text-only ones (0 patches) were hidden under it
+        fill.set_ylim(0, 1.05)
+    fill.legend(loc="upper left")
     return fig

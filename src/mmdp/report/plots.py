@@ -51,6 +51,8 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> Path:
 def plot_sample(images: list, texts: list[dict], title: str, system: str | None = None) -> Figure:
     """Stage 1: the sample's image(s) on the left, its conversation on the right (its system
     prompt first). An image that could not be opened is given as the text saying why."""
+    from mmdp.report.fonts import families_for  # loaded by stage 1 only
+
     n = max(len(images), 1)
     fig = Figure(figsize=(13, 5.5))
     grid = fig.add_gridspec(n, 2, width_ratios=[1, 1.4])
@@ -59,7 +61,8 @@ def plot_sample(images: list, texts: list[dict], title: str, system: str | None 
         ax.set_xticks([])  # keep the frame: white images on a white page need one
         ax.set_yticks([])
         if images and isinstance(images[i], str):
-            ax.text(0.5, 0.5, textwrap.fill(images[i], 40), ha="center", va="center", fontsize=8)
+            why = textwrap.fill(images[i], 40)  # its path may be in any script
+            ax.text(0.5, 0.5, why, ha="center", va="center", fontsize=8, family=families_for(why))
             ax.set_title(f"image {i + 1} of {len(images)} (not opened)")
         elif images:
             ax.imshow(images[i])
@@ -74,9 +77,11 @@ def plot_sample(images: list, texts: list[dict], title: str, system: str | None 
         lines += textwrap.wrap("Assistant: " + turn["assistant"], 80, replace_whitespace=False)
         lines.append("")
     shown = lines[:40] + (["[...]"] if len(lines) > 40 else [])
-    ax_text.text(0, 1, "\n".join(shown), va="top", ha="left", fontsize=9, family="monospace")
+    text = "\n".join(shown)
+    family = families_for(text, "monospace")  # and a CJK font when the text needs one
+    ax_text.text(0, 1, text, va="top", ha="left", fontsize=9, family=family)
     ax_text.set_title("conversation")
-    fig.suptitle(title)
+    fig.suptitle(title, family=families_for(title))
     return fig
 
 

@@ -20,6 +20,7 @@ from mmdp.models.tiny_vlm import TinyVLMConfig
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Budgets, Weights
 from mmdp.planning.planner import EpochPlan, filter_rows, plan_epoch
+from mmdp.report.epoch import nothing_to_do
 from mmdp.training.experiments.settings import ExperimentSettings
 from mmdp.weighing.weigh import weigh_rows
 
@@ -46,7 +47,7 @@ def load_data(settings: ExperimentSettings) -> StageData:
     rows = settings_of(DataSettings, settings).load()
     weights = weigh_rows(rows, tokenizer).weights
     fits = rows_that_fit(weights, settings)
-    held_out, pool = hold_out(fits, len(rows), settings)
+    held_out, pool = hold_out(fits, weights.reasons, settings)
     num_packs = len(plan_whole_epoch(weights, settings).pack_starts) - 1
     return StageData(
         tokenizer=tokenizer,
@@ -70,28 +71,27 @@ def load_data(settings: ExperimentSettings) -> StageData:
 def rows_that_fit(weights: Weights, settings: ExperimentSettings) -> list[int]:
     """The usable rows within --max-length and --max-images, in dataset order (the planner's
     own filter, step 1)."""
-    fits = filter_rows(weights, Budgets(settings.max_length, settings.max_images))[0].tolist()
-    if not fits:
-        raise UserError(
-            f"nothing to do: none of the {len(weights):,} rows fits in a pack of max_length "
-            f"{settings.max_length} and max_images {settings.max_images}; raise --max-length"
+    fits, dropped = filter_rows(weights, Budgets(settings.max_length, settings.max_images))
+    if not len(fits):
+        raise nothing_to_do(
+            len(weights), dropped, f"raise --max-length ({settings.max_length} tokens a pack)"
         )
-    return fits
+    return fits.tolist()
 
 
-def hold_out(
-    fits: list[int], num_rows: int, settings: ExperimentSettings
-) -> tuple[list[int], list[int]]:
+def hold_out(fits: list[int], reasons, settings: ExperimentSettings) -> tuple[list[int], list[int]]:
     """Held out: the first --eval-samples rows of a shuffle (seeded by --seed) that fit a pack.
-    The pool, every other row in the shuffle's order, is what every run of every seed trains on.
+    The pool, every other usable row in the shuffle's order (over a budget or not: constrained
+    padding drops those, naive padding keeps them), is what every run of every seed trains on;
+    a row no strategy can use (`reasons`, a Weights': a video for TinyVLM...) is not in it.
     """
     order = torch.randperm(
-        num_rows, generator=torch.Generator().manual_seed(settings.seed)
+        len(reasons), generator=torch.Generator().manual_seed(settings.seed)
     ).tolist()
     fitting = set(fits)
     held_out = [i for i in order if i in fitting][: settings.eval_samples]
     held = set(held_out)
-    pool = [i for i in order if i not in held]
+    pool = [i for i in order if i not in held and not reasons[i]]
     if len(pool) < settings.train_samples:
         raise UserError(
             f"--train-samples {settings.train_samples}: only {len(pool):,} rows are left after "
