@@ -22,7 +22,6 @@ for a real vision-language model (assets/05_MODEL.png), --dataset your own rows
 
 import argparse
 
-import numpy as np
 import torch.distributed as dist
 
 from mmdp import (
@@ -60,6 +59,7 @@ from mmdp.report import (
     plot_padding,
     plot_padding_side_by_side,
     print_epoch_report,
+    print_image_costs,
     print_rank_balance,
     print_run_settings,
     print_videos,
@@ -190,18 +190,11 @@ def draw_model_figure(report, packed: PackedDataset, out_dir: str) -> None:
     samples, packing = packed.dataset, packed.config
     images = [row["images"] for row in samples.dataset]
     mine = samples.family.image_costs(images)
+    print_image_costs(mine)
     costs = {}  # rows without images (videos, text): no family's costs to compare
     if mine:
         costs = {name: family_for(offline_processor(name)).image_costs(images) for name in OFFLINE}
         costs = {"tiny": [(config.IMAGE_TOKEN_LENGTH, config.IMAGE_TOKEN_LENGTH)], **costs}
-        tokens, patches = (np.array(values) for values in zip(*mine))
-        print(
-            f"{'tokens per image:':<18}min {tokens.min()}, median {np.median(tokens):.0f}, "
-            f"max {tokens.max()} ({len(tokens):,} images; patches: min {patches.min()}, "
-            f"median {np.median(patches):.0f}, max {patches.max()})"
-        )
-    else:
-        print(f"{'tokens per image:':<18}no images in these rows")
     model = samples.family.name
     fig = plot_model_budgets(
         {name: [t for t, _ in per_image] for name, per_image in costs.items()},

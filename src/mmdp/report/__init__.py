@@ -44,7 +44,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "print_epoch_report",
             "print_rank_balance",
         ],
-        "mmdp.report.rows": ["print_videos", "print_your_rows"],
+        "mmdp.report.rows": ["print_videos", "print_your_rows", "print_image_costs"],
         "mmdp.report.epoch": ["run_epoch", "run_packed_epoch", "nothing_to_do", "write_outputs"],
         "mmdp.report.metrics": ["EpochReport", "write_json"],
         "mmdp.report.balance": ["rank_balance"],

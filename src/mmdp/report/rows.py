@@ -54,3 +54,17 @@ def print_your_rows(report, weights, packing, dataset: str) -> None:
         f", max_patches {packing.max_patches:,}" if packing.max_patches else ""
     )
     print(f"   budgets: {budgets}, max_images {packing.max_images} (a sample over one is dropped)")
+
+
+def print_image_costs(costs: list[tuple[int, int]]) -> None:
+    """Stage 5 --model: the (tokens, patches) of each image of the rows, as min / median / max;
+    rows without images (videos, text only) say so."""
+    if not costs:
+        print(f"{'tokens per image:':<18}no images in these rows")
+        return
+    tokens, patches = (np.array(values) for values in zip(*costs))
+    print(
+        f"{'tokens per image:':<18}min {tokens.min()}, median {np.median(tokens):.0f}, "
+        f"max {tokens.max()} ({len(tokens):,} images; patches: min {patches.min()}, "
+        f"median {np.median(patches):.0f}, max {patches.max()})"
+    )
