@@ -1,22 +1,26 @@
 """One training step of a real VLM, fed by mmdp's loaders: naive padding, constrained padding
 and packing (images_first_bfd) at the same budgets, as time (issue 53).
 
-    uv run bench/bench_train_step.py --preset cpu          # 2 CPU cores: 6-8 minutes
+    uv run bench/bench_train_step.py --preset cpu          # 2 CPU cores: MINUTES
     uv run bench/bench_train_step.py --preset gpu          # one GPU: Qwen2.5-VL-3B's sizes, bf16
     uv run bench/bench_train_step.py --preset gpu --device cpu --dtype float32 --layers 1 \
-        --batch-size 2 --packs-per-batch 1 --max-length 512 --steps 1 --num-rows 200
+        --batch-size 2 --packs-per-batch 1 --max-length 384 --warmup 0 --steps 1 --rounds 1 \
+        --num-rows 64 --num-workers 1                      # the gpu preset's code on a CPU, small
 
 The model is Qwen2_5_VLForConditionalGeneration, transformers' own class, built from a config
 written here (no download; random weights: a step's time does not depend on them):
 
     gpu  Qwen2.5-VL-3B-Instruct's config.json: 36 decoder layers of hidden size 2,048 (MLP
          11,008, 16 heads, 2 key-value heads, tied embeddings), a 32-block vision tower of width
-         1,280; bfloat16 weights and AdamW state, every attention implementation mmdp packs for
-         that is there: sdpa, flex_attention, flash_attention_2 where flash-attn is installed
-         (on a CPU: sdpa alone)
-    cpu  the same class scaled to 2 cores: 8 decoder layers of hidden size 512 (MLP 2,752: the
-         3B's ratio, 8 heads, 2 key-value heads), a 2-block vision tower of width 128; float32
-         (an AVX2 CPU has no fast bfloat16), sdpa
+         1,280; bfloat16 weights and AdamW state; every attention implementation mmdp packs for
+         that is there, in turn: sdpa, flex_attention, flash_attention_2 where flash-attn is
+         installed (on a CPU: sdpa alone)
+    cpu  the same class scaled to 2 cores: 10 decoder layers of hidden size 384 (MLP 2,064: the
+         3B's ratio; 6 heads of 64, 2 key-value heads), a 2-block vision tower of width 128;
+         float32 (an AVX2 CPU has no fast bfloat16), sdpa, torch on one thread (--threads 1):
+         the other core runs the loader's worker, and 2 threads on a busy 2-core machine wait
+         on each other at every operation (measured: a packed step of 512 tokens 28 s on 2
+         threads, 3.8 s on one, at load average 7)
 
 Both keep our tokenizer's vocabulary (49,156 tokens, not Qwen's 151,936), and the trainers'
 loss: the output layer runs on the trained positions only (mmdp.training.loss.batch_loss, through
@@ -25,8 +29,8 @@ prints their share of the step's matrix products).
 
 Every step is a trainer's: the loader's next batch, model_inputs(batch, model), the model called
 as model(**inputs) inside micro_batch_loss, backward, AdamW, zero_grad. The batches come from the
-embedded dataset through Qwen2.5-VL's processor (built offline), in DataLoader workers
-(--num-workers), as in training:
+embedded dataset through Qwen2.5-VL's processor (built offline), made in DataLoader workers
+(--num-workers) while the model computes, as in training:
 
     naive        a torch DataLoader over VQADataset, --batch-size samples each padded to the
                  longest of its batch (stage 2)
@@ -35,14 +39,14 @@ embedded dataset through Qwen2.5-VL's processor (built offline), in DataLoader w
                  family's patch budget), packed by images_first_bfd (stage 5)
 
 mmdp's padding collators (stages 2-3) build TinyVLM's batches only; here each padded row is a pack
-of one sample (mmdp's layout_pack + collate_packs), so a padded batch carries what a real family's
-model takes (Qwen's 4-row position_ids, mm_token_type_ids, image_grid_thw) and its padding tail
-runs through every layer, as with an attention_mask.
+of one sample (mmdp's layout_pack + collate_packs: PaddedRows), so a padded batch carries what a
+real family's model takes (Qwen's 4-row position_ids, mm_token_type_ids, image_grid_thw) and its
+padding tail runs through every layer, as it does beside an attention_mask.
 
 The strategies run side by side, each alone with its loader (as in training), in --rounds rounds
-(the order reversed every other round, so each meets the machine's load alike); each round starts
-a fresh loader, and its first --warmup steps (workers starting, the optimizer's state, compiles)
-are not counted. Per strategy, over the counted steps:
+(the order reversed every other round, so that each meets the machine's load alike); each round
+starts a fresh loader, and its first --warmup steps (workers starting, the optimizer's state,
+compiles) are not counted. Per strategy, over the counted steps:
 
     step (s)          median time of a whole step: waiting for the batch, then computing it
     real tok/s        median over steps of real tokens / step time (real: not padding, the
@@ -51,21 +55,23 @@ are not counted. Per strategy, over the counted steps:
     waste             computed tokens / real tokens, summed over the counted batches
     ms / real token   1,000 / real tok/s: what the figure draws
     loader wait       time blocked in next(loader), summed, over the steps' time, summed
-    peak (GB)         the most a step holds above what it starts with (activations, gradients,
-                      temporaries; the weights and AdamW's state are there before): CUDA,
+    peak (GB)         the most one more step holds above what it starts with (activations,
+                      gradients, temporaries; the weights and AdamW's state are there before),
+                      taken after the timed rounds on the next round's first batch: CUDA,
                       torch.cuda.max_memory_allocated above memory_allocated at the step's start;
-                      CPU, the process's resident-set high-water mark (VmHWM, reset before every
-                      step through /proc/self/clear_refs) above its resident set at the step's
-                      start, with glibc told to map every allocation over 1 MiB on its own
-                      (mallopt M_MMAP_THRESHOLD), so that freed tensors leave the resident set
-                      (torch's CPU tensors are plain malloc'ed memory); the largest over the steps
+                      CPU, the process's resident-set high-water mark (VmHWM, reset through
+                      /proc/self/clear_refs) above its resident set at the step's start, glibc
+                      told first to map every allocation over 1 MiB on its own (mallopt
+                      M_MMAP_THRESHOLD: torch's CPU tensors are plain malloc'ed memory, and freed
+                      ones then leave the resident set). Not during the timed steps: a fresh
+                      mapping per tensor costs page faults the default malloc does not.
 
     packed/naive      packed real tok/s over naive's
     waste ratio       naive's waste over packed's: how many more tokens naive padding computes
-                      per real token. If a step's time were its computed tokens' alone, packed/
-                      naive would equal it; the output layer (on trained positions, the same for
-                      both), the vision tower (per image) and the optimizer (per step) do not
-                      shrink with padding, and a packed row's dense attention costs more.
+                      per real token. Were a step's time its computed tokens' alone, packed/naive
+                      would equal it; the output layer (on trained positions: the same for both),
+                      the vision tower (per image) and the optimizer (per step) do not shrink
+                      with padding, and sdpa computes a packed row's attention densely, masked.
 
 The last line: `train step: packed/naive real tok/s N.NNx (waste N.NNx), peak memory packed N.N GB
 / naive N.N GB, loader wait N.N%` (the loader wait: packed's), for the attention implementation
@@ -187,6 +193,7 @@ class Settings:
     rounds: int  # rounds of the three strategies side by side
     num_rows: int  # rows of the embedded dataset
     figure: str | None  # where the figure goes (None: no figure)
+    threads: int | None = None  # torch's intra-op threads (None: torch's default, every core)
     seed: int = 0  # initial weights and data order
     layers: int | None = None  # decoder layers (and at most as many vision blocks): a smaller model
     device: str = "cpu"
@@ -207,6 +214,7 @@ PRESETS = {
         rounds=3,
         num_rows=2000,
         figure="assets/train_step.png",
+        threads=1,  # the other core: the loader's worker (see the module docstring)
     ),
     # one GPU, <= 8 minutes: the family's own pack (2,048 tokens, 8,192 patches), 16 samples a
     # padded batch (as many as 2 packs hold, about)
@@ -228,7 +236,9 @@ PRESETS = {
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="A flag left out takes the preset's value."
+    )
     add = parser.add_argument
     add("--preset", choices=PRESETS, default="cpu", help="the model and run sizes (default cpu)")
     add("--device", default=None, help="cpu or cuda (default: cuda if there is one)")
@@ -238,23 +248,34 @@ def parse_args(argv=None):
         default=None,
         help="comma-separated attention implementations (default: the preset's, those there)",
     )
-    add("--layers", type=int, default=None, help="decoder layers (and at most as many vision "
-        "blocks) instead of the preset's: the same widths, a smaller model")  # fmt: skip
-    for name, what in (
-        ("max-length", "tokens per pack and per constrained row"),
-        ("batch-size", "samples per padded batch"),
-        ("packs-per-batch", "packs per packed batch"),
-        ("num-workers", "DataLoader workers per loader"),
-        ("warmup", "uncounted steps at the start of every loader"),
-        ("steps", "counted steps per strategy and round"),
-        ("rounds", "rounds of the three strategies"),
-        ("num-rows", "rows of the embedded dataset"),
-        ("seed", "initial weights and data order"),
-    ):
-        add(f"--{name}", type=int, default=None, help=f"{what} (default: the preset's)")
+    add("--layers", type=at_least(1), default=None, help="decoder layers (and at most as many "
+        "vision blocks) instead of the preset's: the same widths, a smaller model")  # fmt: skip
+    # the preset's values unless given (each flag read statically by tests/test_docs.py)
+    add("--max-length", type=at_least(1), help="tokens per pack and per constrained row")
+    add("--batch-size", type=at_least(1), help="samples per padded batch")
+    add("--packs-per-batch", type=at_least(1), help="packs per packed batch")
+    add("--num-workers", type=at_least(1), help="DataLoader workers per loader (as in training)")
+    add("--warmup", type=at_least(0), help="uncounted steps at the start of every loader")
+    add("--steps", type=at_least(1), help="counted steps per strategy and round")
+    add("--rounds", type=at_least(1), help="rounds of the three strategies, side by side")
+    add("--num-rows", type=at_least(1), help="rows of the embedded dataset")
+    add("--seed", type=at_least(0), help="initial weights and data order")
+    add("--threads", type=at_least(1), help="torch's intra-op threads (cpu: 1; gpu: every core)")
     add("--figure", default=None, help="where to save the figure (default: the preset's)")
     add("--no-figure", action="store_true", help="save no figure")
     return parser.parse_args(argv)
+
+
+def at_least(minimum: int):
+    """An argparse type: an integer of at least `minimum`."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 def settings_of(args) -> Settings:
@@ -440,14 +461,16 @@ def on_device(batch: dict, device: str) -> dict:
     }
 
 
-def timed_step(model, optimizer, batches, device: str, memory: PeakMemory) -> dict:
-    """One optimizer step on the loader's next batch, as a trainer takes it."""
+def timed_step(model, optimizer, batches, device: str, memory: PeakMemory | None = None) -> dict:
+    """One optimizer step on the loader's next batch, as a trainer takes it; with `memory`, the
+    step's peak too."""
     start = time.perf_counter()
     batch = next(batches)
     while batch is None:  # a padded batch with no usable sample
         batch = next(batches)
     fetched = time.perf_counter()
-    memory.start()
+    if memory:
+        memory.start()
     batch = on_device(batch, device)
     tokens = step_label_tokens([batch], device=device)
     loss = micro_batch_loss(model, model_inputs(batch, model), batch, tokens, world_size=1)
@@ -463,30 +486,42 @@ def timed_step(model, optimizer, batches, device: str, memory: PeakMemory) -> di
         "real": int(real_token_mask(batch).sum()),
         "computed": batch["input_ids"].numel(),
         "trained": int(tokens),
-        "peak": memory.stop(),
+        "peak": memory.stop() if memory else None,
     }
 
 
 def run_strategies(model, loaders: dict, settings: Settings) -> dict:
     """Each strategy's counted steps: --rounds rounds, the strategies side by side, each with a
-    fresh loader whose first --warmup steps are left out."""
+    fresh loader whose first --warmup steps are left out; then each strategy's memory step."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    memory = PeakMemory(settings.device)
     steps = {name: [] for name in loaders}
     for round_ in range(settings.rounds):
         order = list(loaders) if round_ % 2 == 0 else list(loaders)[::-1]
         for name in order:
             batches = iter(loaders[name](round_))
             for step in range(settings.warmup + settings.steps):
-                record = timed_step(model, optimizer, batches, settings.device, memory)
+                record = timed_step(model, optimizer, batches, settings.device)
                 if step >= settings.warmup:
                     steps[name].append(record)
             del batches  # its workers stop
-    return steps
+            seconds = ", ".join(f"{s['seconds']:.2f}" for s in steps[name][-settings.steps :])
+            print(f"  round {round_ + 1}/{settings.rounds}, {name}: steps of {seconds} s")
+    # The peak memory of one more step each (the next round's first batch), apart from the timed
+    # ones: on a CPU its measure changes how malloc gives memory back (limit_malloc_caching)
+    if not settings.device.startswith("cuda"):
+        limit_malloc_caching()
+    memory = PeakMemory(settings.device)
+    peaks = {}
+    for name, loader in loaders.items():
+        batches = iter(loader(settings.rounds))
+        peaks[name] = timed_step(model, optimizer, batches, settings.device, memory)["peak"]
+        del batches
+    return {name: {"steps": steps[name], "peak": peaks[name]} for name in loaders}
 
 
-def summarize(steps: list[dict]) -> dict:
-    """A strategy's figures over its counted steps (see the module docstring)."""
+def summarize(steps: list[dict], peak: int) -> dict:
+    """A strategy's figures over its counted steps, and the peak of its memory step (bytes; see
+    the module docstring)."""
     total = lambda key: sum(s[key] for s in steps)  # noqa: E731
     real_per_s = statistics.median(s["real"] / s["seconds"] for s in steps)
     return {
@@ -497,7 +532,7 @@ def summarize(steps: list[dict]) -> dict:
         "waste": total("computed") / total("real"),
         "ms_per_real_token": 1000 / real_per_s,
         "wait_share": total("wait") / total("seconds"),
-        "peak_gb": max(s["peak"] for s in steps) / GB,
+        "peak_gb": peak / GB,
         "real_per_step": total("real") / len(steps),
         "trained_share": total("trained") / total("real"),
     }
@@ -610,8 +645,8 @@ def main(argv=None) -> dict:
             f"none of the attention implementations asked for runs on {settings.device}"
         )
     started = time.perf_counter()
-    if not settings.device.startswith("cuda"):
-        limit_malloc_caching()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
     # Qwen2.5-VL's processor (built offline), the embedded rows, and the three loaders
     processor = offline_processor(FAMILY)
     samples = VQADataset(load_vqa_dataset(num_rows=settings.num_rows), processor)
@@ -623,9 +658,9 @@ def main(argv=None) -> dict:
         if counts is None:
             counts = parameter_counts(model)
             print_settings(settings, counts, device_name(settings.device))
-        steps = run_strategies(model, loaders, settings)
+        runs = run_strategies(model, loaders, settings)
         del model
-        results[attention] = {name: summarize(steps[name]) for name in STRATEGIES}
+        results[attention] = {name: summarize(**runs[name]) for name in STRATEGIES}
         print(f"{attention}: {settings.rounds} rounds of {settings.steps} counted steps a strategy")
         print_table(results[attention])
         print()
