@@ -85,6 +85,7 @@ import dataclasses
 import os
 import re
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -190,7 +191,8 @@ class Settings:
     num_workers: int  # DataLoader workers of each loader
     warmup: int  # steps not counted at the start of every loader
     steps: int  # counted steps per strategy and round
-    rounds: int  # rounds of the three strategies side by side
+    rounds: int  # rounds of the three strategies side by side (not --interleave)
+    interleave: bool  # a step of each strategy in turn, rather than each strategy's steps apart
     num_rows: int  # rows of the embedded dataset
     figure: str | None  # where the figure goes (None: no figure)
     threads: int | None = None  # torch's intra-op threads (None: torch's default, every core)
@@ -200,7 +202,7 @@ class Settings:
 
 
 PRESETS = {
-    # 2 CPU cores, <= 10 minutes: 6 counted steps per strategy, in 3 rounds
+    # 2 CPU cores, <= 10 minutes: 6 counted steps per strategy
     "cpu": Settings(
         sizes=QWEN2_5_VL_CPU,
         dtype="float32",
@@ -210,8 +212,9 @@ PRESETS = {
         packs_per_batch=3,
         num_workers=1,
         warmup=1,
-        steps=2,
-        rounds=3,
+        steps=6,
+        rounds=1,
+        interleave=True,  # a busy shared machine: each strategy meets its load alike
         num_rows=2000,
         figure="assets/train_step.png",
         threads=1,  # the other core: the loader's worker (see the module docstring)
@@ -229,6 +232,7 @@ PRESETS = {
         warmup=2,
         steps=5,
         rounds=3,
+        interleave=False,  # a machine of its own: each loader alone, its wait as in training
         num_rows=2000,
         figure="assets/train_step_gpu.png",
     ),
@@ -258,6 +262,13 @@ def parse_args(argv=None):
     add("--warmup", type=at_least(0), help="uncounted steps at the start of every loader")
     add("--steps", type=at_least(1), help="counted steps per strategy and round")
     add("--rounds", type=at_least(1), help="rounds of the three strategies, side by side")
+    add(
+        "--interleave",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a step of each strategy in turn, every loader running (cpu), or each strategy's "
+        "steps apart with its loader alone, in --rounds rounds (gpu)",
+    )
     add("--num-rows", type=at_least(1), help="rows of the embedded dataset")
     add("--seed", type=at_least(0), help="initial weights and data order")
     add("--threads", type=at_least(1), help="torch's intra-op threads (cpu: 1; gpu: every core)")
@@ -420,14 +431,15 @@ def make_loaders(samples: VQADataset, settings: Settings) -> dict:
 # One step, timed -----------------------------------------------------------------------------
 
 
+GLIBC = ctypes.CDLL("libc.so.6") if sys.platform == "linux" else None
+
+
 def limit_malloc_caching() -> None:
-    """glibc: every allocation over 1 MiB gets its own mapping, returned to the system when
-    freed (M_MMAP_THRESHOLD, which also stops glibc raising the threshold as it frees, up to 32
-    MiB), so the resident set follows the tensors a CPU step holds."""
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(-3, 2**20)  # -3: M_MMAP_THRESHOLD
-    except OSError:  # not glibc: the peak then counts memory malloc kept from earlier steps
-        pass
+    """glibc: every allocation over 1 MiB from now on gets its own mapping, returned to the
+    system when freed (M_MMAP_THRESHOLD, which also stops glibc raising that threshold as it
+    frees, up to 32 MiB), so that the resident set follows the tensors a CPU step holds."""
+    if GLIBC is not None:
+        GLIBC.mallopt(-3, 2**20)  # -3: M_MMAP_THRESHOLD
 
 
 def resident_kb(field: str) -> int:
@@ -446,6 +458,8 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats()
             self.before = torch.cuda.memory_allocated()
             return
+        if GLIBC is not None:  # the free memory malloc kept: out of the resident set, so that
+            GLIBC.malloc_trim(0)  # a step reusing it counts it again (pages fault back in)
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
         self.before = resident_kb("VmRSS") * 1024
 
@@ -468,7 +482,7 @@ def timed_step(model, optimizer, batches, device: str, memory: PeakMemory | None
     batch = next(batches)
     while batch is None:  # a padded batch with no usable sample
         batch = next(batches)
-    fetched = time.perf_counter()
+    fetched, cpu = time.perf_counter(), time.process_time()
     if memory:
         memory.start()
     batch = on_device(batch, device)
@@ -483,6 +497,7 @@ def timed_step(model, optimizer, batches, device: str, memory: PeakMemory | None
     return {
         "seconds": end - start,
         "wait": fetched - start,
+        "cpu": time.process_time() - cpu,  # this process's CPU time computing (its threads')
         "real": int(real_token_mask(batch).sum()),
         "computed": batch["input_ids"].numel(),
         "trained": int(tokens),
@@ -491,22 +506,11 @@ def timed_step(model, optimizer, batches, device: str, memory: PeakMemory | None
 
 
 def run_strategies(model, loaders: dict, settings: Settings) -> dict:
-    """Each strategy's counted steps: --rounds rounds, the strategies side by side, each with a
-    fresh loader whose first --warmup steps are left out; then each strategy's memory step."""
+    """Each strategy's counted steps (interleaved or side by side), then its memory step."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    steps = {name: [] for name in loaders}
-    for round_ in range(settings.rounds):
-        order = list(loaders) if round_ % 2 == 0 else list(loaders)[::-1]
-        for name in order:
-            batches = iter(loaders[name](round_))
-            for step in range(settings.warmup + settings.steps):
-                record = timed_step(model, optimizer, batches, settings.device)
-                if step >= settings.warmup:
-                    steps[name].append(record)
-            del batches  # its workers stop
-            seconds = ", ".join(f"{s['seconds']:.2f}" for s in steps[name][-settings.steps :])
-            print(f"  round {round_ + 1}/{settings.rounds}, {name}: steps of {seconds} s")
-    # The peak memory of one more step each (the next round's first batch), apart from the timed
+    run = interleaved if settings.interleave else side_by_side
+    steps = run(model, optimizer, loaders, settings)
+    # The peak memory of one more step each (a later epoch's first batch), apart from the timed
     # ones: on a CPU its measure changes how malloc gives memory back (limit_malloc_caching)
     if not settings.device.startswith("cuda"):
         limit_malloc_caching()
@@ -517,6 +521,49 @@ def run_strategies(model, loaders: dict, settings: Settings) -> dict:
         peaks[name] = timed_step(model, optimizer, batches, settings.device, memory)["peak"]
         del batches
     return {name: {"steps": steps[name], "peak": peaks[name]} for name in loaders}
+
+
+def interleaved(model, optimizer, loaders: dict, settings: Settings) -> dict:
+    """One loader per strategy, all running in their workers; a step of each in turn (the order
+    reversed every other step), so that each meets the machine's load alike. The first --warmup
+    steps of each are left out."""
+    batches = {name: iter(loader(0)) for name, loader in loaders.items()}
+    steps = {name: [] for name in loaders}
+    for step in range(settings.warmup + settings.steps):
+        order = list(loaders) if step % 2 == 0 else list(loaders)[::-1]
+        records = {n: timed_step(model, optimizer, batches[n], settings.device) for n in order}
+        if step >= settings.warmup:
+            for name, record in records.items():
+                steps[name].append(record)
+        print_progress(f"step {step + 1}/{settings.warmup + settings.steps}", records)
+    return steps
+
+
+def side_by_side(model, optimizer, loaders: dict, settings: Settings) -> dict:
+    """--rounds rounds, the strategies side by side (the order reversed every other round), each
+    alone with a fresh loader, as in training; the first --warmup steps of each are left out."""
+    steps = {name: [] for name in loaders}
+    for round_ in range(settings.rounds):
+        order = list(loaders) if round_ % 2 == 0 else list(loaders)[::-1]
+        for name in order:
+            batches = iter(loaders[name](round_))
+            records = [
+                timed_step(model, optimizer, batches, settings.device)
+                for _ in range(settings.warmup + settings.steps)
+            ]
+            del batches  # its workers stop
+            steps[name] += records[settings.warmup :]
+            print_progress(f"round {round_ + 1}/{settings.rounds}", {name: records})
+    return steps
+
+
+def print_progress(where: str, records: dict) -> None:
+    """Each strategy's last steps: wall-clock and CPU seconds, and the tokens they computed."""
+    parts = []
+    for name, rs in records.items():
+        for r in rs if isinstance(rs, list) else [rs]:
+            parts.append(f"{name} {r['seconds']:.1f} s (CPU {r['cpu']:.1f}, {r['computed']:,} tok)")
+    print(f"  {where}: " + ", ".join(parts), flush=True)
 
 
 def summarize(steps: list[dict], peak: int) -> dict:
@@ -534,6 +581,7 @@ def summarize(steps: list[dict], peak: int) -> dict:
         "wait_share": total("wait") / total("seconds"),
         "peak_gb": peak / GB,
         "real_per_step": total("real") / len(steps),
+        "cpu_ms_per_real_token": 1000 * statistics.median(s["cpu"] / s["real"] for s in steps),
         "trained_share": total("trained") / total("real"),
     }
 
@@ -570,6 +618,16 @@ def print_table(summary: dict) -> None:
             f"| {s['waste']:.2f}x | {s['ms_per_real_token']:.3f} | {s['wait_share']:.1%} "
             f"| {s['peak_gb']:.2f} |"
         )
+
+
+def print_cpu_time(summary: dict) -> None:
+    """A CPU's check against its load: this process's CPU time per real token (median over the
+    steps), which other jobs on the machine stretch far less than the wall clock."""
+    cpu = {name: s["cpu_ms_per_real_token"] for name, s in summary.items()}
+    print(
+        "CPU time per real token (ms): " + ", ".join(f"{n} {t:.2f}" for n, t in cpu.items())
+        + f"; naive/packed {cpu['naive'] / cpu[PACKER]:.2f}x"
+    )  # fmt: skip
 
 
 def last_line(summary: dict) -> str:
@@ -661,8 +719,13 @@ def main(argv=None) -> dict:
         runs = run_strategies(model, loaders, settings)
         del model
         results[attention] = {name: summarize(**runs[name]) for name in STRATEGIES}
-        print(f"{attention}: {settings.rounds} rounds of {settings.steps} counted steps a strategy")
+        how = (
+            "interleaved:" if settings.interleave else f"side by side, {settings.rounds} rounds of"
+        )
+        print(f"{attention}, {how} {settings.steps} counted steps a strategy")
         print_table(results[attention])
+        if not settings.device.startswith("cuda"):
+            print_cpu_time(results[attention])
         print()
     # The decoder layers' share, the figure, and the number the bench is about
     best = max(results, key=lambda a: results[a][PACKER]["real_tok_s"])
