@@ -15,7 +15,7 @@ written here (no download; random weights: a step's time does not depend on them
          1,280; bfloat16 weights and AdamW state; every attention implementation mmdp packs for
          that is there, in turn: sdpa, flex_attention, flash_attention_2 where flash-attn is
          installed (on a CPU: sdpa alone)
-    cpu  the same class scaled to 2 cores: 10 decoder layers of hidden size 384 (MLP 2,064: the
+    cpu  the same class scaled to 2 cores: 14 decoder layers of hidden size 384 (MLP 2,064: the
          3B's ratio; 6 heads of 64, 2 key-value heads), a 2-block vision tower of width 128;
          float32 (an AVX2 CPU has no fast bfloat16), sdpa, torch on one thread (--threads 1):
          the other core runs the loader's worker, and 2 threads on a busy 2-core machine wait
@@ -28,9 +28,9 @@ micro_batch_loss), so the decoder layers, not the output layer, are most of a st
 prints their share of the step's matrix products).
 
 Every step is a trainer's: the loader's next batch, model_inputs(batch, model), the model called
-as model(**inputs) inside micro_batch_loss, backward, AdamW, zero_grad. The batches come from the
-embedded dataset through Qwen2.5-VL's processor (built offline), made in DataLoader workers
-(--num-workers) while the model computes, as in training:
+as model(**inputs) inside micro_batch_loss, backward, AdamW (fused: Trainer's default), zero_grad.
+The batches come from the embedded dataset through Qwen2.5-VL's processor (built offline), made in
+DataLoader workers (--num-workers) while the model computes, as in training:
 
     naive        a torch DataLoader over VQADataset, --batch-size samples each padded to the
                  longest of its batch (stage 2)
@@ -43,10 +43,16 @@ of one sample (mmdp's layout_pack + collate_packs: PaddedRows), so a padded batc
 real family's model takes (Qwen's 4-row position_ids, mm_token_type_ids, image_grid_thw) and its
 padding tail runs through every layer, as it does beside an attention_mask.
 
-The strategies run side by side, each alone with its loader (as in training), in --rounds rounds
-(the order reversed every other round, so that each meets the machine's load alike); each round
-starts a fresh loader, and its first --warmup steps (workers starting, the optimizer's state,
-compiles) are not counted. Per strategy, over the counted steps:
+Two orders (--interleave, --no-interleave). The cpu preset interleaves: one loader per
+strategy, all running in their workers, a step of each in turn (the order reversed every other
+step), so that on a shared machine each strategy meets the other jobs' load alike (side by side,
+a burst of load once stretched one strategy's steps 3-5x for a minute). Each loader then has
+three steps' time to make its next batch, so its wait is a floor; on the cpu preset a batch
+takes its worker about 0.4 s against steps of 5-20 s. The gpu preset runs the strategies side by
+side: --rounds rounds (the order reversed every other round), each strategy alone with a fresh
+loader, as in training, so the wait is the one training sees. Either way the first --warmup steps
+of each loader (workers starting, the optimizer's state, compiles) are not counted. Per strategy,
+over the counted steps:
 
     step (s)          median time of a whole step: waiting for the batch, then computing it
     real tok/s        median over steps of real tokens / step time (real: not padding, the
@@ -148,14 +154,17 @@ QWEN2_5_VL_3B = {
     },
 }
 
-# The same architecture for 2 CPU cores: 3/16 of the width, 10 of the 36 layers, the 3B's MLP
+# The same architecture for 2 CPU cores: 3/16 of the width, 14 of the 36 layers, the 3B's MLP
 # ratio (11,008 / 2,048), head_dim 64 (so the rotary sections halve), a small vision tower.
+# 14 layers, not 10: with 10, what does not shrink with padding (the vision tower and the output
+# layer, per real token; the optimizer, per step) kept packed/naive at 0.88x the waste ratio;
+# with 14, 0.99x (CPU time of the same 3 batches of each strategy, one thread).
 QWEN2_5_VL_CPU = {
     "text": {
         **QWEN2_5_VL_3B["text"],
         "hidden_size": 384,
         "intermediate_size": 2064,
-        "num_hidden_layers": 10,
+        "num_hidden_layers": 14,
         "num_attention_heads": 6,
         "num_key_value_heads": 2,
         "rope_parameters": {
@@ -507,7 +516,8 @@ def timed_step(model, optimizer, batches, device: str, memory: PeakMemory | None
 
 def run_strategies(model, loaders: dict, settings: Settings) -> dict:
     """Each strategy's counted steps (interleaved or side by side), then its memory step."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    # fused: Trainer's default optimizer (adamw_torch_fused, torch >= 2.8), on a CPU too
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     run = interleaved if settings.interleave else side_by_side
     steps = run(model, optimizer, loaders, settings)
     # The peak memory of one more step each (a later epoch's first batch), apart from the timed
