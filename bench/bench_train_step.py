@@ -25,7 +25,8 @@ written here (no download; random weights: a step's time does not depend on them
 Both keep our tokenizer's vocabulary (49,156 tokens, not Qwen's 151,936), and the trainers'
 loss: the output layer runs on the trained positions only (mmdp.training.loss.batch_loss, through
 micro_batch_loss), so the decoder layers, not the output layer, are most of a step (the run
-prints their share of the step's matrix products).
+prints how a packed step's matrix products on the weights split between the decoder layers, the
+output layer and the vision tower).
 
 Every step is a trainer's: the loader's next batch, model_inputs(batch, model), the model called
 as model(**inputs) inside micro_batch_loss, backward, AdamW (fused: Trainer's default), zero_grad.
@@ -510,6 +511,7 @@ def timed_step(model, optimizer, batches, device: str, memory: PeakMemory | None
         "real": int(real_token_mask(batch).sum()),
         "computed": batch["input_ids"].numel(),
         "trained": int(tokens),
+        "patches": len(batch.get("pixel_values", ())),  # Qwen-VL: a row per patch
         "peak": memory.stop() if memory else None,
     }
 
@@ -593,6 +595,7 @@ def summarize(steps: list[dict], peak: int) -> dict:
         "real_per_step": total("real") / len(steps),
         "cpu_ms_per_real_token": 1000 * statistics.median(s["cpu"] / s["real"] for s in steps),
         "trained_share": total("trained") / total("real"),
+        "patches_per_real_token": total("patches") / total("real"),
     }
 
 
@@ -605,14 +608,18 @@ def compare(summary: dict) -> dict:
     }
 
 
-def layers_share(counts: dict, summary: dict) -> float:
-    """The decoder layers' share of the matrix products a packed step computes on its weights:
-    decoder-layer parameters x computed tokens, against the output layer's x trained positions
-    (the loss runs it there only). Attention's own products and the vision tower left out."""
+def matmul_shares(counts: dict, summary: dict) -> dict:
+    """Where the matrix products a packed step computes on its weights go (per real token: each
+    part's parameters x the positions it runs on): the decoder layers on every computed token,
+    the output layer on the trained positions only (the loss runs it there), the vision tower on
+    every patch. Attention's own products (the scores) left out."""
     packed = summary[PACKER]
-    layers = counts["decoder layers"] * packed["waste"]
-    head = counts["output layer"] * packed["trained_share"]
-    return layers / (layers + head)
+    work = {
+        "decoder layers": counts["decoder layers"] * packed["waste"],
+        "output layer": counts["output layer"] * packed["trained_share"],
+        "vision tower": counts["vision tower"] * packed["patches_per_real_token"],
+    }
+    return {part: w / sum(work.values()) for part, w in work.items()}
 
 
 # Printing and the figure ---------------------------------------------------------------------
@@ -739,9 +746,9 @@ def main(argv=None) -> dict:
         print()
     # The decoder layers' share, the figure, and the number the bench is about
     best = max(results, key=lambda a: results[a][PACKER]["real_tok_s"])
-    share = layers_share(counts, results[best])
-    print(f"decoder layers: {share:.0%} of the weights' matrix products of a packed step "
-          "(the output layer runs on the trained positions only)")  # fmt: skip
+    shares = matmul_shares(counts, results[best])
+    print("a packed step's matrix products on the weights: " + ", ".join(
+        f"{part} {share:.0%}" for part, share in shares.items()))  # fmt: skip
     print(f"took {time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f}")
     if settings.figure:
         save_figure(results, best, settings)

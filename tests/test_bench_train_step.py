@@ -59,7 +59,7 @@ def test_constrained_rows_drop_longer_samples_and_pad_to_the_length(samples):
 #           peak 1 GB
 def step(seconds, wait, real, computed):
     return {"seconds": seconds, "wait": wait, "real": real, "computed": computed,
-            "trained": real // 2}  # fmt: skip
+            "trained": real // 2, "patches": real // 4, "cpu": seconds / 2}  # fmt: skip
 
 
 NAIVE = {"steps": [step(2.0, 0.2, 100, 200), step(4.0, 0.2, 100, 250)], "peak": 2e9}
@@ -75,6 +75,16 @@ def test_a_strategys_figures_over_its_steps():
     assert naive["ms_per_real_token"] == pytest.approx(1000 / 37.5)
     assert naive["peak_gb"] == 2.0
     assert naive["trained_share"] == 0.5
+    assert naive["cpu_ms_per_real_token"] == pytest.approx(1000 * 1.5 / 100)  # CPU 1 s and 2 s
+
+
+def test_a_packed_steps_products_split_by_the_positions_each_part_runs_on():
+    # per real token: layers 100 x 1.1 computed, output layer 40 x 0.5 trained, vision tower
+    # 40 x 0.25 patches: 110, 20 and 10 of 140
+    counts = {"decoder layers": 100, "output layer": 40, "vision tower": 40}
+    shares = bench.matmul_shares(counts, {bench.PACKER: bench.summarize(**PACKED)})
+    assert shares == pytest.approx({"decoder layers": 110 / 140, "output layer": 20 / 140,
+                                    "vision tower": 10 / 140})  # fmt: skip
 
 
 def test_the_last_line_compares_packing_with_naive_padding_on_the_same_batches():
