@@ -46,20 +46,20 @@ padding tail runs through every layer, as it does beside an attention_mask.
 
 Two orders (--interleave, --no-interleave). The cpu preset interleaves: one loader per
 strategy, all running in their workers, a step of each in turn (the order reversed every other
-step), so that on a shared machine each strategy meets the other jobs' load alike (side by side,
-a burst of load once stretched one strategy's steps 3-5x for a minute). Each loader then has
-three steps' time to make its next batch, so its wait is a floor; on the cpu preset a batch
-takes its worker about 0.4 s against steps of 5-20 s. The gpu preset runs the strategies side by
-side: --rounds rounds (the order reversed every other round), each strategy alone with a fresh
-loader, as in training, so the wait is the one training sees. Either way the first --warmup steps
-of each loader (workers starting, the optimizer's state, compiles) are not counted. Per strategy,
-over the counted steps:
+step), so that on a machine shared with other jobs each strategy meets their load alike (side by
+side, each meets whatever load its own minutes bring). Each loader then has three steps' time to
+make its next batch, so its wait is a floor; on the cpu preset a batch takes its worker about
+0.4 s against steps of 5-20 s. The gpu preset runs the strategies side by side: --rounds rounds
+(the order reversed every other round), each strategy alone with a fresh loader, as in training,
+so the wait is the one training sees. Either way the first --warmup steps of each loader (workers
+starting, the optimizer's state, compiles) are not counted. Per strategy, over the counted
+steps:
 
     step (s)          median time of a whole step: waiting for the batch, then computing it
-    real tok/s        median over steps of real tokens / step time (real: not padding, the
-                      batch's real_token_mask; prompts and image tokens included)
+    real tok/s        real tokens over the time of the steps that hold them, summed (real: not
+                      padding, the batch's real_token_mask; prompts and image tokens included)
     computed tok/s    the same for computed tokens: rows x row length
-    waste             computed tokens / real tokens, summed over the counted batches
+    waste             computed tokens / real tokens, summed over the same steps
     ms / real token   1,000 / real tok/s: what the figure draws
     loader wait       time blocked in next(loader), summed, over the steps' time, summed
     peak (GB)         the most one more step holds above what it starts with (activations,
@@ -580,20 +580,24 @@ def print_progress(where: str, records: dict) -> None:
 
 def summarize(steps: list[dict], peak: int) -> dict:
     """A strategy's figures over its counted steps, and the peak of its memory step (bytes; see
-    the module docstring)."""
+    the module docstring). Tokens per second are the steps' tokens over the steps' time, as the
+    waste is their computed over their real tokens: were a step's time its computed tokens'
+    alone, packed/naive would then be the waste ratio exactly (a median of per-step rates would
+    not: naive padding's widest batches are both its slowest per real token and its most
+    wasteful, and a median leaves out the one but not the other)."""
     total = lambda key: sum(s[key] for s in steps)  # noqa: E731
-    real_per_s = statistics.median(s["real"] / s["seconds"] for s in steps)
+    real_per_s = total("real") / total("seconds")
     return {
         "steps": len(steps),
         "step_s": statistics.median(s["seconds"] for s in steps),
         "real_tok_s": real_per_s,
-        "computed_tok_s": statistics.median(s["computed"] / s["seconds"] for s in steps),
+        "computed_tok_s": total("computed") / total("seconds"),
         "waste": total("computed") / total("real"),
         "ms_per_real_token": 1000 / real_per_s,
         "wait_share": total("wait") / total("seconds"),
         "peak_gb": peak / GB,
         "real_per_step": total("real") / len(steps),
-        "cpu_ms_per_real_token": 1000 * statistics.median(s["cpu"] / s["real"] for s in steps),
+        "cpu_ms_per_real_token": 1000 * total("cpu") / total("real"),
         "trained_share": total("trained") / total("real"),
         "patches_per_real_token": total("patches") / total("real"),
     }

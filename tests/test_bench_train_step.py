@@ -53,8 +53,9 @@ def test_constrained_rows_drop_longer_samples_and_pad_to_the_length(samples):
 
 
 # Two counted steps of naive padding and of packing, worked by hand, and their memory steps:
-#   naive   2 s and 4 s, 100 real tokens each, 200 and 250 computed: real tok/s 50 and 25
-#           (median 37.5), waste 450 / 200 = 2.25, loader wait 0.4 of 6 s; peak 2 GB
+#   naive   2 s and 4 s (median 3), 100 real tokens each of 200 and 250 computed: 200 real
+#           tokens in 6 s, 33.3 real tok/s; waste 450 / 200 = 2.25; loader wait 0.4 of 6 s; CPU
+#           1 s and 2 s, 15 ms a real token; peak 2 GB
 #   packed  1 s each, 100 real tokens of 110 computed: 100 real tok/s, waste 1.1, wait 0.2 of 2 s;
 #           peak 1 GB
 def step(seconds, wait, real, computed):
@@ -68,14 +69,15 @@ PACKED = {"steps": [step(1.0, 0.1, 100, 110), step(1.0, 0.1, 100, 110)], "peak":
 
 def test_a_strategys_figures_over_its_steps():
     naive = bench.summarize(**NAIVE)
-    assert naive["real_tok_s"] == 37.5
+    assert naive["real_tok_s"] == pytest.approx(200 / 6)
+    assert naive["computed_tok_s"] == pytest.approx(450 / 6)
     assert naive["step_s"] == 3.0
     assert naive["waste"] == 2.25
     assert naive["wait_share"] == pytest.approx(0.4 / 6)
-    assert naive["ms_per_real_token"] == pytest.approx(1000 / 37.5)
+    assert naive["ms_per_real_token"] == pytest.approx(30)
     assert naive["peak_gb"] == 2.0
     assert naive["trained_share"] == 0.5
-    assert naive["cpu_ms_per_real_token"] == pytest.approx(1000 * 1.5 / 100)  # CPU 1 s and 2 s
+    assert naive["cpu_ms_per_real_token"] == pytest.approx(15)
 
 
 def test_a_packed_steps_products_split_by_the_positions_each_part_runs_on():
@@ -90,10 +92,10 @@ def test_a_packed_steps_products_split_by_the_positions_each_part_runs_on():
 def test_the_last_line_compares_packing_with_naive_padding_on_the_same_batches():
     summary = {"naive": bench.summarize(**NAIVE), bench.PACKER: bench.summarize(**PACKED)}
     ratios = bench.compare(summary)
-    assert ratios["speed"] == pytest.approx(100 / 37.5)
+    assert ratios["speed"] == pytest.approx(100 / (200 / 6))
     assert ratios["waste"] == pytest.approx(2.25 / 1.1)
     assert bench.last_line(summary) == (
-        "train step: packed/naive real tok/s 2.67x (waste 2.05x), peak memory packed 1.0 GB / "
+        "train step: packed/naive real tok/s 3.00x (waste 2.05x), peak memory packed 1.0 GB / "
         "naive 2.0 GB, loader wait 10.0%"
     )
     assert LAST_LINE.fullmatch(bench.last_line(summary))
