@@ -116,6 +116,8 @@ UNCHECKED = {
 SMOKE = "tests/test_bench_and_examples.py::test_smallest_run_ends_on_its_figure"
 STAGES = "tests/test_stage_scripts.py::"
 RUN = {
+    "bench/bench_train_step.py": "tests/test_bench_train_step.py::"
+    "test_the_gpu_preset_runs_on_a_cpu_at_a_small_size (-m slow)",
     "tools/figures.py": "tests/test_figures.py::"
     "test_the_committed_figures_and_quoted_outputs_are_what_a_fresh_run_makes (-m slow)",
     "01_check_dataset.py": STAGES + "test_stage1_saves_the_sample_figure",
