@@ -1,7 +1,7 @@
 """One training step of a real VLM, fed by mmdp's loaders: naive padding, constrained padding
 and packing (images_first_bfd) at the same budgets, as time (issue 53).
 
-    uv run bench/bench_train_step.py --preset cpu          # 2 CPU cores: MINUTES
+    uv run bench/bench_train_step.py --preset cpu          # 2 CPU cores: 3.5-5 min
     uv run bench/bench_train_step.py --preset gpu          # one GPU: Qwen2.5-VL-3B's sizes, bf16
     uv run bench/bench_train_step.py --preset gpu --device cpu --dtype float32 --layers 1 \
         --batch-size 2 --packs-per-batch 1 --max-length 384 --warmup 0 --steps 1 --rounds 1 \
