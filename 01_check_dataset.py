@@ -16,10 +16,12 @@ seconds); later runs load it.
 import argparse
 import random
 
-from mmdp import BadImage, DataSettings, decode_image, marked_turns, system_prompt
+from mmdp.data.conversation import marked_turns, system_prompt
+from mmdp.data.images import BadImage, decode_image
+from mmdp.data.reading.settings import DataSettings
 from mmdp.errors import UserError, exit_on_user_error
 from mmdp.flags import add_data_args, description, display_path, non_negative_int, settings_of
-from mmdp.report import plot_sample, save_figure
+from mmdp.report.plots import plot_sample, save_figure
 
 
 def parse_args():
