@@ -7,10 +7,10 @@ image budget with the blog's ConstantLengthDataset (src/mmdp/loading/constant_le
 
 Reads stage 2's samples, drops those over a budget (counted by reason), packs the others with
 the blog's balanced greedy knapsack in a producer thread and lays each pack out with positions
-restarting at every sample. Prints one batch and the epoch's numbers; saves assets/05.png (the
-blog's figure), 05_vs_03.png (beside stage 3's batch) and 05_samples.png (each sample of each
-pack); then checks the same rows against mmdp's own loader, PackedDataset. About 15 s.
-Under torchrun, with videos, a real VLM's costs: examples/pack_planned.py.
+restarting at every sample. Prints one batch and the epoch's numbers, then one line checking the
+same rows against mmdp's own loader, PackedDataset; saves assets/05.png (the blog's figure),
+05_vs_03.png (beside stage 3's batch) and 05_samples.png (each sample of each pack), TinyVLM's
+only. About 15 s. Under torchrun, with videos, a real VLM's costs: examples/pack_planned.py.
 """
 
 import argparse
@@ -18,7 +18,7 @@ import argparse
 from torch.utils.data import DataLoader
 
 from mmdp.batch import real_token_mask
-from mmdp.config import BATCH_SIZE
+from mmdp.config import BATCH_SIZE, PACKS_PER_BATCH
 from mmdp.data.families import MODELS
 from mmdp.data.padding import stage3_batch
 from mmdp.data.reading.settings import DataSettings
@@ -32,6 +32,7 @@ from mmdp.flags import (
     description,
     display_path,
     model_processor,
+    positive_int,
     settings_of,
 )
 from mmdp.loading.constant_length import OVER_BUDGET, ConstantLengthDataset
@@ -40,7 +41,7 @@ from mmdp.report.epoch import PACKING_HINT, run_epoch, write_outputs
 from mmdp.report.model_plots import plot_pack_samples
 from mmdp.report.pack_report import PackReport
 from mmdp.report.plots import plot_padding, plot_padding_side_by_side, save_figure, waste_title
-from mmdp.report.printing import print_batch, print_run_settings
+from mmdp.report.printing import print_batch, print_settings
 
 
 def parse_args():
@@ -48,6 +49,8 @@ def parse_args():
     add_data_args(parser)
     add_loader_args(parser)
     add_model_and_budget_args(parser, MODELS)
+    parser.add_argument("--packs-per-batch", type=positive_int, default=PACKS_PER_BATCH,
+                        help=f"packs a batch, one a row (default: {PACKS_PER_BATCH})")  # fmt: skip
     parser.add_argument("--save-batch", help="torch.save the first batch to this path")
     return parser.parse_args()
 
@@ -63,7 +66,7 @@ def main():
     # A pack's budgets: 512 tokens and 18 images for TinyVLM (the blog's seq_length and
     # max_images_per_knapsack), a real VLM's own (tokens, vision-encoder patches)
     packing = config_for(samples.family, args)
-    print_run_settings(args, packing, samples.family.name)
+    print_settings(args, packing)
 
     # Wrap it: the blog's ConstantLengthDataset reads the samples, filters them, packs them
     # with the balanced greedy knapsack in a producer thread, and shards over the workers
@@ -131,9 +134,10 @@ def draw_figures(batch: dict, packed: PackedDataset, out_dir: str) -> None:
 
 
 def check_against_packed_dataset(samples: VQADataset, packing, report: PackReport):
-    """PackedDataset plans an epoch from the samples' weights before it reads a pixel: its packs,
-    their share of real tokens, and whether it packs the samples the knapsack above packed (but
-    for rows that fail only when built, a broken image, which its loader drops too)."""
+    """PackedDataset plans an epoch from the samples' token and image counts before it reads a
+    pixel: its packs, their share of real tokens, and whether it packs the samples the knapsack
+    above packed (but for rows that fail only when built, a broken image, which its loader drops
+    too)."""
     print("\nChecked against mmdp's own loader (planned up front, every rank equal, resumable):")
     packed = PackedDataset(samples, config=packing)
     plan = packed.plan()
