@@ -1,5 +1,8 @@
-"""Stage 4's loops as the blog writes them (mmdp.packing.knapsack): the blog's packs, the
-producer-consumer, and the library's fast packer giving the same packs."""
+"""The blog's knapsacks as it writes them, each held to the library's fast packer: stage 4's loops
+(mmdp.packing.knapsack: the blog's packs, the producer-consumer) and stage 5's
+ConstantLengthDataset (mmdp.loading.constant_length: its balanced greedy knapsack, its packs
+beside PackedDataset's samples on the same rows, its sharding, its producer's errors, its batch
+against mmdp.batch's contract and, through a real model, each sample seeing only itself)."""
 
 import random
 
@@ -232,22 +235,32 @@ FAMILIES = ["tiny", *(pytest.param(name, marks=pytest.mark.slow) for name in sor
 def test_its_batch_is_mmdp_batchs_contract(model, cauldron):
     """The same samples laid out and collated by mmdp.batch (the library's loaders) and by the
     blog's _pack_one_group and collate: every key equal, for TinyVLM and (-m slow) every real
-    family (Qwen-VL's 4-row positions and token types, SmolVLM's tiles, LLaVA's image counts)."""
+    family (Qwen-VL's 4-row positions and token types, SmolVLM's tiles, LLaVA's image counts;
+    the videos of those that take them)."""
     from mmdp.batch import collate_packs, layout_pack
-    from mmdp.data.families import tiny_processor
+    from mmdp.data.families import family_for, tiny_processor
+    from mmdp.data.reading.sources import load_synthetic_videos, with_videos
     from mmdp.data.vqa_dataset import VQADataset
 
-    rows = cauldron if model == "tiny" else VQADataset(cauldron.dataset, tiny_processor(model))
+    rows = cauldron
+    if model != "tiny":  # and for a family that takes video, two clips
+        processor = tiny_processor(model)
+        videos = load_synthetic_videos(2) if family_for(processor).video_token else None
+        rows = VQADataset(
+            cauldron.dataset if videos is None else with_videos(cauldron.dataset, videos), processor
+        )
     family = rows.family
-    dataset = ConstantLengthDataset(rows, max_length=2048)
+    dataset = ConstantLengthDataset(rows, max_length=4096)
     samples = [rows[i] for i in range(20)]
     fits = [s for s in samples if s["drop_reason"] is None and len(s["input_ids"]) < 600]
-    groups = [fits[:3], fits[3:5]]  # at most 1,800 tokens a pack, images among them
+    clips = [rows[i] for i in range(len(cauldron), len(rows))]
+    groups = [fits[:3] + clips[:1], fits[3:5] + clips[1:]]  # images among them, clips with them
     assert sum(s["image_count"] for g in groups for s in g) > 0
     mine = dataset.collate([dataset._pack_one_group(group) for group in groups])
-    packs = [layout_pack(g, 2048, family.pad_token_id, family) for g in groups]
+    packs = [layout_pack(g, 4096, family.pad_token_id, family) for g in groups]
     theirs = collate_packs([{**p, "batch_index": 0, "dropped": {}} for p in packs], family)
     assert set(mine) == set(theirs) - {"batch_index"} | {"epoch"}
+    assert ("pixel_values_videos" in mine) == bool(clips)
     for key in set(theirs) - {"batch_index", "dropped_rows"}:
         same = torch.equal if isinstance(theirs[key], torch.Tensor) else (lambda a, b: a == b)
         assert same(mine[key], theirs[key]), key
