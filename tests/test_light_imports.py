@@ -6,6 +6,7 @@ each name from the module where it lives, so that a reader finds its file in one
 
 import ast
 import json
+import re
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ ENGINES = tuple(
 )
 MAX_LINES = {"04_knapsack_toy.py": 800, **dict.fromkeys(STAGES[:3], 3_500)}
 BLOGS_DATASET = "mmdp.loading.constant_length"  # stage 5's ConstantLengthDataset
+DEFINITIONS = (ast.FunctionDef, ast.ClassDef)
 
 # One process for all: `import mmdp` first, then the stage without a heavy library (4), then the
 # others; before each, mmdp's modules are forgotten (pure Python: imported again, in full), so
@@ -148,3 +150,36 @@ def test_the_import_check_names_a_name_taken_from_a_face():
         "mmdp.data.vqa_dataset"
     )
     assert "MAX_LENGTH" in defined_in("mmdp.config")
+
+
+def test_the_readme_links_the_blogs_dataset_with_each_piece_of_its_table():
+    """README stage 5: the module's link and true line count (at most 250), and the blog's table
+    row by row, each row linking the file that defines the function it names."""
+    readme = (REPO / "README.md").read_text()
+    module = module_path(BLOGS_DATASET).relative_to(REPO)
+    lines = len((REPO / module).read_text().splitlines())
+    assert lines <= 250 and f"[C]: {module}" in readme and f"[C] ({lines} lines)" in readme
+    table = readme.split("| Blog | Stage 5 | Here |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    rows = {line.split("|")[1].strip(): line.split("|")[3] for line in table}
+    assert list(rows) == ["Item", "Weight", "Knapsack", "Packing Strategy", "Producer-Consumer",
+                          "Sample Filtering", "Sharding", "Batching", "Output"]  # fmt: skip
+    for blog, cell in rows.items():
+        links = re.findall(r"\[([^\]]+)\](?:\(([^)#]+)[^)]*\)|\[C\])", cell)
+        code = [(name, path or str(module)) for text, path in links
+                for name in re.findall(r"`([\w.]+)", text)]  # fmt: skip
+        assert code, f"{blog}: links no function"
+        for name, path in code:
+            if path.endswith(".py"):
+                tree = ast.parse((REPO / path).read_text())
+                functions = {n.name for n in ast.walk(tree) if isinstance(n, DEFINITIONS)}
+                assert name.split(".")[-1] in functions, f"{blog}: {path} defines no {name}"
+
+
+def test_the_table_check_names_a_function_the_file_lacks(tmp_path):
+    """Negative control: the same parse on a made-up row names what the file does not define."""
+    cell = " [`_knapsack_of_the_blog`][C] "
+    links = re.findall(r"\[([^\]]+)\](?:\(([^)#]+)[^)]*\)|\[C\])", cell)
+    names = [name for text, _ in links for name in re.findall(r"`([\w.]+)", text)]
+    tree = ast.parse(module_path(BLOGS_DATASET).read_text())
+    assert names == ["_knapsack_of_the_blog"]
+    assert names[0] not in {n.name for n in ast.walk(tree) if isinstance(n, DEFINITIONS)}
