@@ -10,7 +10,7 @@ Prints the packs, checks that the library's fast packer (mmdp.packing.packers.pa
 same ones, and saves assets/04_greedy.png and assets/04_binpack.png.
 
 Differs from the blog: no DataLoader workers sharding the items (the blog's _get_data_range); a
-toy needs none, and stage 5 shards its packs across ranks and workers.
+toy needs none, and stage 5 shards its samples across ranks and workers.
 """
 
 import argparse
