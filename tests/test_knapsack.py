@@ -151,17 +151,17 @@ def text_sample(row: int, length: int, generator: torch.Generator, vocab: int = 
 
 @pytest.fixture(scope="module")
 def cauldron(tokenizer):
-    """300 rows of the embedded dataset as stage 5 reads them (VQADataset, TinyVLM)."""
+    """160 rows of the embedded dataset as stage 5 reads them (VQADataset, TinyVLM)."""
     from mmdp.data.reading.settings import DataSettings
     from mmdp.data.vqa_dataset import VQADataset
 
-    return VQADataset(DataSettings(num_rows=300).load(), tokenizer)
+    return VQADataset(DataSettings(num_rows=160).load(), tokenizer)
 
 
 def test_on_the_same_rows_its_packs_are_the_packers_and_its_samples_packed_datasets(cauldron):
     """One buffer, read in make_base_iterator's order: the packs are mmdp.pack's balanced greedy
     packs of those samples, and the samples packed are the ones PackedDataset plans (the same
-    filter: 36 rows over 256 tokens)."""
+    filter: 19 rows over 256 tokens)."""
     from mmdp.loading.packed_dataset import PackedDataset
     from mmdp.packing.packing_config import PackingConfig
 
@@ -170,8 +170,12 @@ def test_on_the_same_rows_its_packs_are_the_packers_and_its_samples_packed_datas
     dropped = [row for p in packs for row in p["dropped_rows"]]
     assert {reason for _, reason in dropped} == {TOO_LONG}
     read = [i for i in dataset.make_base_iterator() if i not in dict(dropped)]
-    sizes = [constant_length.size(cauldron[i]) for i in read]
-    lengths, images, _ = zip(*sizes)
+    size = {  # each sample's tokens and images, as its pack holds them
+        row: (tokens, vision["image_count"])
+        for p in packs
+        for row, tokens, vision in zip(p["sample_index"], p["seq_lens"], p["vision"])
+    }
+    lengths, images = zip(*(size[i] for i in read))
     expected = pack(lengths, max_length=256, strategy="balanced_greedy",
                     image_counts=images, max_images=3)  # fmt: skip
     mine = sorted(sorted(p["sample_index"]) for p in packs if p["sample_index"])
@@ -180,7 +184,7 @@ def test_on_the_same_rows_its_packs_are_the_packers_and_its_samples_packed_datas
     config = PackingConfig(max_length=256, max_images=3)
     plan = PackedDataset(cauldron, config=config).plan()
     assert set(plan.rows.tolist()) == {row for p in packs for row in p["sample_index"]}
-    assert plan.dropped == {TOO_LONG: len(dropped)} and len(dropped) == 36
+    assert plan.dropped == {TOO_LONG: len(dropped)} and len(dropped) == 19
 
 
 def test_every_row_read_once_over_ranks_and_workers(cauldron, monkeypatch):
@@ -197,7 +201,7 @@ def test_every_row_read_once_over_ranks_and_workers(cauldron, monkeypatch):
             monkeypatch.setattr(constant_length.dist, "get_rank", lambda rank=rank: rank)
             shares.append(list(dataset.make_base_iterator()))
     rows = [row for share in shares for row in share]
-    assert sorted(rows) == list(range(len(cauldron))) and {len(s) for s in shares} == {75}
+    assert sorted(rows) == list(range(len(cauldron))) and {len(s) for s in shares} == {40}
     dataset.set_epoch(1)
     assert list(dataset.make_base_iterator()) != shares[-1]
 
