@@ -1,17 +1,19 @@
-"""A tiny random Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE of the real class, for tests on CPU (its
-processor side: mmdp.data.families.qwen_vl)."""
+"""A tiny random Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 or Qwen3.5-MoE of the real class,
+for tests on CPU (its processor side: mmdp.data.families.qwen_vl)."""
 
 import torch
 import transformers
 
-from mmdp.data.families.qwen_vl import SPECIAL_TOKENS, Qwen2_5_VL
+from mmdp.data.families import family_for
+from mmdp.data.families.qwen_vl import SPECIAL_TOKENS, Qwen2_5_VL, Qwen3_5
 
 
 def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa", moe: bool = False):
     """A randomly initialised model of the real class, small enough for a CPU test, its token
-    ids aligned with `processor`'s tokenizer. `moe` (a Qwen3-VL processor only): the
-    mixture-of-experts class, Qwen3VLMoeForConditionalGeneration (as Qwen3-VL-30B-A3B), 4
-    experts of which each token takes 2, the same processor and positions as Qwen3-VL."""
+    ids aligned with `processor`'s tokenizer. `moe` (a Qwen3-VL or Qwen3.5 processor): the
+    mixture-of-experts class, Qwen3VLMoeForConditionalGeneration (as Qwen3-VL-30B-A3B) or
+    Qwen3_5MoeForConditionalGeneration, 4 experts of which each token takes 2, the same processor
+    and positions as the dense class."""
     tokenizer, image_processor = processor.tokenizer, processor.image_processor
     ids = {
         f"{name}_id": tokenizer.convert_tokens_to_ids(token)
@@ -44,7 +46,9 @@ def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa", moe:
         "spatial_merge_size": image_processor.merge_size,
         "temporal_patch_size": image_processor.temporal_patch_size,
     }
-    if isinstance(processor, transformers.Qwen3VLProcessor):
+    if isinstance(family_for(processor), Qwen3_5):
+        model_class, model_config = qwen3_5(text, vision, ids, moe)
+    elif isinstance(processor, transformers.Qwen3VLProcessor):
         text["head_dim"] = 16
         text["rope_parameters"] = {
             **text["rope_parameters"],
@@ -61,7 +65,7 @@ def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa", moe:
             )
             model_class = transformers.Qwen3VLMoeForConditionalGeneration
     elif moe:
-        raise ValueError("a mixture-of-experts tiny model needs a Qwen3-VL processor")
+        raise ValueError("a mixture-of-experts tiny model needs a Qwen3-VL or Qwen3.5 processor")
     else:
         vision.update(window_size=112, fullatt_block_indexes=[1])  # windows, then full attention
         # a video's temporal positions step by this: the released checkpoints' 2, not the
@@ -73,4 +77,42 @@ def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa", moe:
     model = model_class._from_config(
         model_config, attn_implementation=attn_implementation, dtype=torch.float32
     )
+    with torch.no_grad():  # Qwen3.5: decays of 0.01-0.1 a token, a state that lasts for tens
+        for layer in model.modules():  # of tokens, as some heads of the released models keep
+            if hasattr(layer, "A_log"):
+                layer.A_log.copy_(torch.linspace(0.01, 0.1, len(layer.A_log)).log())
     return model.eval()
+
+
+def qwen3_5(text: dict, vision: dict, ids: dict, moe: bool):
+    """Qwen3.5's class and config: a Gated DeltaNet layer (linear attention: a causal conv of 4
+    taps, then a recurrent state along the row) before a gated attention layer, as the released
+    models interleave them 3:1; rotary on a quarter of each head (partial_rotary_factor 0.25, as
+    released), which the mRoPE sections split (modeling_qwen3_5.Qwen3_5TextRotaryEmbedding)."""
+    text.update(
+        initializer_range=0.1,  # weights large enough for a sample's leak to show in the loss
+        head_dim=64,
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    )
+    text["rope_parameters"] = {
+        **text["rope_parameters"],
+        "mrope_section": [4, 2, 2],
+        "mrope_interleaved": True,
+        "partial_rotary_factor": 0.25,
+    }
+    vision["num_position_embeddings"] = 16
+    if not moe:
+        config = transformers.Qwen3_5Config(text_config=text, vision_config=vision, **ids)
+        return transformers.Qwen3_5ForConditionalGeneration, config
+    text.update(
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+    )
+    config = transformers.Qwen3_5MoeConfig(text_config=text, vision_config=vision, **ids)
+    return transformers.Qwen3_5MoeForConditionalGeneration, config
