@@ -40,15 +40,12 @@ def gemma3_masks(batch: dict, model) -> dict:
     return packed_attention_masks(batch, model)
 
 
-# A hybrid model (Qwen3.5, Qwen3.5-MoE) has linear-attention layers besides attention: a Gated
-# DeltaNet runs a causal conv of 4 taps, then carries a state along the row, which neither
-# restarting positions nor a mask resets. Only its kernels keep packed samples apart, given the
-# sample bounds. transformers resolves them when it imports the model's module, the package's
-# kernel if installed, else its own torch code, which refuses the bounds ("can't keep packed
-# sequences apart") and without them mixes the samples; and it passes a kernel only the keyword
-# arguments its signature names (integrations/hub_kernels.py,
-# use_kernel_func_from_hub_with_fallback). So mmdp checks what it resolved: by each kernel's name
-# in the layer's module, the argument that must take the bounds, and the package to install.
+# A hybrid model (Qwen3.5) carries a state along the row in its linear-attention layers (a causal
+# conv, then a recurrence) that neither positions nor a mask reset: only their kernels keep packed
+# samples apart, given the bounds. transformers picks each kernel when it imports the model's
+# module (the package's, else its own torch code, which refuses bounds) and passes it only the
+# arguments its signature names (integrations/hub_kernels.py, use_kernel_func_from_hub_with_fallback).
+# By each kernel's name in the layer's module: the argument that takes the bounds, what installs it.
 LINEAR_ATTENTION_KERNELS = {
     "causal_conv1d_fn": ("seq_idx", "causal-conv1d"),
     "torch_chunk_gated_delta_rule": ("cu_seqlens", "flash-linear-attention"),
@@ -116,10 +113,9 @@ def is_hybrid(model) -> bool:
 
 
 def check_linear_attention(model) -> None:
-    """Refuse, in one sentence naming what to install, a hybrid model whose linear-attention
-    kernels, as transformers resolved them, would not keep packed samples apart: its torch code
-    (no package installed), or a kernel whose signature takes no bounds (transformers would drop
-    them). A layer is a decoder layer's `linear_attn`; its kernels are its module's functions."""
+    """Refuse, in one sentence naming what to install, a hybrid model whose kernels (those of each
+    decoder layer's `linear_attn`, as transformers resolved them) would not keep packed samples
+    apart: transformers' torch code, or a kernel whose signature takes no bounds."""
     layers = {type(m.linear_attn) for m in model.modules() if hasattr(m, "linear_attn")}
     missing = [] if layers else [package for _, package in LINEAR_ATTENTION_KERNELS.values()]
     for layer in layers:
@@ -138,17 +134,13 @@ def check_linear_attention(model) -> None:
 
 
 def one_row(inputs: dict) -> dict:
-    """A batch's packs laid end to end as ONE row, with the sample bounds for every layer: what
-    the linear-attention kernels take (flash-linear-attention's varlen chunk_gated_delta_rule
-    refuses a batch of more than one row).
-
-    input_ids, labels and the per-token inputs become [1, B * L], position_ids [4, 1, B * L];
-    cu_seq_lens_q/k already bound the segments of the B * L tokens read as one row, and transformers
-    hands them to attention and, as cu_seqlens, to chunk_gated_delta_rule
-    (modeling_qwen3_5.Qwen3_5GatedDeltaNet.forward); seq_idx numbers each token's segment for
-    causal_conv1d_fn. The loss stays the batch's: a pack's last token now predicts the next
-    pack's first label, which is -100 (a sample's first token, or padding: mmdp.batch.layout_pack).
-    Two packs of 4 tokens, samples of 3 and 1 in the first, one of 4 in the second:
+    """A batch's packs end to end as ONE row (flash-linear-attention's varlen kernel takes no
+    more), with the bounds for every layer: input_ids, labels and per-token inputs [1, B * L],
+    position_ids [4, 1, B * L]; cu_seq_lens_q/k already bound the segments of the B * L tokens,
+    for attention and (transformers passes cu_seq_lens_q as cu_seqlens) the recurrence, and
+    seq_idx numbers each token's segment for the conv. The loss stays the batch's: a pack's last
+    token predicts the next pack's first label, -100 (mmdp.batch.layout_pack). Two packs of 4
+    tokens, samples of 3 and 1 in the first, one of 4 in the second:
 
     >>> inputs = {"input_ids": torch.arange(8).view(2, 4), "cu_seq_lens_q": torch.tensor([0, 3, 4, 8])}
     >>> row = one_row(inputs)

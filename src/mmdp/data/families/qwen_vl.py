@@ -28,12 +28,10 @@ What a packed batch must carry (transformers 5.23, modeling_qwen2_5_vl.py / mode
 the family's settings, mmdp's SmolLM2 tokenizer plus Qwen's vision tokens, and a chat template of
 the family's shape. Its tiny random model (tests) is mmdp.models.tiny.qwen_vl.
 
-Qwen3.5 (and Qwen3.5-MoE, whose processor is the same) loads a Qwen3VLProcessor with Qwen3-VL's
-image and video settings (Qwen/Qwen3.5-*'s preprocessor_config.json and
-video_preprocessor_config.json), so it is weighed by Qwen3-VL's rules; what differs is its
-tokenizer (a Qwen3_5Tokenizer: mmdp.data.families tells the two apart by it), its token ids and
-its chat template. Its model differs more: most of its layers are linear attention, which the
-positions do not keep apart (mmdp.models.inputs).
+Qwen3.5 (and Qwen3.5-MoE: the same processor) loads a Qwen3VLProcessor with Qwen3-VL's image
+and video processors (Qwen/Qwen3.5-*'s preprocessor configs), weighed by Qwen3-VL's rules; its
+tokenizer (a Qwen3_5Tokenizer), ids and chat template differ, and its model's linear-attention
+layers need more than positions to keep samples apart (mmdp.models.inputs).
 
 Videos (Qwen2VLVideoProcessor for Qwen2.5-VL, Qwen3VLVideoProcessor for Qwen3-VL): the processor
 samples frames by its own rule (`sample_frames`: fps, min/max frames, rounded to the temporal
@@ -416,15 +414,13 @@ VIDEO_SETTINGS = {"do_sample_frames": True, "fps": 2, "cap_pixels_per_frame": Tr
 
 def offline_processor(family: type[QwenVL]):
     """A processor of `family` built with no network (see the module docstring)."""
-    if family is Qwen3_5:  # the tokenizer's class is what tells Qwen3.5 from Qwen3-VL
-        tokenizer = transformers.Qwen3_5Tokenizer.from_pretrained(
-            config.DEFAULT_TOKENIZER, extra_special_tokens=dict(SPECIAL_TOKENS)
-        )
+    # Qwen3.5's tokenizer class is what tells it from Qwen3-VL (mmdp.data.families.BY_TOKENIZER)
+    tokenizer_class = transformers.Qwen3_5Tokenizer if family is Qwen3_5 else AutoTokenizer
+    tokenizer = tokenizer_class.from_pretrained(
+        config.DEFAULT_TOKENIZER, extra_special_tokens=dict(SPECIAL_TOKENS)
+    )
+    if family is Qwen3_5:
         tokenizer.add_tokens(["<think>", "</think>"])  # added tokens in Qwen3.5's, not special
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(
-            config.DEFAULT_TOKENIZER, extra_special_tokens=dict(SPECIAL_TOKENS)
-        )
     if family is Qwen2_5_VL:
         return transformers.Qwen2_5_VLProcessor(
             image_processor=Qwen2VLImageProcessor(),  # the class defaults are Qwen2.5-VL's settings
