@@ -9,6 +9,9 @@
 2. examples/trainer.py with EXAMPLE_FLAGS, its --log-samples in OUT/samples.jsonl and its
    checkpoints in OUT/run; rank 0 writes what it printed (the final loss, eval_loss) to
    OUT/result.json.
+
+Qwen3.5's linear-attention layers run on the CPU stand-ins of their kernels (tests/hybrid_kernels.py),
+installed in every process: no other model has them.
 """
 
 import importlib.util
@@ -18,6 +21,7 @@ import sys
 from pathlib import Path
 
 import torch.distributed as dist
+from hybrid_kernels import linear_attention_kernels
 
 from mmdp.training.evaluation import evaluate
 from mmdp.training.examples import make_eval_loader, make_loader, make_model, training_settings
@@ -52,4 +56,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with linear_attention_kernels():
+        main()

@@ -177,7 +177,7 @@ def make_processor(settings: TrainingSettings):
 
 def family_of(model: str) -> str:
     """The family (mmdp.data.families) whose processor a --model uses."""
-    return "qwen3_vl" if model == "qwen3_vl_moe" else model
+    return model.removesuffix("_moe")
 
 
 def make_loader(
@@ -194,7 +194,7 @@ def make_loader(
     if videos and not samples.family.video_token:
         raise UserError(
             f"--videos: the {samples.family.name} family takes no video; use a --model that "
-            "does (qwen2_5_vl, qwen3_vl, qwen3_vl_moe, llava_onevision)"
+            "does (qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, llava_onevision)"
         )
     if videos:  # the clips after the rows
         samples = VQADataset(
@@ -259,8 +259,8 @@ def tiny_vlm(tokenizer, seed: int):
 
 
 # --model: mmdp's TinyVLM, or a tiny random model of a family's real transformers class
-# (qwen3_vl_moe: Qwen3VLMoeForConditionalGeneration, with Qwen3-VL's processor).
-MODELS = ("tiny_vlm", *FAMILY_MODELS, "qwen3_vl_moe")
+# (qwen3_vl_moe, qwen3_5_moe: the mixture-of-experts class, with the dense one's processor).
+MODELS = ("tiny_vlm", *FAMILY_MODELS, "qwen3_vl_moe", "qwen3_5_moe")
 
 
 def make_model(settings: TrainingSettings, processor):
@@ -274,7 +274,7 @@ def make_model(settings: TrainingSettings, processor):
             raise UserError("--lora needs a transformers model: add --model FAMILY")
         return tiny_vlm(processor, settings.seed)
     else:
-        moe = {"moe": True} if settings.model == "qwen3_vl_moe" else {}
+        moe = {"moe": True} if settings.model.endswith("_moe") else {}
         model = tiny_model(processor, seed=settings.seed, **moe).train()
     if settings.lora:
         torch.manual_seed(settings.seed)  # the adapters' initial weights, the same on every rank
