@@ -17,7 +17,8 @@ from collections import Counter
 import pytest
 from conftest import REPO
 
-from mmdp.training.examples import make_loader, training_settings
+from mmdp.flags import parse_flags
+from mmdp.training.examples import TrainingSettings, make_loader
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,7 @@ def planned_rows(flags: list[str], world_size: int, epochs: int) -> list[list[in
 
 
 def plans(flags: list[str], world_size: int, epochs: int) -> list:
-    args = training_settings([*flags, "--output-dir", "-", "--num-workers", "0"])
+    args = parse_flags(TrainingSettings, "", [*flags, "--output-dir", "-", "--num-workers", "0"])
     dataset = make_loader(args, rank=0, world_size=world_size)[0].dataset
     return [dataset.plan(epoch) for epoch in range(epochs)]
 
@@ -79,7 +80,7 @@ def test_every_usable_row_is_trained_once_per_epoch_on_any_rank_count(tiny_runs,
     check_every_row_once_per_epoch(run, planned)
     steps = Counter((line["rank"], line["step"]) for line in run["lines"])
     assert len({rank for rank, _ in steps}) == world_size  # every rank trained
-    args = training_settings([*TINY, "--output-dir", "-", "--num-workers", "0"])
+    args = parse_flags(TrainingSettings, "", [*TINY, "--output-dir", "-", "--num-workers", "0"])
     held_out = make_loader(args, rank=0, world_size=1)[0].dataset.eval_dataset().plan(0)
     assert run["result"]["evaluation"]["eval_samples"] == len(held_out.rows)  # each once
 
@@ -111,5 +112,5 @@ def test_the_seed_users_command_trains_every_row_3_times_with_videos_and_reports
 def test_the_examples_flags_are_the_commands():
     """The flags above parse as the examples' (a renamed flag fails here, not in a launch)."""
     for flags in (TINY, SEED):
-        args = training_settings([*flags, "--output-dir", "-"])
+        args = parse_flags(TrainingSettings, "", [*flags, "--output-dir", "-"])
         assert args.eval_ratio > 0
