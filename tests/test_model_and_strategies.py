@@ -211,7 +211,7 @@ def test_strategy_comparison_matches_the_stages_own_loaders(samples, tokenizer):
 
 
 def fake_log(seconds: dict, real_tokens: list[int], computed_tokens: list[int]) -> dict:
-    """A training log (mmdp.training.loop.train) with only what speed needs; unnamed parts 0 s."""
+    """A training log (mmdp.training.loop.train_in_turns) with only what speed needs; unnamed parts 0 s."""
     steps = len(real_tokens)
     return {
         "loss": [0.0] * steps,

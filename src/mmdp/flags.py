@@ -117,8 +117,6 @@ def command_line(settings, outer=TOP) -> list[str]:
 def default_of(field: dataclasses.Field, defaults):
     if defaults is not None:
         return getattr(defaults, field.name)
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
     if field.default is dataclasses.MISSING and dataclasses.is_dataclass(field.type):
         return None  # settings with no default of their own: their fields' defaults
     return field.default

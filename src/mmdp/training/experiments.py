@@ -1,22 +1,8 @@
-"""Stage 6's experiments (06_packing_pays_off.py): the computing, apart from the script's
-printing. Every part takes the stage's settings (ExperimentSettings, the script's flags) and the
-data they all work from (StageData, load_data): the rows, their weights, which fit, which are held
-out, and every strategy's batches of the same rows (naive padding, constrained padding, packing).
-
-1. Same loss: the loss of the same samples, images included, whether they come naively padded,
-   constrained-padded or packed (restarting position_ids): summed, as a mean over label tokens and
-   as a mean over samples. A wrong image-to-sample mapping is shown to break it.
-2. Same learning: for each seed, from the same initial weights, every strategy trains on the same
-   samples (one step of each in turn); every --eval-every samples, the loss on the same held-out
-   samples, never trained on. --orders N retrains each seed's samples in N - 1 other orders: how
-   much the order alone moves the result.
-3. Speed: real tokens per second over the seeds (median and range), what an epoch of every row
-   would take, and where the time goes. Every ratio of two strategies (or two counts) is a ratio
-   of their medians over the seeds, the medians the printed tables show, so a reader can
-   recompute it (medians of 4,000 and 3,200 real tokens per second: 1.25x); the ratio seed by
-   seed comes with it, for the spread.
-5. Every batching strategy on one epoch of every row, from the weights alone
-   (mmdp.training.strategies).
+"""Stage 6's experiments (06_packing_pays_off.py, whose docstring tells its five parts): the
+computing, apart from the script's printing. Every part takes the stage's settings
+(ExperimentSettings, the script's flags) and what they all work from (StageData, load_data): the
+rows, their weights, which fit, which are held out, and every strategy's batches of the same rows
+(naive padding, constrained padding, packing).
 """
 
 import contextlib
@@ -365,7 +351,7 @@ def train_one_run(
 ) -> dict:
     """Every strategy from the `initial` weights on the same rows, one step of each in turn (all
     three meet the same load on a shared machine); order 0 takes the rows as drawn, another a
-    seeded shuffle of them. Returns {name: training log} (mmdp.training.loop.train)."""
+    seeded shuffle of them. Returns {name: training log} (mmdp.training.loop.train_in_turns)."""
     if order:
         rows = [rows[i] for i in np.random.default_rng([seed, order]).permutation(len(rows))]
     batches = strategy_batches(data, names, rows, settings, seed=seed, epoch=order)
@@ -416,6 +402,9 @@ def summarize_learning(runs, names, settings: ExperimentSettings) -> dict:
 
 
 # 3. Real tokens per second, and where the time goes ---------------------------------------------
+# Every ratio of two strategies (or two counts) is a ratio of their medians over the seeds, the
+# medians the printed tables show, so a reader can recompute it (medians of 4,000 and 3,200 real
+# tokens per second: 1.25x); the ratio seed by seed comes with it, for the spread.
 
 
 def summarize_speed(runs, names, data: StageData, settings: ExperimentSettings) -> dict:
