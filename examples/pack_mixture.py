@@ -20,7 +20,7 @@ from mmdp import config
 from mmdp.config import setting
 from mmdp.data.families import family_for
 from mmdp.data.mixture import load_mixture, read_mixture
-from mmdp.data.reading.settings import ModelSettings
+from mmdp.data.reading.settings import DataSettings, ModelSettings
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import exit_on_user_error
 from mmdp.flags import (
@@ -53,10 +53,9 @@ class PackMixtureSettings:
         help="a JSON file of sources with shares, loss weights and label policies (see "
         "mmdp.data.mixture; examples/mixture.json)"
     )
-    num_rows: int = setting(
-        config.DEFAULT_NUM_ROWS,
-        "the synthetic data's rows, and the most read from each other source",
-        min=1,
+    # --num-rows: the synthetic data's rows, and the most read from each other source
+    data: DataSettings = setting(
+        DataSettings(num_rows=config.DEFAULT_NUM_ROWS), flags=("num_rows",)
     )
     loader: LoaderSettings = LoaderSettings()
     model: ModelSettings = ModelSettings()
@@ -76,7 +75,7 @@ def main(argv=None):
         print_run_settings(flag_values(settings), packing, family.name)
 
     # Every source's rows one after the other; the plan takes each source's share of the epoch
-    mixed = load_mixture(read_mixture(settings.mixture), settings.num_rows)
+    mixed = load_mixture(read_mixture(settings.mixture), settings.data.num_rows)
     samples = VQADataset(mixed.dataset, processor, mixture=mixed)
     mixture = MixturePlan.of(mixed, seed=packing.seed)
     packed = PackedDataset(samples, packing, mixture=mixture)
