@@ -21,8 +21,9 @@ import pytest
 from conftest import REPO
 from hybrid_kernels import linear_attention_kernels
 
+from mmdp.flags import parse_flags
 from mmdp.training.evaluation import evaluate
-from mmdp.training.examples import make_eval_loader, make_loader, make_model, training_settings
+from mmdp.training.examples import TrainingSettings, make_eval_loader, make_loader, make_model
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +60,7 @@ def planned_rows(flags: list[str], world_size: int, epochs: int) -> list[list[in
 
 
 def plans(flags: list[str], world_size: int, epochs: int) -> list:
-    args = training_settings([*flags, "--output-dir", "-", "--num-workers", "0"])
+    args = parse_flags(TrainingSettings, "", [*flags, "--output-dir", "-", "--num-workers", "0"])
     dataset = make_loader(args, rank=0, world_size=world_size)[0].dataset
     return [dataset.plan(epoch) for epoch in range(epochs)]
 
@@ -88,7 +89,7 @@ def test_every_usable_row_is_trained_once_per_epoch_on_any_rank_count(tiny_runs,
     check_every_row_once_per_epoch(run, planned)
     steps = Counter((line["rank"], line["step"]) for line in run["lines"])
     assert len({rank for rank, _ in steps}) == world_size  # every rank trained
-    args = training_settings([*TINY, "--output-dir", "-", "--num-workers", "0"])
+    args = parse_flags(TrainingSettings, "", [*TINY, "--output-dir", "-", "--num-workers", "0"])
     held_out = make_loader(args, rank=0, world_size=1)[0].dataset.eval_dataset().plan(0)
     assert run["result"]["evaluation"]["eval_samples"] == len(held_out.rows)  # each once
 
@@ -124,7 +125,7 @@ def test_the_seed_users_command_with_qwen3_5_moe_trains_every_row_and_evaluates_
     rounding (about 2 minutes on a busy 2-core machine)."""
     run = launch(tmp_path, 2, QWEN3_5, 900)
     check_every_row_once_per_epoch(run, planned_rows(QWEN3_5, 2, epochs=2))
-    args = training_settings([*QWEN3_5, "--output-dir", "-", "--num-workers", "0"])
+    args = parse_flags(TrainingSettings, "", [*QWEN3_5, "--output-dir", "-", "--num-workers", "0"])
     loader, processor = make_loader(args, rank=0, world_size=1)
     with linear_attention_kernels():
         model, inputs = make_model(args, processor)
@@ -138,5 +139,5 @@ def test_the_seed_users_command_with_qwen3_5_moe_trains_every_row_and_evaluates_
 def test_the_examples_flags_are_the_commands():
     """The flags above parse as the examples' (a renamed flag fails here, not in a launch)."""
     for flags in (TINY, SEED, QWEN3_5):
-        args = training_settings([*flags, "--output-dir", "-"])
+        args = parse_flags(TrainingSettings, "", [*flags, "--output-dir", "-"])
         assert args.eval_ratio > 0
