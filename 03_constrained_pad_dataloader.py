@@ -10,55 +10,47 @@ that cannot pack, the same max_length with batches grouped by modality and lengt
 examples/group_by_length.py.
 """
 
-import argparse
+import dataclasses
 
 import torch
 from torch.utils.data import DataLoader
 
+from mmdp import config
 from mmdp.batch import real_token_mask
-from mmdp.config import MAX_LENGTH
 from mmdp.data.padding import ConstrainedPadCollator
 from mmdp.data.reading.settings import DataSettings
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import exit_on_user_error
-from mmdp.flags import (
-    add_batch_size_arg,
-    add_data_args,
-    add_loader_args,
-    description,
-    display_path,
-    positive_int,
-    settings_of,
-)
+from mmdp.flags import Figures, LoaderSettings, flag_values, parse_flags
 from mmdp.report.epoch import run_epoch
 from mmdp.report.metrics import EpochReport, write_json
-from mmdp.report.plots import plot_padding, save_figure, waste_title
+from mmdp.report.plots import display_path, plot_padding, save_figure, waste_title
 from mmdp.report.printing import print_batch, print_settings
 
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=description(__doc__))
-    add_data_args(parser)
-    add_loader_args(parser)
-    add_batch_size_arg(parser)
-    parser.add_argument(
-        "--max-length",
-        type=positive_int,
-        default=MAX_LENGTH,
-        help=f"fixed length every batch is padded to; longer samples are dropped "
-        f"(default: {MAX_LENGTH})",
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    data: DataSettings = DataSettings(num_rows=config.DEFAULT_NUM_ROWS)
+    seed: int = config.setting(0, "random seed", min=0)
+    loader: LoaderSettings = LoaderSettings()
+    batch_size: int = config.setting(config.BATCH_SIZE, "samples per padded batch", min=1)
+    max_length: int = config.setting(
+        config.MAX_LENGTH,
+        "fixed length every batch is padded to; longer samples are dropped",
+        min=1,
     )
-    return parser.parse_args()
+    figures: Figures = Figures()
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    settings = parse_flags(Settings, __doc__, argv)
+    args = flag_values(settings)
     print_settings(args)
 
     # Get the text tokenizer (SmolLM2's, shipped in the repo) and the dataset
     tokenizer = get_tokenizer(args.tokenizer)
-    rows = settings_of(DataSettings, args).load()
+    rows = settings.data.load()
 
     # Wrap it: each item is tokenized with the chat template, 64 image tokens per image
     train_dataset = VQADataset(rows, tokenizer)

@@ -16,9 +16,9 @@ toy needs none, and stage 5 shards its samples across ranks and workers.
 import argparse
 
 from mmdp.config import ASSETS_DIR
-from mmdp.flags import description, display_path, positive_int
+from mmdp.flags import description, positive_int
 from mmdp.packing.knapsack import TOY_STRATEGIES, packs_in_background
-from mmdp.report.plots import plot_packs, save_figure
+from mmdp.report.plots import display_path, plot_packs, save_figure
 
 
 def parse_args():

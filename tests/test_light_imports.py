@@ -138,6 +138,7 @@ def test_each_stage_imports_each_name_from_the_module_where_it_lives(script):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mmdp")
         for alias in node.names
         if alias.name not in defined_in(node.module)
+        and not module_path(f"{node.module}.{alias.name}").exists()  # a module: its own file
     ]
     bare = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
             for alias in node.names if alias.name.startswith("mmdp")]  # fmt: skip

@@ -57,8 +57,7 @@ class VQADataset(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> dict:
-        """Row `index` as a sample: the family's make_sample (the blog's tokenizer:
-        TinyFamily.make_sample, mmdp/data/families/tiny.py)."""
+        """Row `index` as a sample: the family's make_sample (TinyFamily.make_sample)."""
         return self.sample(self.dataset[index], index)
 
     def sample(self, row: dict, index: int, tokenized=None) -> dict:

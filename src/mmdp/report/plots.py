@@ -5,6 +5,7 @@ Each helper returns a matplotlib Figure (made without pyplot: no backend, no win
 left open); `save_figure` writes it.
 """
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -46,6 +47,13 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> Path:
     path = out_dir / name
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
+
+
+def display_path(path) -> str:
+    """A path as a user would type it (a saved figure's, a report's): relative to the working
+    directory when inside it."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
 
 
 def plot_sample(images: list, texts: list[dict], title: str, system: str | None = None) -> Figure:
@@ -147,9 +155,8 @@ def waste_title(what: str, lengths, width: int) -> str:
 
 def plot_packs(packs: list[list[int]], max_length: int, title: str, rows=None) -> Figure:
     """Stage 4: one stacked bar per pack, each item a labelled segment, unused room in grey.
-    `rows`: the figure's height in packs (default: len(packs)): the README shows two figures side
-    by side, as high as each other. An item too narrow for its label has it outside its bar,
-    above then below (so that narrow neighbours do not run together), on white."""
+    `rows`: the figure's height in packs (two figures side by side: the same). A label too wide
+    for its item goes outside the bar, above then below (narrow neighbours stay apart)."""
     fig, ax = subplots(figsize=(7, 0.6 * (rows or len(packs)) + 1.8))
     colours = ITEM_COLOURS
     for row, items in enumerate(packs):

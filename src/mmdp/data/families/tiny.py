@@ -1,11 +1,8 @@
 """mmdp's own family: TinyVLM with the blog's tokenizer, the default of every stage.
 
-VQADataset calls `make_sample`: the conversation through the chat template
-(mmdp.data.conversation.tokenize_conversation, 64 <|image|> tokens per image) and each image
-resized to a square (mmdp.data.images.load_image). That is the blog's whole path. The other
-methods answer what the planned loaders ask every family (ModelFamily, base.py: its
-machinery is the real families'): a row's weight, an image's cost, a batch's pixels. Its images
-cost the same whatever their size, so it weighs a row from its text and its image count alone.
+VQADataset calls `make_sample`, the blog's whole path: tokenize_conversation (64 <|image|> tokens
+an image) and load_image. The other methods answer what the planned loaders ask every family
+(ModelFamily, base.py, the real families' machinery): a row's weight, a batch's pixels.
 """
 
 from collections import Counter
