@@ -1,11 +1,11 @@
-"""The fast engines behind mmdp.packing.packers: the same packs as its readable loops, at scale.
+"""The fast engines behind mmdp.packing.packers: its strategies' packs, at scale.
 
 Private: call `pack` or `pack_flat` (mmdp.packing.packers). They check the items, choose the order
 the items go in, and call an engine here; every engine returns (items, starts) as `pack_flat`
-does, and tests/test_packing.py and tests/test_packing_engines.py hold each to its readable
-twin in packers (`pack_greedy`, `reference_fit_decreasing`, `reference_balanced_greedy`) on
-thousands of random inputs. A Python call costs about as much as a step of these loops, so each
-engine's hot loop is one method over all the items (or runs), its steps written out.
+does, and the tests hold each to a loop that places one item at a time
+(tests/packing_oracles.py) on thousands of random inputs. A Python call costs about as much as a
+step of these loops, so each engine's hot loop is one method over all the items (or runs), its
+steps written out.
 
 Any budgets: greedy (`next_fit`), a pack at a time: a bisection of the running totals finds
 where each pack ends.
@@ -54,8 +54,7 @@ def next_fit(lengths, images, patches, budgets) -> tuple[np.ndarray, np.ndarray]
     With running totals before each item (total[k]: the first k items' sum), the pack that
     starts at item a holds the items up to the first whose running total of tokens passes
     total[a] + max_length (a bisection), fewer if that passes the image or patch budget (then a
-    bisection there too). Same packs as packers.pack_greedy, with a Python step per pack instead
-    of per item. Budgets no pack can reach are skipped.
+    bisection there too). A Python step per pack instead of per item. Budgets no pack can reach are skipped.
 
     >>> items, starts = next_fit(np.array([3, 6, 2, 5]), np.zeros(4, int), np.zeros(4, int), (8, 0, 0))
     >>> items.tolist(), starts.tolist()
@@ -89,7 +88,7 @@ def pack_fit_decreasing(
     """binpack (first fit), bfd or images_first_bfd (best fit), a run of identical items at a time.
 
     `order`: the order to place the items in (packers.decreasing_order). Returns (items, starts)
-    as pack_flat does, identical to packers.reference_fit_decreasing.
+    as pack_flat does.
     """
     if strategy not in FIT_DECREASING:  # an unknown rule must fail, not fall back to first fit
         raise ValueError(f"{strategy!r} is not one of {', '.join(FIT_DECREASING)}")
@@ -253,7 +252,7 @@ def pack_balanced_greedy(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The blog's balanced greedy knapsack, fast, starting from `opened` empty packs.
 
-    As packers.reference_balanced_greedy, without sorting the packs for every item: a less
+    Without sorting the packs for every item (as the blog's loop does): a less
     loaded pack has more room, so if the least loaded pack with enough image slots cannot take
     the item, no pack can. The packs wait in heaps of (load, number), one heap per number of
     image slots left: the least loaded candidate is the lowest top among the heaps with enough
