@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from bad_rows import BAD_ROWS, with_bad_rows
 from conftest import config_and_rest
 from datasets import Dataset, load_dataset, load_from_disk
 
-from mmdp.data.bad_rows import BAD_ROWS, with_bad_rows
 from mmdp.data.reading.sources import FEATURES, load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import UNDECODABLE_IMAGE

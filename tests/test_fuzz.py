@@ -3,7 +3,7 @@ every loader must keep on any of them.
 
 The input space: every model family (their tiny processors); good rows with 0-3 images of any
 size, format (PNG, JPEG, WebP, GIF), mode (RGB, L, P, RGBA, LA, CMYK, 16-bit) and EXIF
-orientation; every bad kind mmdp knows (`KINDS`: mmdp.data.bad_rows.BAD_ROWS, and the kinds
+orientation; every bad kind mmdp knows (`KINDS`: bad_rows.BAD_ROWS, and the kinds
 below: a header that reads over data that does not, a file that is not there, videos a family
 takes or refuses, broken ones, WebM); the family's own image token in the text; rows over every
 budget; budgets that force a large row alone in its pack; both loaders (planned, streaming),
@@ -38,13 +38,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from datasets import Dataset, Features, List
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from PIL import Image, ImageOps
-
-from mmdp import drop_reasons
-from mmdp.data.bad_rows import (
+from bad_rows import (
     BAD_ROWS,
     encoded,
     mp4_with_broken_data,
@@ -52,6 +46,12 @@ from mmdp.data.bad_rows import (
     with_images,
     with_reply,
 )
+from datasets import Dataset, Features, List
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image, ImageOps
+
+from mmdp import drop_reasons
 from mmdp.data.conversation import IMAGE_TAG, chat_messages, chat_turns
 from mmdp.data.families import family_for, tiny_processor
 from mmdp.data.families.smolvlm import Idefics3

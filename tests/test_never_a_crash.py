@@ -11,11 +11,11 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from bad_rows import mp4_with_broken_data, png_with_broken_data, truncated_jpeg
 from datasets import Dataset, Features, List, Value
 from PIL import Image
 
 from mmdp.batch import build_pack, collate_packs
-from mmdp.data.bad_rows import mp4_with_broken_data, png_with_broken_data, truncated_jpeg
 from mmdp.data.conversation import chat_messages, chat_turns
 from mmdp.data.families import OFFLINE, family_for, tiny_processor
 from mmdp.data.families.qwen_vl import Qwen2_5_VL
