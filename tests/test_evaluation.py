@@ -16,7 +16,7 @@ from mmdp.data.mixture import MixedRows, Mixture, Source
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.planning.held_out import eval_split
+from mmdp.planning.planner import eval_split
 from mmdp.training.loss import label_tokens, mean_over_tokens, summed_loss
 from mmdp.training.trainer import NO_EVAL_DATASET, NO_EVAL_LOADER, MMDPTrainer
 

@@ -13,8 +13,7 @@ from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Weights
-from mmdp.planning.buffer import pack_buffer
-from mmdp.planning.planner import plan_epoch
+from mmdp.planning.planner import pack_buffer, plan_epoch
 
 CONFIG = PackingConfig(max_length=8, max_images=2, packs_per_batch=2, strategy="binpack", seed=3)
 WEIGHTS = Weights.from_lists([3, 6, 2, 5, 7, 1, 4, 4, 9], [0, 1, 2, 0, 1, 3, 0, 1, 0])

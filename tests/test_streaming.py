@@ -36,7 +36,7 @@ from mmdp.models.inputs import model_inputs
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Weights
-from mmdp.planning.buffer import pack_buffer
+from mmdp.planning.planner import pack_buffer
 from mmdp.report.pack_report import PackReport
 
 IMAGE_SIZE = 16  # tiny images keep these tests fast; nothing here depends on the size

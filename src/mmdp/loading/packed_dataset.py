@@ -47,8 +47,7 @@ from mmdp.packing.packing_config import (
     check_resume,
     default_config,
 )
-from mmdp.planning.held_out import eval_split
-from mmdp.planning.planner import EpochPlan, plan_epoch
+from mmdp.planning.planner import EpochPlan, eval_split, plan_epoch
 from mmdp.ranks import rank_and_world_size
 from mmdp.weighing.prepared import load_prepared
 from mmdp.weighing.weigh import cache_key, weigh_rows
@@ -79,7 +78,7 @@ class PackedDataset(PackingSettings, IterableDataset):
 
     eval_ratio=R: hold out R of the rows (R of each source's, in a mixture) for evaluation; this
     dataset trains on the rest, and `eval_dataset()` packs the held-out rows, every one once
-    (mmdp.planning.held_out.eval_split: the same rows on every rank, from the seed alone).
+    (mmdp.planning.planner.eval_split: the same rows on every rank, from the seed alone).
 
     The constructor weighs every row (step 1 below), on purpose: under torchrun weighing is
     collective (the ranks weigh their shares together, or wait for the one that weighs), and the

@@ -21,7 +21,7 @@ from mmdp.loading.guards import iterated_elsewhere
 from mmdp.loading.streaming.reader import ReaderState, ReaderStream
 from mmdp.packing.packing_config import PackingConfig, PackingSettings, default_config
 from mmdp.packing.weights import Weights
-from mmdp.planning.buffer import pack_buffer
+from mmdp.planning.planner import pack_buffer
 from mmdp.ranks import rank_and_world_size, sharding_warning
 
 
