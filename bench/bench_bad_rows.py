@@ -84,7 +84,7 @@ def main():
     print(f"{args.num_rows:,} rows; bad: 1 in {args.every}, {sum(drops.values()):,} to drop")
     config = PackingConfig(max_length=512, packs_per_batch=8)
     datasets = {
-        name: (rows, PackedDataset(VQADataset(rows, tokenizer), config))
+        name: (rows, PackedDataset(VQADataset(rows, tokenizer), config=config))
         for name, rows in (("clean", good), ("bad", bad))
     }
     measured = measure(datasets, tokenizer, args.repeats)

@@ -72,7 +72,9 @@ def parquet_files(rows) -> list[Path]:
 
 def planned_epoch(rows, tokenizer, workers: int) -> dict:
     start = time.perf_counter()
-    dataset = PackedDataset(VQADataset(rows, tokenizer), PackingConfig(buffer_size=BUFFER_SIZE))
+    dataset = PackedDataset(
+        VQADataset(rows, tokenizer), config=PackingConfig(buffer_size=BUFFER_SIZE)
+    )
     return epoch_of(PackedDataLoader(dataset, num_workers=workers), start, time.perf_counter())
 
 

@@ -80,7 +80,7 @@ def main():
     mixed = load_mixture(read_mixture(args.mixture), args.num_rows)
     samples = VQADataset(mixed.dataset, processor, mixture=mixed)
     mixture = MixturePlan.of(mixed, seed=args.seed)
-    packed = PackedDataset(samples, packing, mixture=mixture)
+    packed = PackedDataset(samples, config=packing, mixture=mixture)
     packed.set_epoch(args.epoch)
     if rank == 0:
         print_weighing(packed)

@@ -73,7 +73,7 @@ def make_loader(kind: str, rows, tokenizer, **loader_args):
 
     config = PackingConfig(max_length=512, packs_per_batch=PACKS_PER_BATCH, buffer_size=BUFFER_SIZE)
     if kind == "planned":
-        return PackedDataLoader(PackedDataset(VQADataset(rows, tokenizer), config), 2)
+        return PackedDataLoader(PackedDataset(VQADataset(rows, tokenizer), config=config), 2)
     # 4 shards: one per reader (2 ranks x 2 workers)
     stream = rows.to_iterable_dataset(num_shards=4)
     dataset = StreamingPackedDataset(stream, tokenizer, config)

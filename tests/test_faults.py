@@ -53,7 +53,7 @@ def fresh_cache(tmp_path, monkeypatch):
 
 def packed(rows, tokenizer, **settings) -> PackedDataset:
     config, rest = config_and_rest({"max_length": 512, "packs_per_batch": 1, **settings})
-    return PackedDataset(VQADataset(rows, tokenizer), config, **rest)
+    return PackedDataset(VQADataset(rows, tokenizer), config=config, **rest)
 
 
 def sample_ids(loader) -> list[list[int]]:
@@ -512,7 +512,7 @@ def test_ten_thousand_rows_with_one_in_ten_bad_are_all_accounted(tokenizer):
     # images resized to 32 px, not 256: every image is still decoded (a bad one still fails
     # there), and the workers hand over 64x fewer pixels
     config, _ = config_and_rest({"max_length": 2048, "packs_per_batch": 2})
-    dataset = PackedDataset(VQADataset(bad, tokenizer, image_size=32), config)
+    dataset = PackedDataset(VQADataset(bad, tokenizer, image_size=32), config=config)
     report = PackReport()
     for batch in PackedDataLoader(dataset, num_workers=2):
         report.add_batch(batch)

@@ -286,7 +286,7 @@ def epoch(family, rows, config, *, loader: str, world_size: int, workers: int, s
     for rank in range(world_size):
         if loader == "planned":
             samples = VQADataset(as_dataset(rows, source == "decoding"), family)
-            dataset = PackedDataset(samples, config, rank=rank, world_size=world_size)
+            dataset = PackedDataset(samples, config=config, rank=rank, world_size=world_size)
             it = PackedDataLoader(dataset, num_workers=workers)
         else:
             stream = {

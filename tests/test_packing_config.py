@@ -50,7 +50,9 @@ def rows():
 
 def test_both_loaders_save_the_config_and_refuse_another_one_the_same_way(rows, tokenizer):
     config = PackingConfig(max_length=512, packs_per_batch=2, buffer_size=30)
-    planned = PackedDataLoader(PackedDataset(VQADataset(rows, tokenizer), config), num_workers=0)
+    planned = PackedDataLoader(
+        PackedDataset(VQADataset(rows, tokenizer), config=config), num_workers=0
+    )
     stream = rows.to_iterable_dataset(num_shards=1)
     streamed = StreamingDataLoader(StreamingPackedDataset(stream, tokenizer, config), num_workers=0)
     for loader in (planned, streamed):
@@ -60,7 +62,9 @@ def test_both_loaders_save_the_config_and_refuse_another_one_the_same_way(rows, 
     other = dataclasses.replace(config, seed=1)
     for loader, state in (
         (
-            PackedDataLoader(PackedDataset(VQADataset(rows, tokenizer), other), num_workers=0),
+            PackedDataLoader(
+                PackedDataset(VQADataset(rows, tokenizer), config=other), num_workers=0
+            ),
             planned.state_dict(),
         ),
         (

@@ -279,7 +279,7 @@ def torchrun_extras(module, model, batches, inputs, expected) -> dict:
 
     own = PackedDataset(
         loader.dataset.dataset,
-        PackingConfig(max_length=256, packs_per_batch=2),
+        config=PackingConfig(max_length=256, packs_per_batch=2),
         group=groups[dist.get_rank()],
     )
     rows = [b["sample_index"].tolist() for b in PackedDataLoader(own, num_workers=0)]

@@ -4,7 +4,7 @@ mmdp.prepare share; and the one check that a loader's saved state may resume und
 it runs with now.
 
     config = PackingConfig(max_length=1024, max_images=8, packs_per_batch=4)
-    loader = PackedDataLoader(PackedDataset(samples, config))
+    loader = PackedDataLoader(PackedDataset(samples, config=config))
     loader.state_dict()  # {**asdict(config), "rank": ..., "world_size": ..., "epoch": ...}
 
 Without a config, a loader packs under its model family's budgets: `default_config(family)`, the
@@ -33,7 +33,7 @@ class PackingConfig:
     buffer_size: int = 4096  # rows packed together: the shuffle window
     seed: int = 0  # seeds every shuffle, with the epoch
     # a row over max_length: "drop" it (too_long), or "truncate" it to max_length tokens
-    # (mmdp.loading.overflow: never inside an image's or video's tokens)
+    # (mmdp.weighing.overflow: never inside an image's or video's tokens)
     overflow: str = "drop"
 
     def __post_init__(self):

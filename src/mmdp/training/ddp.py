@@ -101,7 +101,7 @@ def rank_batches(
     )
     packed = PackedDataset(
         samples,
-        config,
+        config=config,
         rank=rank,
         world_size=world_size,
     )

@@ -211,7 +211,7 @@ def make_loader(
         seed=settings.seed,
     )
     dataset = PackedDataset(
-        samples, config, rank=rank, world_size=world_size, eval_ratio=settings.eval_ratio
+        samples, config=config, rank=rank, world_size=world_size, eval_ratio=settings.eval_ratio
     )
     return PackedDataLoader(dataset, num_workers=settings.num_workers), processor
 
