@@ -1,6 +1,6 @@
 """Stage 5's packing, streamed: read the dataset as a stream (a Hub dataset with streaming=True,
 parquet files one by one) and pack it a buffer at a time, as the blog's ConstantLengthDataset
-does (mmdp.loading.streaming.loader).
+does (mmdp.loading.streaming).
 
     uv run examples/pack_streaming.py --buffer-size 1024
     uv run torchrun --standalone --nproc_per_node 2 examples/pack_streaming.py
@@ -30,7 +30,7 @@ from mmdp.flags import (
     model_processor,
     settings_of,
 )
-from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.ranks import start_ranks
 from mmdp.report.epoch import PACKING_HINT, run_epoch, write_outputs
 from mmdp.report.pack_report import PackReport, epoch_metrics, merge_over_ranks
@@ -58,7 +58,7 @@ def main():
     # Read the dataset as a stream, pack it a buffer at a time, stop the ranks together
     stream = settings_of(DataSettings, args).stream()
     loader = StreamingDataLoader(
-        StreamingPackedDataset(stream, processor, packing), num_workers=args.num_workers
+        StreamingPackedDataset(stream, processor, config=packing), num_workers=args.num_workers
     )
     loader.set_epoch(args.epoch)
     report = PackReport()

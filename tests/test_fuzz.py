@@ -61,7 +61,7 @@ from mmdp.data.synthetic.videos import encode_clip, encode_mp4, moving_shape
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.pack_report import PackReport
@@ -295,7 +295,7 @@ def epoch(family, rows, config, *, loader: str, world_size: int, workers: int, s
                 "stream": as_dataset(rows, decode=False).to_iterable_dataset(num_shards=2),
             }[source]
             dataset = StreamingPackedDataset(
-                stream, family, config, rank=rank, world_size=world_size
+                stream, family, config=config, rank=rank, world_size=world_size
             )
             it = StreamingDataLoader(dataset, num_workers=workers, stop_together=False)
         report = PackReport()

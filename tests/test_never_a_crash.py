@@ -31,7 +31,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import LEFT_OUT_BY_MIXTURE, TOO_LONG, UNDECODABLE_IMAGE, UNDECODABLE_VIDEO
 from mmdp.errors import UserError
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
 from mmdp.packing.packing_config import PackingConfig
@@ -142,7 +142,7 @@ def test_a_large_broken_image_alone_in_its_pack_is_counted_by_both_loaders(num_w
     planned = PackedDataLoader(
         PackedDataset(VQADataset(dataset, family), config=config), num_workers
     )
-    streamed = StreamingDataLoader(StreamingPackedDataset(rows, family, config), num_workers)
+    streamed = StreamingDataLoader(StreamingPackedDataset(rows, family, config=config), num_workers)
     for loader in (planned, streamed):
         samples, dropped = [], {}
         for batch in loader:
@@ -262,9 +262,12 @@ def test_datasets_default_image_feature_is_read_undecoded_by_every_loader(
         PackedDataLoader(
             PackedDataset(VQADataset(dataset, processor), config=config), num_workers=2
         ),
-        StreamingDataLoader(StreamingPackedDataset(dataset, processor, config), num_workers=0),
         StreamingDataLoader(
-            StreamingPackedDataset(dataset.to_iterable_dataset(), processor, config), num_workers=0
+            StreamingPackedDataset(dataset, processor, config=config), num_workers=0
+        ),
+        StreamingDataLoader(
+            StreamingPackedDataset(dataset.to_iterable_dataset(), processor, config=config),
+            num_workers=0,
         ),
     ]
     for loader in loaders:

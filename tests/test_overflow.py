@@ -21,7 +21,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
 from mmdp.flags import add_packing_args, config_for
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.loading.streaming.dataset import StreamingPackedDataset
+from mmdp.loading.streaming import StreamingPackedDataset
 from mmdp.models.attention import use_attention
 from mmdp.models.tiny import tiny_model
 from mmdp.packing.packing_config import PackingConfig
@@ -121,7 +121,7 @@ def test_an_eval_dataset_with_another_overflow_fits_its_rows_again(tiny_rows):
 
 def test_the_streaming_loader_refuses_truncate_in_one_sentence(tokenizer):
     with pytest.raises(UserError, match="needs the planned loader"):
-        StreamingPackedDataset([], tokenizer, PackingConfig(overflow="truncate"))
+        StreamingPackedDataset([], tokenizer, config=PackingConfig(overflow="truncate"))
 
 
 def test_a_row_whose_image_ends_past_the_budget_or_reply_starts_past_it_is_still_too_long(

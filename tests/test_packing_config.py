@@ -10,7 +10,7 @@ import pytest
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Weights
 from mmdp.planning.planner import pack_buffer, plan_epoch
@@ -54,7 +54,9 @@ def test_both_loaders_save_the_config_and_refuse_another_one_the_same_way(rows, 
         PackedDataset(VQADataset(rows, tokenizer), config=config), num_workers=0
     )
     stream = rows.to_iterable_dataset(num_shards=1)
-    streamed = StreamingDataLoader(StreamingPackedDataset(stream, tokenizer, config), num_workers=0)
+    streamed = StreamingDataLoader(
+        StreamingPackedDataset(stream, tokenizer, config=config), num_workers=0
+    )
     for loader in (planned, streamed):
         assert loader.dataset.max_length == 512 and loader.dataset.config is config
         state = loader.state_dict()
@@ -68,7 +70,9 @@ def test_both_loaders_save_the_config_and_refuse_another_one_the_same_way(rows, 
             planned.state_dict(),
         ),
         (
-            StreamingDataLoader(StreamingPackedDataset(stream, tokenizer, other), num_workers=0),
+            StreamingDataLoader(
+                StreamingPackedDataset(stream, tokenizer, config=other), num_workers=0
+            ),
             streamed.state_dict(),
         ),
     ):

@@ -36,7 +36,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import MissingExtra
 from mmdp.loading.guards import PREPARE_REFUSED, STATEFUL_REFUSED
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.training.examples import SampleLog, make_loader, tiny_vlm, training_settings
 from mmdp.training.recipes import (
@@ -67,7 +67,7 @@ def streamed(tokenizer, num_workers=0):
     rows = load_vqa_dataset(num_rows=20).to_iterable_dataset(num_shards=2)
     return StreamingDataLoader(
         StreamingPackedDataset(
-            rows, tokenizer, PackingConfig(max_length=256), image_size=IMAGE_SIZE
+            rows, tokenizer, config=PackingConfig(max_length=256), image_size=IMAGE_SIZE
         ),
         num_workers=num_workers,
     )

@@ -1,6 +1,6 @@
 """The batch contract: what a packed batch holds, how one is built and collated, and the keys a
 model takes (mmdp.models.inputs). Both loaders (mmdp.loading.packed_dataset,
-mmdp.loading.streaming.loader) build their batches here, and every consumer reads them
+mmdp.loading.streaming) build their batches here, and every consumer reads them
 through the functions here.
 
 A batch of B packs, each a row of L = max_length tokens:
