@@ -134,21 +134,40 @@ def timed(fn, repeats: int):
     return statistics.median(times), result
 
 
+# mmdp.packing's private engine modules, each importing only the ones before it; a revision has
+# some of them (_scan held the patch-budget engine until it joined _engines)
+ENGINES = ("_placements", "_best_fit", "_scan", "_engines")
+
+
 def load_packing(revision: str) -> types.ModuleType:
     """mmdp's packers as they were at a git revision, to time them next to today's in one run.
 
     Up to the package layout (4b81373) one module, src/mmdp/packing.py; since then
-    src/mmdp/packing/packers.py, whose fast engines later moved to src/mmdp/packing/_engines.py:
-    that revision's engines then replace today's as the `_engines` the loaded packers call.
+    src/mmdp/packing/packers.py and the private engines beside it, each as that revision had it:
+    while they load, the revision's engines stand in for today's under their import names.
     """
-    packers_at = load_module(revision, "src/mmdp/packing/packers.py") or load_module(
-        revision, "src/mmdp/packing.py"
-    )
+    package = sys.modules["mmdp.packing"]
+    today = {name: getattr(package, name, None) for name in ENGINES}
+    try:
+        for name in ENGINES:
+            module = load_module(revision, f"src/mmdp/packing/{name}.py")
+            if module is not None:
+                setattr(package, name, module)
+                sys.modules[f"mmdp.packing.{name}"] = module
+        packers_at = load_module(revision, "src/mmdp/packing/packers.py") or load_module(
+            revision, "src/mmdp/packing.py"
+        )
+    finally:
+        for name, module in today.items():
+            if module is None:
+                sys.modules.pop(f"mmdp.packing.{name}", None)
+                if hasattr(package, name):
+                    delattr(package, name)
+            else:
+                setattr(package, name, module)
+                sys.modules[f"mmdp.packing.{name}"] = module
     if packers_at is None:
         sys.exit(f"--before {revision}: no src/mmdp/packing/packers.py nor src/mmdp/packing.py")
-    engines_at = load_module(revision, "src/mmdp/packing/_engines.py")
-    if engines_at is not None:
-        packers_at._engines = engines_at
     return packers_at
 
 

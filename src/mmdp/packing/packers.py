@@ -60,7 +60,7 @@ Strategies:
 Ties go to the lowest index, or the lowest-numbered pack: the same input gives the same packs.
 
 This file holds the strategies' rules, the checks and the order items are placed in; the engines
-that place them are private (mmdp.packing._engines, _best_fit, _scan, _placements): with tokens
+that place them are private (mmdp.packing._engines, _best_fit, _placements): with tokens
 and images, a buffer of 4,096 cauldron-like items packs in a few ms and a million items of 1 to
 32,768 tokens in about a second; with a patch budget, a vectorised scan of the open packs takes
 tens of ms per buffer. tests/packing_oracles.py places the items one at a time, as the rules
@@ -71,7 +71,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from mmdp.packing import _engines, _scan
+from mmdp.packing import _engines
 from mmdp.packing._placements import FIT_DECREASING  # noqa: F401 (public: the sorting ones)
 from mmdp.packing.weights import Budgets, Weights
 
@@ -159,7 +159,7 @@ def pack_checked(
     lengths, budgets: Budgets, strategy: Strategy, image_counts=None, patch_counts=None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Check the strategy and the items, then call the engine for the strategy and the budgets:
-    tokens and images (mmdp.packing._engines), or a patch budget too (mmdp.packing._scan)."""
+    tokens and images, or a patch budget too (mmdp.packing._engines)."""
     if strategy not in STRATEGIES:
         raise ValueError(
             f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
@@ -176,13 +176,13 @@ def pack_checked(
             return _engines.pack_balanced_greedy(
                 lengths, images, budgets.max_length, budgets.max_images, opened
             )
-        return _scan.scan_balanced_greedy(np.stack(items.columns()), per_unit, opened)
+        return _engines.scan_balanced_greedy(np.stack(items.columns()), per_unit, opened)
     order = decreasing_order(items, budgets, strategy)
     if patch_counts is None:
         return _engines.pack_fit_decreasing(
             lengths, images, order, budgets.max_length, budgets.max_images, strategy
         )
-    return _scan.scan_fit_decreasing(np.stack(items.columns()), per_unit, order, strategy)
+    return _engines.scan_fit_decreasing(np.stack(items.columns()), per_unit, order, strategy)
 
 
 def check_items(
