@@ -72,7 +72,7 @@ from typing import Literal, get_args
 import numpy as np
 
 from mmdp.packing import _engines
-from mmdp.packing._placements import FIT_DECREASING  # noqa: F401 (public: the sorting ones)
+from mmdp.packing._placements import FIT_DECREASING  # noqa: F401 (public: the strategies that sort)
 from mmdp.packing.weights import Budgets, Weights
 
 Strategy = Literal["greedy", "binpack", "bfd", "images_first_bfd", "balanced_greedy"]
@@ -101,6 +101,7 @@ def pack(
         image_counts, max_images: images per sample, and at most that many per pack.
         patch_counts, max_patches: vision-encoder patches per sample, and at most that many per
             pack.
+
     A budget left out (None) never binds. Packs come in the order they were opened; within a
     pack, items come in the order they were placed. Without patch counts the fast engines run (a
     few ms per 4,096 items); with them, an engine that scans the open packs in every budget (tens
