@@ -137,6 +137,7 @@ def timed(fn, repeats: int):
 # mmdp.packing's private engine modules, each importing only the ones before it; a revision has
 # some of them (_scan held the patch-budget engine until it joined _engines)
 ENGINES = ("_placements", "_best_fit", "_scan", "_engines")
+PACKAGE = "src/mmdp/packing"
 
 
 def load_packing(revision: str) -> types.ModuleType:
@@ -150,7 +151,7 @@ def load_packing(revision: str) -> types.ModuleType:
     today = {name: getattr(package, name, None) for name in ENGINES}
     try:
         for name in ENGINES:
-            module = load_module(revision, f"src/mmdp/packing/{name}.py")
+            module = load_module(revision, f"{PACKAGE}/{name}.py")
             if module is not None:
                 setattr(package, name, module)
                 sys.modules[f"mmdp.packing.{name}"] = module

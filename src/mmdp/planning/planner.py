@@ -38,9 +38,8 @@ Example (tests/test_planner.py traces it): lengths [3, 6, 2, 5], max_length 8, b
 step of 2 packs, the heavier first: rank 0 gets [1, 2] (8 tokens), rank 1 gets [3, 0].
 """
 
-import dataclasses
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -478,7 +477,7 @@ def pack_buffer(
     """
     config = PackingConfig() if config is None else config
     rows, dropped = filter_rows(weights, config.budgets)
-    whole_buffer = dataclasses.replace(config, buffer_size=max(len(weights), 1))
+    whole_buffer = replace(config, buffer_size=max(len(weights), 1))
     packed_rows, pack_starts, order = shuffle_and_pack(rows, weights, rng, whole_buffer)
     starts = pack_starts.tolist()
     return [packed_rows[starts[p] : starts[p + 1]] for p in order.tolist()], dropped
