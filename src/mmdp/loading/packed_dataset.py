@@ -169,7 +169,7 @@ class PackedDataset(PackingSettings, IterableDataset):
             raise ValueError("eval_dataset() needs a PackedDataset made with eval_ratio > 0")
         self.check_settings()  # the weighing it passes on is of these settings
         config = self.config if config is None else config
-        return PackedDataset(
+        return type(self)(
             self.dataset,
             config=dataclasses.replace(config, seed=self.config.seed),
             rank=self.rank,
