@@ -19,7 +19,6 @@ from mmdp.data.reading.sources import FEATURES
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
 from mmdp.flags import parse_flags
-from mmdp.weighing.overflow import cut_length, media_end, truncate_sample
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.loading.streaming import StreamingPackedDataset
 from mmdp.models.attention import use_attention
