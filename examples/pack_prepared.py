@@ -72,7 +72,7 @@ def main():
         print_run_settings(args, packing, family.name)
 
     rows = settings_of(DataSettings, args).load()
-    packed = PackedDataset(VQADataset(rows, processor), packing, prepared=args.prepared)
+    packed = PackedDataset(VQADataset(rows, processor), config=packing, prepared=args.prepared)
     packed.set_epoch(args.epoch)
     if rank == 0:
         print_weighing(packed)
