@@ -253,14 +253,16 @@ def three_row_positions(batch: dict, inputs: dict, model) -> dict:
 
 
 def packs_tiles_swapped(batch: dict, inputs: dict, model) -> dict:
-    """SmolVLM and Idefics3: the second pack's tiles before the first's, as a collator that
-    gathers a batch's images in another order than its rows does. The model takes any order of
-    the right number of tiles (it fills the <image> runs of the flattened rows in turn), so it
+    """SmolVLM, Idefics3 and InternVL: the second pack's tiles before the first's, as a collator
+    that gathers a batch's images in another order than its rows does. The model takes any order
+    of the right number of tiles (it fills the image runs of the flattened rows in turn), so it
     raises nothing and gives each run another image's features."""
-    tiles = inputs["pixel_values"][0]  # [T, 3, M, M]; every tile the same patches
+    pixels = inputs["pixel_values"]  # [1, T, 3, M, M] (SmolVLM) or [T, 3, M, M] (InternVL)
+    tiles = pixels[0] if pixels.dim() == 5 else pixels  # every tile the same patches
     patches = batch["patches_per_pack"]
     first = len(tiles) * int(patches[0]) // int(patches.sum())
-    return {**inputs, "pixel_values": torch.cat([tiles[first:], tiles[:first]])[None]}
+    swapped = torch.cat([tiles[first:], tiles[:first]])
+    return {**inputs, "pixel_values": swapped[None] if pixels.dim() == 5 else swapped}
 
 
 def images_out_of_order(batch: dict, inputs: dict, model) -> dict:
@@ -316,6 +318,8 @@ TRAPS = {
     "qwen3_vl": (three_row_positions,),
     "llava_onevision": (images_out_of_order,),
     "gemma3": (the_models_own_masks, images_numbered_per_sample),
+    "gemma4": (the_models_own_masks,),
+    "internvl": (packs_tiles_swapped,),
     "smolvlm": (packs_tiles_swapped,),
 }
 

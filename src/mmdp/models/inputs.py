@@ -40,7 +40,7 @@ def gemma3_masks(batch: dict, model) -> dict:
 # The attention masks mmdp builds for a family whose model cannot keep packed samples apart from
 # their position_ids alone, by the family's `packed_mask` (ModelFamily.packed_mask; a test checks
 # every registered family's is here).
-PACKED_MASKS = {"gemma3": gemma3_masks}
+PACKED_MASKS = {"gemma3": gemma3_masks, "gemma4": gemma3_masks}
 
 
 def model_inputs(batch: dict, model=None) -> dict:

@@ -29,6 +29,8 @@ FAMILIES = {
     "Gemma3Processor": "mmdp.data.families.gemma3:Gemma3",
     "SmolVLMProcessor": "mmdp.data.families.smolvlm:SmolVLM",
     "Idefics3Processor": "mmdp.data.families.smolvlm:Idefics3",
+    "Gemma4Processor": "mmdp.data.families.gemma4:Gemma4",
+    "InternVLProcessor": "mmdp.data.families.internvl:InternVL",
 }
 # By stage 5's --model name:
 OFFLINE = {
@@ -37,6 +39,8 @@ OFFLINE = {
     "llava_onevision": "mmdp.data.families.llava_onevision:LlavaOnevision",
     "gemma3": "mmdp.data.families.gemma3:Gemma3",
     "smolvlm": "mmdp.data.families.smolvlm:SmolVLM",
+    "gemma4": "mmdp.data.families.gemma4:Gemma4",
+    "internvl": "mmdp.data.families.internvl:InternVL",
 }
 MODELS = ("tiny", *OFFLINE)
 # By the family's own name (ModelFamily.name), the name a batch carries (`model_family`):
