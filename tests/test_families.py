@@ -294,30 +294,12 @@ def the_models_own_masks(batch: dict, inputs: dict, model) -> dict:
     return {key: value for key, value in inputs.items() if key != "attention_mask"}
 
 
-def images_numbered_per_sample(batch: dict, inputs: dict, model) -> dict:
-    """Gemma 3: image blocks numbered from 0 in each sample (as a collator that computes them per
-    sample would): blocks are matched by id across the row, so the images of different samples
-    attend to each other, both ways."""
-    from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_for_mask
-
-    from mmdp.models.gemma3_masks import masks_with_image_blocks
-
-    owner = sample_ids(batch)
-    blocks = torch.full_like(owner, -1)
-    for sample in owner.unique().tolist():
-        where = owner == sample
-        types = batch["token_type_ids"][where][None]
-        blocks[where] = get_block_sequence_ids_for_mask(types)[0]
-    masks = masks_with_image_blocks(model, batch["position_ids"], blocks)
-    return {**inputs, "attention_mask": masks}
-
-
 # Each family's traps: what trainers get wrong for it, and what mixes its samples.
 TRAPS = {
     "qwen2_5_vl": (three_row_positions,),
     "qwen3_vl": (three_row_positions,),
     "llava_onevision": (images_out_of_order,),
-    "gemma3": (the_models_own_masks, images_numbered_per_sample),
+    "gemma3": (the_models_own_masks,),
     "gemma4": (the_models_own_masks,),
     "internvl": (packs_tiles_swapped,),
     "smolvlm": (packs_tiles_swapped,),

@@ -39,7 +39,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import AUDIO_REFUSED, VIDEO_REFUSED
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.models.attention import use_attention
-from mmdp.models.gemma3_masks import packed_attention_masks
+from mmdp.models.gemma3_masks import masks_with_image_blocks, packed_attention_masks
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny.gemma4 import tiny_model
 from mmdp.packing.packing_config import PackingConfig
@@ -230,6 +230,16 @@ def test_packed_masks_are_each_samples_own_where_an_image_outruns_the_window(mod
     for layer, mask in ours.items():
         assert not (mask & ~same & (owner[:, :, None] >= 0)).any(), layer
     assert wrong > 0
+    # block ids restarting in each sample (a per-sample collator's) make the same masks
+    restarted = torch.full_like(blocks, -1)
+    for sample in owner.unique().tolist():
+        where = owner == sample
+        restarted[where] = get_block_sequence_ids_for_mask(
+            batch["mm_token_type_ids"][where][None], "cpu"
+        )[0]
+    assert (restarted != blocks).any()
+    again = masks_with_image_blocks(model, batch["position_ids"], restarted, full_blocks=False)
+    assert all(torch.equal(allowed(again)[layer], ours[layer]) for layer in ours)
 
 
 def test_models_without_bidirectional_images_pack_exactly(tiny):

@@ -70,9 +70,8 @@ def masks_with_image_blocks(
     Built over the row's positions, where the blocks are indexed: causal, OR the token's image
     block, AND the token's own sample, AND (sliding layers) the window. No position_ids go to
     create_causal_mask, so that it calls the functions with row positions, never positions inside
-    a sample. The block ids must be numbered along the whole row, as get_block_sequence_ids_for_mask
-    numbers them (transformers 5.23): ids restarting in each sample would let one sample's images
-    see another's (tests/test_families.py's trap)."""
+    a sample. A block never leaves its sample: ids restarting in each sample are as good as ids
+    numbered along the row."""
     text_config = model.config.get_text_config()
     sample = (position_ids == 0).cumsum(-1)  # each token's sample (or padding run) in its row
 

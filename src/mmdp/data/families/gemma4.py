@@ -6,7 +6,7 @@ Gemma4ImageProcessor; k = pooling_kernel_size, 3 in every checkpoint):
     1. Resize it, aspect ratio kept, to the largest size whose sides are multiples of k x 16 px
        and which holds at most max_soft_tokens x k^2 patches of 16 px
        (get_aspect_ratio_preserving_size in image_processing_gemma4; 1x1 and 4000x300 images too).
-    2. Its soft tokens are its patches / k^2: at the checkpoints' 280, a 640x480 photo has 264,
+    2. Its soft tokens are its patches / k^2: at the checkpoints' 280, a 640x480 photo has 266,
        a 4000x300 strip 244. The text is "<|image>" + that many "<|image|>" + "<image|>"
        (Gemma4Processor.replace_image_token).
     3. pixel_values holds every image's patches padded to max_soft_tokens x k^2 rows (2,520 at
@@ -185,7 +185,7 @@ def soft_tokens(width: int, height: int, grid: dict) -> int:
 
     >>> grid = {"patch_size": 16, "max_soft_tokens": 280, "pooling_kernel_size": 3}
     >>> soft_tokens(640, 480, grid), soft_tokens(1, 1, grid), soft_tokens(4000, 300, grid)
-    (264, 256, 244)
+    (266, 256, 244)
     """
     patch, k = grid["patch_size"], grid["pooling_kernel_size"]
     height, width = get_aspect_ratio_preserving_size(
