@@ -8,6 +8,7 @@ a packed batch with videos, mmdp's masks against the model's own for each sample
 without bidirectional images (E2B, E4B), and audio.
 """
 
+import copy
 import io
 import json
 
@@ -38,7 +39,7 @@ from mmdp.data.reading.sources import FEATURES
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import AUDIO_REFUSED, VIDEO_REFUSED
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.models.attention import use_attention
+from mmdp.models.attention import flash_attention_on_cpu, use_attention
 from mmdp.models.gemma3_masks import masks_with_image_blocks, packed_attention_masks
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny.gemma4 import tiny_model
@@ -67,11 +68,16 @@ def worst_relative_error(packed: list[float], alone: list[float]) -> float:
 # Weights -----------------------------------------------------------------------------------------
 
 # Width x height: tiny, 4K both ways, very wide, very tall (any aspect ratio: the processor never
-# refuses one, get_aspect_ratio_preserving_size).
+# refuses one, get_aspect_ratio_preserving_size); the slow group (-m slow) weighs the others.
 SIZES = [(1, 1), (2, 3), (3840, 2160), (2160, 3840), (4000, 300), (8000, 50), (50, 8000)]
+DEFAULT_SIZES = [(1, 1), (3840, 2160), (50, 8000)]
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize(
+    "size",
+    [pytest.param(s, marks=() if s in DEFAULT_SIZES else pytest.mark.slow) for s in SIZES],
+    ids=lambda s: f"{s[0]}x{s[1]}",
+)
 def test_image_weights_are_the_processors_own_tokens_and_pixels(family, size):
     row = {"images": [cell(*size), cell(40, 30)], "texts": [turn("Describe them.", "Red.")]}
     lengths, _, patches, reasons = family.weigh([row["texts"]], [row["images"]])
@@ -181,6 +187,24 @@ def test_the_models_own_masks_mix_packed_samples_with_videos(model, packed, alon
     batch, _ = packed
     inputs = {k: v for k, v in model_inputs(batch, model).items() if k != "attention_mask"}
     assert worst_relative_error(summed_losses_packed(model, batch, inputs), alone_eager) > 1e-4
+
+
+def test_flash_attention_makes_the_images_causal(tiny, model, packed, alone_eager):
+    """Under FlashAttention the masks are None and the layers causal (Gemma4TextAttention's
+    is_causal), as for Gemma 3: a packed batch gives each sample its loss alone with causal images
+    (alone without mm_token_type_ids, which the model's bidirectional mask needs), not its own."""
+    batch, samples = packed
+    causal = copy.copy(tiny)
+    causal.token_keys = ()
+    causal_alone = summed_losses_alone(causal, model, samples)
+    with flash_attention_on_cpu():
+        use_attention(language_model(model), "flash_attention_2")
+        try:
+            packed_losses = summed_losses_packed(model, batch)
+        finally:
+            use_attention(model, "eager")
+    assert packed_losses == pytest.approx(causal_alone, rel=1e-5)
+    assert worst_relative_error(packed_losses, alone_eager) > 1e-4
 
 
 def allowed(masks: dict) -> dict:
