@@ -19,8 +19,8 @@ def tiny_model(
     aligned with its tokenizer.
 
     Every parameter is drawn again (normal, std 0.3), as for Gemma 3 (mmdp.models.tiny.gemma3): the
-    model's own initialisation leaves norm weights and the image projection near zero, and no test
-    could tell one image from another.
+    model's own initialisation (std 0.02, every patch position embedded alike:
+    Gemma4PreTrainedModel._init_weights) leaves images and attention too faint for a test.
     """
     tokenizer, image_processor = processor.tokenizer, processor.image_processor
     text = {
