@@ -17,10 +17,6 @@ def tiny_model(
     layer with a window of 32, shorter than an image's run (50-70 soft tokens at tiny_processor's
     settings), then a global one; the vision tower sized to `processor`'s patches, token ids
     aligned with its tokenizer.
-
-    Every parameter is drawn again (normal, std 0.3), as for Gemma 3 (mmdp.models.tiny.gemma3): the
-    model's own initialisation (std 0.02, every patch position embedded alike:
-    Gemma4PreTrainedModel._init_weights) leaves images and attention too faint for a test.
     """
     tokenizer, image_processor = processor.tokenizer, processor.image_processor
     text = {
@@ -68,7 +64,4 @@ def tiny_model(
     model = Gemma4ForConditionalGeneration._from_config(
         config, attn_implementation=attn_implementation, dtype=torch.float32
     )
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.3)
     return model.eval()
