@@ -13,30 +13,29 @@ shown with its reason. The first run generates and caches the synthetic dataset 
 seconds); later runs load it.
 """
 
-import argparse
+import dataclasses
 import random
 
-from mmdp import BadImage, DataSettings, decode_image, marked_turns, system_prompt
+from mmdp import BadImage, DataSettings, config, decode_image, marked_turns, system_prompt
 from mmdp.errors import UserError, exit_on_user_error
-from mmdp.flags import add_data_args, description, display_path, non_negative_int, settings_of
-from mmdp.report import plot_sample, save_figure
+from mmdp.flags import Figures, parse_flags
+from mmdp.report import display_path, plot_sample, save_figure
 
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=description(__doc__))
-    add_data_args(parser)
-    parser.add_argument(
-        "--row", type=non_negative_int, default=None, help="the row to show (default: a random one)"
-    )
-    parser.set_defaults(seed=None)  # no --seed: a new random sample on every run, as in the blog
-    return parser.parse_args()
+@dataclasses.dataclass(frozen=True)
+class Stage1Settings:
+    data: DataSettings = DataSettings(num_rows=config.DEFAULT_NUM_ROWS)
+    row: int | None = config.setting(None, "the row to show", shown="a random one", min=0)
+    # no --seed: a new random sample on every run, as in the blog
+    seed: int | None = config.setting(None, "seeds the random row", shown="none", min=0)
+    figures: Figures = Figures()
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    args = parse_flags(Stage1Settings, __doc__, argv)
 
     # Load the dataset (the embedded synthetic one unless --dataset says otherwise)
-    dataset = settings_of(DataSettings, args).load()
+    dataset = args.data.load()
 
     # Pick a sample: the one asked for, or a random one
     if args.row is not None and args.row >= len(dataset):
@@ -75,7 +74,7 @@ def main():
         title=f"Dataset sample: row {index} ({', '.join(sources) or 'no source'})",
         system=system,
     )
-    path = save_figure(fig, args.out_dir, "01.png")
+    path = save_figure(fig, args.figures.out_dir, "01.png")
     print(f"Saved the sample to {display_path(path)}")
 
 

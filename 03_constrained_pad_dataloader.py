@@ -9,7 +9,7 @@ that cannot pack, the same max_length with batches grouped by modality and lengt
 examples/group_by_length.py.
 """
 
-import argparse
+import dataclasses
 
 import torch
 from torch.utils.data import DataLoader
@@ -23,17 +23,10 @@ from mmdp import (
     real_token_mask,
 )
 from mmdp.errors import exit_on_user_error
-from mmdp.flags import (
-    add_batch_size_arg,
-    add_data_args,
-    add_loader_args,
-    description,
-    display_path,
-    positive_int,
-    settings_of,
-)
+from mmdp.flags import Figures, LoaderSettings, flag_values, parse_flags
 from mmdp.report import (
     EpochReport,
+    display_path,
     plot_padding,
     print_batch,
     print_settings,
@@ -44,28 +37,28 @@ from mmdp.report import (
 )
 
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=description(__doc__))
-    add_data_args(parser)
-    add_loader_args(parser)
-    add_batch_size_arg(parser)
-    parser.add_argument(
-        "--max-length",
-        type=positive_int,
-        default=config.MAX_LENGTH,
-        help=f"fixed length every batch is padded to; longer samples are dropped "
-        f"(default: {config.MAX_LENGTH})",
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    data: DataSettings = DataSettings(num_rows=config.DEFAULT_NUM_ROWS)
+    seed: int = config.setting(0, "random seed", min=0)
+    loader: LoaderSettings = LoaderSettings()
+    batch_size: int = config.setting(config.BATCH_SIZE, "samples per padded batch", min=1)
+    max_length: int = config.setting(
+        config.MAX_LENGTH,
+        "fixed length every batch is padded to; longer samples are dropped",
+        min=1,
     )
-    return parser.parse_args()
+    figures: Figures = Figures()
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    settings = parse_flags(Settings, __doc__, argv)
+    args = flag_values(settings)
     print_settings(args)
 
     # Get the text tokenizer (SmolLM2's, shipped in the repo) and the dataset
     tokenizer = get_tokenizer(args.tokenizer)
-    rows = settings_of(DataSettings, args).load()
+    rows = settings.data.load()
 
     # Wrap it: each item is tokenized with the chat template, 64 image tokens per image
     train_dataset = VQADataset(rows, tokenizer)

@@ -17,8 +17,8 @@ import argparse
 
 import mmdp
 from mmdp import TOY_STRATEGIES, config, packs_in_background
-from mmdp.flags import description, display_path, positive_int
-from mmdp.report import plot_packs, save_figure
+from mmdp.flags import description, positive_int
+from mmdp.report import display_path, plot_packs, save_figure
 
 
 def parse_args():

@@ -20,17 +20,19 @@ for a real vision-language model (assets/05_MODEL.png), --dataset your own rows
 (docs/your-own-data.md); examples/pack_{streaming,prepared,mixture}.py run the same packing.
 """
 
-import argparse
+import dataclasses
 
 import torch.distributed as dist
 
 from mmdp import (
-    MODELS,
     OFFLINE,
     DataSettings,
+    ModelSettings,
     PackedDataset,
+    PackingConfig,
     VQADataset,
     config,
+    default_config,
     family_for,
     load_synthetic_videos,
     offline_processor,
@@ -41,18 +43,15 @@ from mmdp import (
 )
 from mmdp.errors import exit_on_user_error
 from mmdp.flags import (
-    add_data_args,
-    add_loader_args,
-    add_model_and_budget_args,
-    add_packing_args,
-    config_for,
-    description,
-    display_path,
-    model_processor,
-    non_negative_int,
-    settings_of,
+    FAMILY_BUDGETS,
+    EpochSettings,
+    Figures,
+    LoaderSettings,
+    flag_values,
+    parse_flags,
 )
 from mmdp.report import (
+    display_path,
     epoch_metrics,
     plot_model_budgets,
     plot_pack_samples,
@@ -72,47 +71,43 @@ from mmdp.report import (
 )
 
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=description(__doc__))
-    add_data_args(parser)
-    add_loader_args(parser)
-    add_model_and_budget_args(parser, MODELS)
-    add_packing_args(parser)
-    parser.add_argument(
-        "--processor",
-        help="a Hub name or local path of a real model's processor (needs a network for a Hub "
-        "name); default: --model's processor built offline",
-    )
-    parser.add_argument(
-        "--pretokenize",
-        action="store_true",
-        help="keep every sample's tokens from the weighing pass (cached), so that building a pack "
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    data: DataSettings = DataSettings(num_rows=config.DEFAULT_NUM_ROWS)
+    loader: LoaderSettings = LoaderSettings()
+    model: ModelSettings = ModelSettings()
+    # the budgets not given are the model family's (default_config)
+    packing: PackingConfig = config.setting(PackingConfig(max_length=None), shown=FAMILY_BUDGETS)
+    run: EpochSettings = EpochSettings()
+    pretokenize: bool = config.setting(
+        False,
+        "keep every sample's tokens from the weighing pass (cached), so that building a pack "
         "only slices them and decodes images",
     )
-    parser.add_argument(
-        "--video-rows",
-        type=non_negative_int,
-        default=config.DEFAULT_VIDEO_ROWS,
-        help="synthetic video clips added to the embedded dataset for a --model that takes video "
-        f"(qwen2_5_vl, qwen3_vl, llava_onevision; default: {config.DEFAULT_VIDEO_ROWS})",
+    video_rows: int = config.setting(
+        config.DEFAULT_VIDEO_ROWS,
+        "synthetic video clips added to the embedded dataset for a --model that takes video "
+        "(qwen2_5_vl, qwen3_vl, llava_onevision)",
+        min=0,
     )
-    return parser.parse_args()
+    figures: Figures = Figures()
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    settings = parse_flags(Settings, __doc__, argv)
+    args = flag_values(settings)
     rank = start_ranks()
 
     # The model's processor: the blog's tokenizer for TinyVLM, or a real model's (built offline),
     # and the budgets of a pack: the flags given, the family's for the others
-    processor = model_processor(args)
+    processor = settings.model.load_processor(settings.loader.tokenizer)
     family = family_for(processor)
-    packing = config_for(family, args)
+    packing = default_config(family, **settings.packing.settings())
     if rank == 0:
         print_run_settings(args, packing, family.name)
 
     # Get the dataset, and stage 2's tokenized map-style dataset
-    rows = settings_of(DataSettings, args).load()
+    rows = settings.data.load()
     if args.dataset is None and args.video_rows > 0 and family.video_token:
         # A family that takes video packs the synthetic clips with the embedded rows
         rows = with_videos(rows, load_synthetic_videos(args.video_rows))

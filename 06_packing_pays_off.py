@@ -23,42 +23,18 @@ The packed run is --strategy (default images_first_bfd) and is called by that na
 printouts, figure, JSON.
 """
 
-import argparse
 import contextlib
+import dataclasses
 import statistics
 import time
 
 import torch
 
-from mmdp import (
-    ExperimentSettings,
-    StageData,
-    check_ddp_gradient,
-    check_same_loss,
-    compare_every_strategy,
-    config,
-    final_losses,
-    load_data,
-    order_spreads,
-    stage_metrics,
-    summarize_learning,
-    summarize_speed,
-    time_per_part_columns,
-    train_over_seeds,
-)
+from mmdp import config
 from mmdp.errors import exit_on_user_error
-from mmdp.flags import (
-    add_batch_size_arg,
-    add_budget_args,
-    add_data_args,
-    add_strategy_arg,
-    description,
-    display_path,
-    positive_float,
-    positive_int,
-    settings_of,
-)
+from mmdp.flags import Figures, command_line, flag_values, parse_flags
 from mmdp.report import (
+    display_path,
     plot_learning_curves,
     plot_strategies,
     print_settings,
@@ -66,133 +42,69 @@ from mmdp.report import (
     save_figure,
     write_json,
 )
-
-ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
-
-
-def parse_args():
-    parser = argparse.ArgumentParser(description=description(__doc__))
-    add_data_args(parser)
-    parser.add_argument("--tokenizer", default=None, help="default: the shipped SmolLM2 tokenizer")
-    add_batching_args(parser)
-    # 1. Same loss
-    parser.add_argument(
-        "--attn-implementation",
-        choices=ATTENTION_IMPLEMENTATIONS,
-        default="sdpa",
-        help="attention of the loss check (default: sdpa); "
-        "on a CPU, flash_attention_2 runs transformers' routing with reference "
-        "kernels",
-    )
-    parser.add_argument(
-        "--check-samples",
-        type=positive_int,
-        default=32,
-        help="samples in the loss check (default: 32)",
-    )
-    # 2-3. Same learning, and speed
-    add_training_args(parser)
-    # 4. DDP
-    parser.add_argument(
-        "--skip-ddp", action="store_true", help="skip part 4 (a torchrun run of two processes)"
-    )
-    parser.add_argument("--metrics-json", default=None, help="write the results as JSON here")
-    return parser.parse_args()
+from mmdp.training.ddp import DdpSettings, run_torchrun
+from mmdp.training.experiments import (
+    ExperimentSettings,
+    StageData,
+    check_same_loss,
+    compare_every_strategy,
+    load_data,
+    summarize_learning,
+    summarize_speed,
+    time_per_part_columns,
+    train_over_seeds,
+)
 
 
-def add_batching_args(parser: argparse.ArgumentParser) -> None:
-    """The packer, and the budgets that padding and packing share."""
-    add_strategy_arg(parser, help="the packer to train with")
-    add_batch_size_arg(
-        parser,
-        help="samples per padded batch; packed batches hold packs of about as many samples",
-    )
-    add_budget_args(
-        parser,
-        max_length=config.MAX_LENGTH,
-        max_length_help="token budget of a pack, and constrained padding's length "
-        f"(default: {config.MAX_LENGTH})",
-    )
+@dataclasses.dataclass(frozen=True)
+class Stage6Settings:
+    """The experiments' settings (mmdp.training.experiments), and where the results go."""
+
+    experiments: ExperimentSettings = ExperimentSettings()
+    figures: Figures = Figures()
+    metrics_json: str | None = config.setting(None, "write the results as JSON here")
 
 
-def add_training_args(parser: argparse.ArgumentParser) -> None:
-    """How many runs, on how many samples, evaluated how often."""
-    parser.add_argument(
-        "--seeds",
-        type=positive_int,
-        default=3,
-        help="training runs per strategy: seeds --seed, --seed + 1, ... (default: 3)",
-    )
-    parser.add_argument(
-        "--train-samples",
-        type=positive_int,
-        default=96,
-        help="samples each run trains on (default: 96)",
-    )
-    parser.add_argument(
-        "--orders",
-        type=positive_int,
-        default=1,
-        help="orders of each seed's samples to train on (default: 1); more "
-        "show how much the order alone moves the held-out loss",
-    )
-    parser.add_argument(
-        "--eval-every",
-        type=positive_int,
-        default=32,
-        help="evaluate on the held-out samples every this many samples seen (default: 32)",
-    )
-    parser.add_argument(
-        "--eval-samples",
-        type=positive_int,
-        default=32,
-        help="held-out samples, never trained on (default: 32)",
-    )
-    parser.add_argument(
-        "--lr", type=positive_float, default=2e-3, help="AdamW learning rate (default: 0.002)"
-    )
-
-
-def main():
+def main(argv=None):
     started = time.perf_counter()
-    args = parse_args()
-    print_settings(args)
-    settings = settings_of(ExperimentSettings, args)  # what the experiments read of the flags
-    torch.manual_seed(args.seed)
+    flags = parse_flags(Stage6Settings, __doc__, argv)
+    print_settings(flag_values(flags))
+    settings = flags.experiments  # what the experiments read of the flags
+    torch.manual_seed(settings.seed)
     data = load_data(settings)
-    names = ("naive", "constrained", args.strategy)
+    names = ("naive", "constrained", settings.packing.strategy)
     seconds = {}
 
     with timed(seconds, "1. same loss"):
         check = check_same_loss(data, names, settings)
-        print_check(check, names, args)
+        print_check(check, names, settings)
     with timed(seconds, "2-3. training"):
         print(
-            f"2. Training every strategy on {args.train_samples} samples, "
-            f"{seeds_and_orders(args)} (attention sdpa); held-out loss every "
-            f"{args.eval_every} samples:"
+            f"2. Training every strategy on {settings.train_samples} samples, "
+            f"{seeds_and_orders(settings)} (attention sdpa); held-out loss every "
+            f"{settings.eval_every} samples:"
         )
-        runs = train_over_seeds(data, names, settings, after_run=print_run(names, args))
+        runs = train_over_seeds(data, names, settings, after_run=print_run(names, settings))
         learning = summarize_learning(runs, names, settings)
-        print_learning(learning, runs, names, args)
-        save_learning_curves(learning, runs, names, args)
+        print_learning(learning, runs, names, settings)
+        save_learning_curves(learning, runs, names, settings, flags.figures.out_dir)
         speed = summarize_speed(runs, names, data, settings)
-        print_speed(speed, names, args)
+        print_speed(speed, names, settings)
         print_where_the_time_goes(speed, names)
     with timed(seconds, "4. DDP"):
         ddp = check_ddp_gradient(settings)
         print_ddp(ddp)
     with timed(seconds, "5. every strategy"):
         strategies = compare_every_strategy(data, settings)
-        print_every_strategy(strategies, data, args)
+        print_every_strategy(strategies, data, settings, flags.figures.out_dir)
 
     total = time.perf_counter() - started
     parts = ", ".join(f"{part} {s:.0f} s" for part, s in seconds.items())
     print(f"Stage 6 took {total // 60:.0f} min {total % 60:.0f} s ({parts}).")
-    if args.metrics_json:
+    if flags.metrics_json:
         seconds["total"] = total
         metrics = stage_metrics(check, learning, speed, ddp, strategies, data.device, seconds)
-        print(f"Wrote the results to {display_path(write_json(metrics, args.metrics_json))}")
+        print(f"Wrote the results to {display_path(write_json(metrics, flags.metrics_json))}")
 
 
 @contextlib.contextmanager
@@ -205,17 +117,17 @@ def timed(seconds: dict, part: str):
 # 1. Same loss ------------------------------------------------------------------------------------
 
 
-def print_check(check, names, args) -> None:
+def print_check(check, names, settings) -> None:
     where = "GPU" if torch.cuda.is_available() else "CPU"
     note = ""
-    if args.attn_implementation == "flash_attention_2" and not torch.cuda.is_available():
+    if settings.attn_implementation == "flash_attention_2" and not torch.cuda.is_available():
         note = (
             "; no GPU: transformers' FlashAttention routing with mmdp's reference kernels, "
             "correctness only, not speed"
         )
     print(
         f"1. Loss of the same {check['samples']} samples (float32, {where}, "
-        f"attention {args.attn_implementation}{note}):"
+        f"attention {settings.attn_implementation}{note}):"
     )
     reductions = (check, check["mean_over_tokens"], check["mean_over_samples"])
     print_table(
@@ -234,32 +146,46 @@ def print_check(check, names, args) -> None:
 # 2. Same learning, over seeds, on held-out samples ----------------------------------------------
 
 
-def print_run(names, args):
+def print_run(names, settings):
     """What to print after each training run: its final held-out loss per strategy."""
 
     def after_run(seed: int, order: int, logs: dict, seconds: float) -> None:
         finals = ", ".join(f"{n} {logs[n]['eval_loss'][-1]:.3f}" for n in names)
         print(
             f"   seed {seed}"
-            + (f", order {order}" if args.orders > 1 else "")
+            + (f", order {order}" if settings.orders > 1 else "")
             + f": final held-out loss {finals} ({seconds:.0f} s)"
         )
 
     return after_run
 
 
-def seeds_and_orders(args) -> str:
-    seeds = f"{args.seeds} seed{'s' * (args.seeds != 1)}"
-    return seeds + (f" x {args.orders} orders" if args.orders > 1 else "")
+def seeds_and_orders(settings) -> str:
+    seeds = f"{settings.seeds} seed{'s' * (settings.seeds != 1)}"
+    return seeds + (f" x {settings.orders} orders" if settings.orders > 1 else "")
 
 
-def print_learning(learning, runs, names, args) -> None:
+def final_losses(learning: dict) -> dict[str, list[float]]:
+    """Each strategy's final held-out loss, run by run (in the order of learning["runs"])."""
+    return {n: [losses[-1] for losses in per_run] for n, per_run in learning["eval_loss"].items()}
+
+
+def order_spreads(final: list[float], orders: int) -> list[float]:
+    """How much the order alone moves a strategy's final loss: max - min over each seed's
+    `orders` runs (runs go seed after seed, each seed's orders together)."""
+    return [
+        max(final[i : i + orders]) - min(final[i : i + orders])
+        for i in range(0, len(final), orders)
+    ]
+
+
+def print_learning(learning, runs, names, settings) -> None:
     naive, _, packed = names
     final = final_losses(learning)
     seen = {n: [log["samples_seen"][-1] for log in runs["logs"][n]] for n in names}
-    over = seeds_and_orders(args)
+    over = seeds_and_orders(settings)
     print(
-        f"   final held-out loss (mean over the label tokens of {args.eval_samples} held-out "
+        f"   final held-out loss (mean over the label tokens of {settings.eval_samples} held-out "
         f"samples) over {over}, and what the runs trained on:"
     )
     rows = []
@@ -282,37 +208,37 @@ def print_learning(learning, runs, names, args) -> None:
         f"range over {over}; paired (same initial weights and samples), {packed} - naive: "
         + ", ".join(f"{p - q:+.3f}" for p, q in zip(final[packed], final[naive]))
     )
-    if args.orders > 1:
+    if settings.orders > 1:
         for n in (naive, packed):
             print(
                 f"   the order alone (same weights and samples) moves {n}'s final loss by "
-                + ", ".join(f"{d:.3f}" for d in order_spreads(final[n], args.orders))
+                + ", ".join(f"{d:.3f}" for d in order_spreads(final[n], settings.orders))
                 + " (per seed, max - min)"
             )
 
 
-def save_learning_curves(learning, runs, names, args) -> None:
+def save_learning_curves(learning, runs, names, settings, out_dir: str) -> None:
     curves = {n: [(log["samples_seen"], log["loss"]) for log in runs["logs"][n]] for n in names}
     fig = plot_learning_curves(
         learning["samples_seen"],
         learning["eval_loss"],
         learning["eval_steps"],
         curves,
-        f"Same learning? Held-out loss over {seeds_and_orders(args)} "
-        f"(TinyVLM, {args.train_samples} samples, the same initial weights per seed)",
+        f"Same learning? Held-out loss over {seeds_and_orders(settings)} "
+        f"(TinyVLM, {settings.train_samples} samples, the same initial weights per seed)",
     )
-    path = display_path(save_figure(fig, args.out_dir, "06.png"))
+    path = display_path(save_figure(fig, out_dir, "06.png"))
     print(f"   Saved the learning curves to {path}")
 
 
 # 3. Real tokens per second, and where the time goes ---------------------------------------------
 
 
-def print_speed(speed, names, args) -> None:
+def print_speed(speed, names, settings) -> None:
     packed = names[2]
     print(
         f"3. Speed, median over the seeds (real tok/s: also min and max); a step is "
-        f"{args.batch_size} samples padded, or packs of {args.max_length} holding about as many:"
+        f"{settings.batch_size} samples padded, or packs of {settings.packing.max_length} holding about as many:"
     )
     rows = []
     for n in names:
@@ -363,6 +289,38 @@ def print_where_the_time_goes(speed, names) -> None:
 # 4. Same gradient under DDP ----------------------------------------------------------------------
 
 
+def check_ddp_gradient(settings: ExperimentSettings) -> dict:
+    """mmdp.training.ddp under torchrun: two ranks (gloo, CPU), two micro-steps each, of stage 5's
+    packed batches of the same rows (its own --num-rows), each normalisation's gradient against
+    one process's over the same batches."""
+    if settings.skip_ddp:
+        return ddp_not_run("skipped (--skip-ddp)")
+    defaults = DdpSettings()
+    ddp = dataclasses.replace(
+        defaults,
+        data=dataclasses.replace(settings.data, num_rows=defaults.data.num_rows),
+        packing=dataclasses.replace(defaults.packing, max_length=settings.packing.max_length),
+    )
+    started = time.perf_counter()
+    try:
+        result = run_torchrun(*command_line(ddp))
+    except RuntimeError as error:
+        return ddp_not_run(str(error))
+    return {
+        **result,
+        "seconds": round(time.perf_counter() - started, 1),
+        "command": "torchrun --standalone --nproc_per_node 2 -m mmdp.training.ddp",
+    }
+
+
+def ddp_not_run(reason: str) -> dict:
+    return {
+        "grad_rel_diff_global_tokens": None,
+        "grad_rel_diff_per_rank_mean": None,
+        "reason": reason,
+    }
+
+
 def print_ddp(ddp) -> None:
     print("4. One optimizer step of packed batches under DDP (torchrun, 2 ranks, gloo):")
     if ddp["grad_rel_diff_global_tokens"] is None:
@@ -390,10 +348,10 @@ def print_ddp(ddp) -> None:
 # 5. Every strategy on one epoch ------------------------------------------------------------------
 
 
-def print_every_strategy(results: dict, data: StageData, args) -> None:
+def print_every_strategy(results: dict, data: StageData, settings, out_dir: str) -> None:
     print(
-        f"5. One epoch of {len(data.samples):,} samples, max_length {args.max_length}, "
-        f"{args.batch_size} samples a padded batch, {args.batch_size} packs a packed one:"
+        f"5. One epoch of {len(data.samples):,} samples, max_length {settings.packing.max_length}, "
+        f"{settings.batch_size} samples a padded batch, {settings.batch_size} packs a packed one:"
     )
     per_row = ("tokens_per_row", "images_per_row", "samples_per_row")
     print_table(
@@ -408,10 +366,29 @@ def print_every_strategy(results: dict, data: StageData, args) -> None:
     )
     fig = plot_strategies(
         results,
-        f"Every strategy on one epoch ({len(data.samples):,} samples, rows of {args.max_length})",
+        f"Every strategy on one epoch ({len(data.samples):,} samples, rows of {settings.packing.max_length})",
     )
-    path = display_path(save_figure(fig, args.out_dir, "strategies.png"))
+    path = display_path(save_figure(fig, out_dir, "strategies.png"))
     print(f"   Saved the comparison to {path}")
+
+
+def stage_metrics(check, learning, speed, ddp, strategies, device: str, seconds: dict) -> dict:
+    """What --metrics-json holds: every part's results, and the seconds each part took."""
+    return {
+        "loss": check,
+        "learning": learning,
+        "speed": speed["per_strategy"],
+        "speed_gain": speed["gain"],
+        "time_per_part": speed["time_per_part"],
+        "logits_us_per_position": speed["logits_us_per_position"],
+        "load_average": speed["load_average"],
+        "ddp": ddp,
+        "strategies": {
+            n: {k: v for k, v in r.items() if k != "per_row"} for n, r in strategies.items()
+        },
+        "device": device,
+        "seconds": {k: round(v, 1) for k, v in seconds.items()},
+    }
 
 
 if __name__ == "__main__":

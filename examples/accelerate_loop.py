@@ -39,10 +39,11 @@ import contextlib
 import torch
 
 from mmdp.errors import exit_on_user_error, require_extra
-from mmdp.flags import description
+from mmdp.flags import parse_flags
 from mmdp.training.evaluation import evaluate
 from mmdp.training.examples import (
     SampleLog,
+    TrainingSettings,
     checkpoint_folder,
     checkpoint_step,
     make_eval_loader,
@@ -50,8 +51,6 @@ from mmdp.training.examples import (
     make_model,
     model_weights_digest,
     print_result,
-    training_flags,
-    training_settings,
     training_steps,
     video_rows,
 )
@@ -91,7 +90,7 @@ def train_step(accelerator, model, optimizer, micro_batches, inputs) -> torch.Te
 
 
 def main(argv=None) -> dict | None:
-    settings = training_settings(argv, training_flags(description(__doc__)))
+    settings = parse_flags(TrainingSettings, __doc__, argv)
     # without cpu=True on a machine with no GPU, each process would train alone; DDP's
     # find_unused_parameters stays False: every loss touches every parameter (train_step)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())

@@ -12,7 +12,7 @@ over the epoch next to naive and constrained padding and how even the ranks' bat
 saves assets/03_grouped.png. Under torchrun every rank loads its share and rank 0 reports for all.
 """
 
-import argparse
+import dataclasses
 
 import numpy as np
 import torch.distributed as dist
@@ -31,18 +31,12 @@ from mmdp import (
     start_ranks,
     weigh_rows,
 )
+from mmdp.config import setting
 from mmdp.errors import exit_on_user_error
-from mmdp.flags import (
-    add_batch_size_arg,
-    add_data_args,
-    add_loader_args,
-    description,
-    display_path,
-    positive_int,
-    settings_of,
-)
+from mmdp.flags import Figures, LoaderSettings, flag_values, parse_flags
 from mmdp.report import (
     EpochReport,
+    display_path,
     nothing_to_do,
     plot_grouped,
     print_batch,
@@ -55,29 +49,27 @@ from mmdp.report import (
 )
 
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=description(__doc__))
-    add_data_args(parser)
-    add_loader_args(parser)
-    add_batch_size_arg(parser)
-    parser.add_argument(
-        "--max-length",
-        type=positive_int,
-        default=config.MAX_LENGTH,
-        help=f"longer samples are dropped, as in stage 3 (default: {config.MAX_LENGTH})",
-    )
-    return parser.parse_args()
+@dataclasses.dataclass(frozen=True)
+class GroupByLengthSettings:
+    """Stage 3's settings: the rows, the loader, the batch and its max_length."""
+
+    data: DataSettings = DataSettings(num_rows=config.DEFAULT_NUM_ROWS)
+    seed: int = setting(0, "random seed: the batches' order", min=0)
+    loader: LoaderSettings = LoaderSettings()
+    batch_size: int = setting(config.BATCH_SIZE, "samples per padded batch", min=1)
+    max_length: int = setting(config.MAX_LENGTH, "longer samples are dropped, as in stage 3", min=1)
+    figures: Figures = Figures()
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    settings = parse_flags(GroupByLengthSettings, __doc__, argv)
     rank = start_ranks()
     if rank == 0:
-        print_settings(args)
+        print_settings(flag_values(settings))
 
     # Stage 3's tokenizer, dataset and tokenized map-style dataset
-    tokenizer = get_tokenizer(args.tokenizer)
-    rows = settings_of(DataSettings, args).load()
+    tokenizer = get_tokenizer(settings.loader.tokenizer)
+    rows = settings.data.load()
     train_dataset = VQADataset(rows, tokenizer)
 
     # Weigh every row once (tokens and images, from the text and the image count: no decoding)
@@ -86,7 +78,7 @@ def main():
     # Text-only apart from multimodal, similar lengths in a batch, each step's tokens balanced
     # across ranks, the heaviest batch first; samples longer than max_length dropped as in stage 3
     sampler = ModalityLengthBatchSampler(
-        weights, batch_size=args.batch_size, max_length=args.max_length, seed=args.seed
+        weights, batch_size=settings.batch_size, max_length=settings.max_length, seed=settings.seed
     )
     if len(sampler) == 0:
         raise nothing_to_do(len(weights), sampler.dropped, "raise --max-length")
@@ -95,7 +87,7 @@ def main():
     loader = DataLoader(
         train_dataset,
         batch_sampler=sampler,
-        num_workers=args.num_workers,
+        num_workers=settings.loader.num_workers,
         collate_fn=NaivePadCollator(tokenizer.pad_token_id),
     )
 
@@ -118,16 +110,18 @@ def main():
     # Next to naive and constrained padding, on the same rows and ranks
     comparison = compare_padding(
         weights,
-        max_length=args.max_length,
-        batch_size=args.batch_size,
-        seed=args.seed,
+        max_length=settings.max_length,
+        batch_size=settings.batch_size,
+        seed=settings.seed,
         world_size=sampler.world_size,
     )
     print_comparison(comparison, sampler.world_size)
-    if args.metrics_json:
+    if settings.loader.metrics_json:
         metrics = {**epoch["metrics"], "comparison": comparison}
-        print(f"Wrote the epoch report to {display_path(write_json(metrics, args.metrics_json))}")
-    draw_grouped(epoch["first_batch"], comparison, args)
+        print(
+            f"Wrote the epoch report to {display_path(write_json(metrics, settings.loader.metrics_json))}"
+        )
+    draw_grouped(epoch["first_batch"], comparison, settings)
 
 
 def run_grouped_epoch(loader: DataLoader, sampler: ModalityLengthBatchSampler) -> dict:
@@ -165,7 +159,7 @@ def run_grouped_epoch(loader: DataLoader, sampler: ModalityLengthBatchSampler) -
     }
 
 
-def draw_grouped(first_batch: dict, comparison: dict, args) -> None:
+def draw_grouped(first_batch: dict, comparison: dict, settings: GroupByLengthSettings) -> None:
     """assets/03_grouped.png: the first batch, the epoch's padding and every step, next to naive
     and constrained padding."""
     lengths = real_token_mask(first_batch).sum(dim=1).tolist()
@@ -173,7 +167,7 @@ def draw_grouped(first_batch: dict, comparison: dict, args) -> None:
     first = {
         "lengths": lengths,
         "width": width,
-        "limit": args.max_length,
+        "limit": settings.max_length,
         "title": waste_title(f"The first batch: padded to its longest ({width})", lengths, width),
     }
     waste = 1 - comparison["modality_length"]["utilization"]
@@ -181,7 +175,9 @@ def draw_grouped(first_batch: dict, comparison: dict, args) -> None:
         f"Constrained Padding grouped by modality and length: {waste:.1%} padding "
         f"(constrained {1 - comparison['constrained']['utilization']:.1%})"
     )
-    path = save_figure(plot_grouped(first, comparison, title), args.out_dir, "03_grouped.png")
+    path = save_figure(
+        plot_grouped(first, comparison, title), settings.figures.out_dir, "03_grouped.png"
+    )
     print(f"Saved the grouped padding figure to {display_path(path)}")
 
 

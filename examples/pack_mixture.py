@@ -12,26 +12,26 @@ asked vs realised (overall and per rank) and drops by reason, also under "mixtur
 --metrics-json.
 """
 
-import argparse
+import dataclasses
 
 import torch.distributed as dist
 
 from mmdp import config
-from mmdp.data.families import MODELS, family_for
+from mmdp.config import setting
+from mmdp.data.families import family_for
 from mmdp.data.mixture import load_mixture, read_mixture
+from mmdp.data.reading.settings import DataSettings, ModelSettings
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import exit_on_user_error
 from mmdp.flags import (
-    add_loader_args,
-    add_model_and_budget_args,
-    add_packing_args,
-    config_for,
-    description,
-    model_processor,
-    non_negative_int,
-    positive_int,
+    FAMILY_BUDGETS,
+    EpochSettings,
+    LoaderSettings,
+    flag_values,
+    parse_flags,
 )
 from mmdp.loading.packed_dataset import PackedDataset
+from mmdp.packing.packing_config import PackingConfig, default_config
 from mmdp.planning.source_shares import MixturePlan
 from mmdp.ranks import start_ranks
 from mmdp.report.epoch import run_packed_epoch, write_outputs
@@ -45,47 +45,45 @@ from mmdp.report.printing import (
 from mmdp.report.sources import format_source_report, source_report
 
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=description(__doc__))
-    parser.add_argument(
-        "--mixture",
-        required=True,
+@dataclasses.dataclass(frozen=True)
+class PackMixtureSettings:
+    """Stage 5's settings, the rows a mixture of sources."""
+
+    mixture: str = setting(
         help="a JSON file of sources with shares, loss weights and label policies (see "
-        "mmdp.data.mixture; examples/mixture.json)",
+        "mmdp.data.mixture; examples/mixture.json)"
     )
-    parser.add_argument(
-        "--num-rows",
-        type=positive_int,
-        default=config.DEFAULT_NUM_ROWS,
-        help="the synthetic data's rows, and the most read from each other source "
-        f"(default: {config.DEFAULT_NUM_ROWS:,})",
+    # --num-rows: the synthetic data's rows, and the most read from each other source
+    data: DataSettings = setting(
+        DataSettings(num_rows=config.DEFAULT_NUM_ROWS), flags=("num_rows",)
     )
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
-    add_loader_args(parser)
-    add_model_and_budget_args(parser, MODELS)
-    add_packing_args(parser)
-    return parser.parse_args()
+    loader: LoaderSettings = LoaderSettings()
+    model: ModelSettings = ModelSettings()
+    # the budgets not given are the model family's (default_config); --seed also seeds the
+    # shares' plan
+    packing: PackingConfig = setting(PackingConfig(max_length=None), shown=FAMILY_BUDGETS)
+    run: EpochSettings = EpochSettings()
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    settings = parse_flags(PackMixtureSettings, __doc__, argv)
     rank = start_ranks()
-    processor = model_processor(args)
+    processor = settings.model.load_processor(settings.loader.tokenizer)
     family = family_for(processor)
-    packing = config_for(family, args)
+    packing = default_config(family, **settings.packing.settings())
     if rank == 0:
-        print_run_settings(args, packing, family.name)
+        print_run_settings(flag_values(settings), packing, family.name)
 
     # Every source's rows one after the other; the plan takes each source's share of the epoch
-    mixed = load_mixture(read_mixture(args.mixture), args.num_rows)
+    mixed = load_mixture(read_mixture(settings.mixture), settings.data.num_rows)
     samples = VQADataset(mixed.dataset, processor, mixture=mixed)
-    mixture = MixturePlan.of(mixed, seed=args.seed)
+    mixture = MixturePlan.of(mixed, seed=packing.seed)
     packed = PackedDataset(samples, packing, mixture=mixture)
-    packed.set_epoch(args.epoch)
+    packed.set_epoch(settings.run.epoch)
     if rank == 0:
         print_weighing(packed)
 
-    epoch = run_packed_epoch(packed, args.num_workers)
+    epoch = run_packed_epoch(packed, settings.loader.num_workers)
     if rank != 0:
         dist.destroy_process_group()
         return
@@ -106,7 +104,7 @@ def main():
     print_rank_balance(epoch["rank_balance"])
     mixture_metrics = {"share_by": share_by, "sources": sources}
     metrics = epoch_metrics(epoch, mixture=mixture_metrics, weighing=epoch["weighing"])
-    write_outputs(metrics, epoch["first_batch"], args)
+    write_outputs(metrics, epoch["first_batch"], flag_values(settings))
 
 
 if __name__ == "__main__":

@@ -12,55 +12,59 @@ rank reads its shards and all stop at the same step: the rows a rank still held 
 out are counted (held_when_ranks_stopped).
 """
 
-import argparse
+import dataclasses
 
 import torch.distributed as dist
 
-from mmdp.data.families import MODELS, family_for
-from mmdp.data.reading.settings import DataSettings
+from mmdp import config
+from mmdp.config import setting
+from mmdp.data.families import family_for
+from mmdp.data.reading.settings import DataSettings, ModelSettings
 from mmdp.drop_reasons import HELD_WHEN_RANKS_STOPPED
 from mmdp.errors import exit_on_user_error
 from mmdp.flags import (
-    add_data_args,
-    add_loader_args,
-    add_model_and_budget_args,
-    add_packing_args,
-    config_for,
-    description,
-    model_processor,
-    settings_of,
+    FAMILY_BUDGETS,
+    EpochSettings,
+    LoaderSettings,
+    flag_values,
+    parse_flags,
 )
 from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.packing.packing_config import PackingConfig, default_config
 from mmdp.ranks import start_ranks
 from mmdp.report.epoch import PACKING_HINT, run_epoch, write_outputs
 from mmdp.report.pack_report import PackReport, epoch_metrics, merge_over_ranks
 from mmdp.report.printing import print_epoch_report, print_rank_balance, print_run_settings
 
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=description(__doc__))
-    add_data_args(parser)
-    add_loader_args(parser)
-    add_model_and_budget_args(parser, MODELS)
-    add_packing_args(parser)
-    return parser.parse_args()
+@dataclasses.dataclass(frozen=True)
+class PackStreamingSettings:
+    """Stage 5's settings, the rows read as a stream."""
+
+    data: DataSettings = DataSettings(num_rows=config.DEFAULT_NUM_ROWS)
+    loader: LoaderSettings = LoaderSettings()
+    model: ModelSettings = ModelSettings()
+    # the budgets not given are the model family's (default_config)
+    packing: PackingConfig = setting(PackingConfig(max_length=None), shown=FAMILY_BUDGETS)
+    run: EpochSettings = EpochSettings()
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    settings = parse_flags(PackStreamingSettings, __doc__, argv)
     rank = start_ranks()
-    processor = model_processor(args)
+    processor = settings.model.load_processor(settings.loader.tokenizer)
     family = family_for(processor)
-    packing = config_for(family, args)
+    packing = default_config(family, **settings.packing.settings())
     if rank == 0:
-        print_run_settings(args, packing, family.name)
+        print_run_settings(flag_values(settings), packing, family.name)
 
     # Read the dataset as a stream, pack it a buffer at a time, stop the ranks together
-    stream = settings_of(DataSettings, args).stream()
+    stream = settings.data.stream()
     loader = StreamingDataLoader(
-        StreamingPackedDataset(stream, processor, packing), num_workers=args.num_workers
+        StreamingPackedDataset(stream, processor, packing),
+        num_workers=settings.loader.num_workers,
     )
-    loader.set_epoch(args.epoch)
+    loader.set_epoch(settings.run.epoch)
     report = PackReport()
 
     def batches():
@@ -77,7 +81,7 @@ def main():
     if HELD_WHEN_RANKS_STOPPED in epoch["report"].dropped:
         print(f"({HELD_WHEN_RANKS_STOPPED}: read, not yielded: another rank ran out first)")
     print_rank_balance(epoch["rank_balance"])
-    write_outputs(epoch_metrics(epoch), first_batch, args)
+    write_outputs(epoch_metrics(epoch), first_batch, flag_values(settings))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ What the recipe does (mmdp.training.recipes):
    (mmdp.training.evaluation.evaluate: summed losses and label tokens, all-reduced once).
 """
 
+import dataclasses
 import os
 
 import torch
@@ -34,8 +35,9 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from mmdp.config import setting
 from mmdp.errors import exit_on_user_error
-from mmdp.flags import description, settings_of
+from mmdp.flags import parse_flags
 from mmdp.models.tiny_vlm import TinyVLM
 from mmdp.training.evaluation import evaluate
 from mmdp.training.examples import (
@@ -48,7 +50,6 @@ from mmdp.training.examples import (
     make_model,
     model_weights_digest,
     print_result,
-    training_flags,
     training_steps,
     video_rows,
 )
@@ -131,15 +132,17 @@ def train_step(model, optimizer, micro_batches, inputs, device) -> torch.Tensor:
     return loss_share
 
 
-def parse_args(argv=None):
-    parser = training_flags(description(__doc__))
-    parser.add_argument("--fsdp2", action="store_true", help="FSDP2's fully_shard, not DDP")
-    return parser.parse_args(argv)
+@dataclasses.dataclass(frozen=True)
+class TorchrunSettings:
+    """The examples' settings (what the package reads), and this one's own flag."""
+
+    training: TrainingSettings
+    fsdp2: bool = setting(False, "FSDP2's fully_shard, not DDP")
 
 
 def main(argv=None) -> dict | None:
-    args = parse_args(argv)
-    settings = settings_of(TrainingSettings, args)  # what the package reads (not --fsdp2)
+    flags = parse_flags(TorchrunSettings, __doc__, argv)
+    settings = flags.training
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else "cpu"
     if on_gpu:  # before anything touches the GPU: FSDP2's default mesh (and NCCL) use this one
@@ -151,7 +154,7 @@ def main(argv=None) -> dict | None:
 
     loader, tokenizer = make_loader(settings)  # this rank's share of every epoch
     model, inputs = make_model(settings, tokenizer)
-    model = wrap(model, args.fsdp2, device)
+    model = wrap(model, flags.fsdp2, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
     step = 0
     if settings.resume_from_checkpoint:

@@ -30,18 +30,17 @@ import torch
 from transformers import TrainingArguments
 
 from mmdp.errors import exit_on_user_error
-from mmdp.flags import description
+from mmdp.flags import parse_flags
 from mmdp.models.tiny_vlm import TinyVLM
 from mmdp.training.examples import (
     SampleLog,
+    TrainingSettings,
     checkpoint_step,
     make_eval_loader,
     make_loader,
     make_model,
     model_weights_digest,
     print_result,
-    training_flags,
-    training_settings,
     video_rows,
 )
 
@@ -74,7 +73,7 @@ def untie_output_layer(model) -> None:
 
 
 def main(argv=None) -> dict | None:
-    settings = training_settings(argv, training_flags(description(__doc__)))
+    settings = parse_flags(TrainingSettings, __doc__, argv)
     training_args = TrainingArguments(
         output_dir=settings.output_dir,
         max_steps=settings.max_steps or -1,  # -1: num_train_epochs whole epochs
@@ -87,7 +86,7 @@ def main(argv=None) -> dict | None:
         logging_steps=1,
         eval_strategy="epoch" if settings.eval_ratio else "no",  # each loader epoch's end
         seed=settings.seed,
-        per_device_train_batch_size=settings.packs_per_batch,  # for Trainer's logs only
+        per_device_train_batch_size=settings.packing.packs_per_batch,  # for Trainer's logs only
         # without it, on a machine with no GPU, Trainer runs every process on its own
         use_cpu=not torch.cuda.is_available(),
         report_to="none",

@@ -144,10 +144,13 @@ def image_cell(image) -> dict:
 def config_and_rest(settings: dict) -> tuple:
     """A test's loader keywords split into a PackingConfig of its fields and the rest (rank=...,
     image_size=...): the loaders take their budgets as a PackingConfig only."""
-    from mmdp.packing.packing_config import FIELDS, PackingConfig
+    import dataclasses
 
-    config = PackingConfig(**{key: settings[key] for key in FIELDS if key in settings})
-    return config, {key: value for key, value in settings.items() if key not in FIELDS}
+    from mmdp.packing.packing_config import PackingConfig
+
+    fields = {field.name for field in dataclasses.fields(PackingConfig)}
+    config = PackingConfig(**{key: settings[key] for key in fields if key in settings})
+    return config, {key: value for key, value in settings.items() if key not in fields}
 
 
 @pytest.fixture

@@ -198,6 +198,9 @@ NOT_RUN = {
         "the network: the Hub's processor (the offline one, `--model qwen2_5_vl`, is run)"
     ),
     "PYTHONPATH=src python3 bench/bench_loss.py --device cuda": "a GPU; the smoke run is on CPU",
+    "PYTHONPATH=src python3 tools/check_hybrid_kernels.py": (
+        "a GPU with flash-linear-attention; on a CPU it says so and exits (test_qwen3_5.py)"
+    ),
     "uv run --extra s3 05_knapsack_multimodal.py --dataset s3://bucket/train.jsonl --model "
     "qwen3_vl": S3 + "; tests/test_remote.py reads a user's rows from a moto server",
     "uv run --extra s3 05_knapsack_multimodal.py --dataset llava.json --image-root "
@@ -690,7 +693,7 @@ def quoted_batch_keys(family: str) -> set[str]:
 
 # docs/real-vlms.md's names for the families whose default budgets it lists
 BUDGET_NAMES = {
-    "Qwen": ("qwen2_5_vl", "qwen3_vl"),
+    "Qwen": ("qwen2_5_vl", "qwen3_vl", "qwen3_5"),
     "LLaVA-OneVision": ("llava_onevision",),
     "Gemma 3": ("gemma3",),
     "SmolVLM": ("smolvlm",),

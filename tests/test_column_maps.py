@@ -4,7 +4,6 @@ tags, alpaca with history and images, a folder, a parquet file), read as the sam
 made into the same samples (input_ids, labels, pixels), as the plain files they describe; what
 mmdp would not read as the trainer does is one sentence."""
 
-import argparse
 import json
 import re
 
@@ -20,7 +19,7 @@ from mmdp.data.reading.stream import load_vqa_stream
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import EMPTY_REPLY, NO_TEXTS, VIDEO_REFUSED
 from mmdp.errors import UserError
-from mmdp.flags import add_dataset_args, settings_of
+from mmdp.flags import parse_flags
 
 
 def user(text):
@@ -296,19 +295,13 @@ def test_columns_renames_before_the_format_is_told(data, tokenizer, tmp_path):
     streamed = load_vqa_stream(str(data / "llava_renamed.parquet"), columns=columns)
     assert without_source(streamed) == without_source(plain)
     # the flag, as every script that takes --dataset has it
-    parser = argparse.ArgumentParser()
-    add_dataset_args(parser)
-    args = parser.parse_args(
-        ["--dataset", str(data / "llava_renamed.json"), "--columns", json.dumps(columns)]
-    )
-    assert settings_of(DataSettings, args).load()[:] == rows[:]
+    argv = ["--dataset", str(data / "llava_renamed.json"), "--columns", json.dumps(columns)]
+    assert parse_flags(DataSettings, "", argv).load()[:] == rows[:]
 
 
 def test_bad_columns_are_one_sentence(tmp_path, capsys):
-    parser = argparse.ArgumentParser()
-    add_dataset_args(parser)
     with pytest.raises(SystemExit) as exit:
-        parser.parse_args(["--columns", "{conv: conversations}"])
+        parse_flags(DataSettings, "", ["--columns", "{conv: conversations}"])
     assert exit.value.code == 2 and "argument --columns: not JSON" in capsys.readouterr().err
     llava = write_json(tmp_path / "llava.json", [{"conversations": [], "image": "red.png"}])
     parquet = tmp_path / "llava.parquet"

@@ -16,10 +16,10 @@ import json
 import pytest
 import torch
 
-from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
+from mmdp.flags import parse_flags
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
-from mmdp.training.ddp import parse_args, rank_batches, relative_difference
+from mmdp.training.ddp import DdpSettings, rank_batches, relative_difference
 from mmdp.training.loss import label_tokens, summed_loss
 from mmdp.training.recipes import micro_batch_loss
 
@@ -50,8 +50,8 @@ def averaged_over_ranks(model, batches: dict, loss_of) -> torch.Tensor:
 def test_two_ranks_step_is_one_process_gradient_only_with_tokens_counted_over_all_ranks(
     tokenizer, one_thread
 ):
-    args = parse_args(SMALL)
-    samples = VQADataset(load_vqa_dataset(num_rows=args.num_rows), tokenizer)
+    args = parse_flags(DdpSettings, "", SMALL)
+    samples = VQADataset(args.data.load(), tokenizer)
     torch.manual_seed(args.seed)
     vlm_config = TinyVLMConfig(vocab_size=len(tokenizer), image_token_id=tokenizer.image_token_id)
     model = TinyVLM(vlm_config).train()

@@ -105,19 +105,87 @@ def parsed(path: Path) -> ast.Module:
 @functools.cache
 def parser_flags(script: Path) -> set[str]:
     """The flags of every add_argument call in the script, and in the mmdp functions it calls
-    (followed into the functions those call): what its parser can define, read statically."""
+    (followed into the functions those call), and of the settings dataclasses it hands
+    mmdp.flags (parse_flags, add_flags): what its parser can define, read statically."""
     return {"--help"} | flags_in(parsed(script), script, set())
+
+
+def imports_of(path: Path) -> dict[str, Path]:
+    """Each name the module imports from mmdp (at any depth: a function's own imports too), and
+    the file that defines it; a name on mmdp's lazy face, its module's file."""
+    imported = {}
+    for node in ast.walk(parsed(path)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mmdp"):
+            for alias in node.names:
+                imported[alias.asname or alias.name] = module_path(node.module)
+    return imported
+
+
+@functools.cache
+def face_modules(face: Path) -> dict[str, Path]:
+    """A lazy face's names (mmdp/_lazy.py: lazy_face(__name__, {module: [names]})), by module."""
+    calls = [n for n in ast.walk(parsed(face)) if isinstance(n, ast.Call) and len(n.args) == 2]
+    table = next((c.args[1] for c in calls if isinstance(c.args[1], ast.Dict)), None)
+    if table is None:
+        return {}
+    return {
+        name.value: module_path(module.value)
+        for module, names in zip(table.keys, table.values)
+        for name in names.elts
+    }
+
+
+def class_def(name: str, path: Path) -> tuple[Path, ast.ClassDef] | None:
+    """The class `name` as the module at `path` has it: its own, or where it imports it from."""
+    for node in parsed(path).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return path, node
+    where = imports_of(path).get(name)
+    if where is None or not where.exists():
+        return None
+    return class_def(name, face_modules(where).get(name, where))
+
+
+def settings_flags(name: str, path: Path, only=None) -> set[str]:
+    """The flags mmdp.flags makes of the settings dataclass `name` (in or imported into `path`):
+    one a field, and a dataclass field's own fields' (those its setting(flags=...) names)."""
+    found = class_def(name, path)
+    if found is None:
+        return set()
+    where, cls = found
+    flags = set()
+    for node in cls.body:
+        if not isinstance(node, ast.AnnAssign):
+            continue
+        field, kind = node.target.id, ast.unparse(node.annotation)
+        keywords = {k.arg: k.value for k in getattr(node.value, "keywords", [])}
+        selected = ast.literal_eval(keywords["flags"]) if "flags" in keywords else None
+        if kind.isidentifier() and class_def(kind, where) is not None:
+            flags |= settings_flags(kind, where, selected)
+        elif only is None or field in only:
+            flags.add("--" + field.replace("_", "-"))
+    return flags
+
+
+def handed_on(name: str, path: Path) -> Path:
+    """Where the function `name` imported from `path` is: there, or in the module that the
+    module's __getattr__ (PEP 562) imports to hand it on."""
+    body = parsed(path).body
+    if any(isinstance(n, ast.FunctionDef) and n.name == name for n in body):
+        return path
+    for function in (n for n in body if isinstance(n, ast.FunctionDef)):
+        if function.name == "__getattr__":
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom) and node.module.startswith("mmdp"):
+                    lazy = module_path(f"{node.module}.{node.names[0].name}")
+                    return lazy if lazy.exists() else path
+    return path
 
 
 def flags_in(body: ast.AST, path: Path, seen: set) -> set[str]:
     tree = parsed(path)
     local = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    imported = {
-        alias.asname or alias.name: module_path(node.module)
-        for node in tree.body
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mmdp")
-        for alias in node.names
-    }
+    imported = imports_of(path)
     adders = {"add_argument"} | {  # `add = parser.add_argument` and then add("--flag", ...)
         target.id
         for node in ast.walk(body)
@@ -130,7 +198,10 @@ def flags_in(body: ast.AST, path: Path, seen: set) -> set[str]:
         if not isinstance(node, ast.Call):
             continue
         called = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
-        if called in adders:
+        settings = {"parse_flags": 0, "add_flags": 1}.get(called)
+        if settings is not None and isinstance(node.args[settings], (ast.Name, ast.Attribute)):
+            flags |= settings_flags(ast.unparse(node.args[settings]).split(".")[-1], path)
+        elif called in adders:
             names = [a.value for a in node.args if isinstance(a, ast.Constant)]
             names = [n for n in names if isinstance(n, str) and n.startswith("--")]
             flags |= set(names)
@@ -141,7 +212,7 @@ def flags_in(body: ast.AST, path: Path, seen: set) -> set[str]:
             if called in local:
                 flags |= flags_in(local[called], path, seen)
             elif imported[called].exists():
-                where = imported[called]
+                where = handed_on(called, imported[called])
                 functions = {
                     n.name: n for n in parsed(where).body if isinstance(n, ast.FunctionDef)
                 }

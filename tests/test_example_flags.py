@@ -12,19 +12,20 @@ from conftest import REPO
 
 from mmdp.data.families import PROCESSOR_HINT, load_processor
 from mmdp.errors import UserError, exit_on_user_error
+from mmdp.flags import parse_flags
 from mmdp.training.examples import (
     MODEL_PATH_HINT,
+    TrainingSettings,
     make_loader,
     make_model,
     make_processor,
-    training_settings,
     training_steps,
 )
 from mmdp.training.recipes import optimizer_steps
 
 
 def flags(*argv: str):
-    return training_settings(["--output-dir", "-", "--num-workers", "0", *argv])
+    return parse_flags(TrainingSettings, "", ["--output-dir", "-", "--num-workers", "0", *argv])
 
 
 def test_num_train_epochs_trains_every_usable_row_once_per_epoch():
@@ -113,7 +114,7 @@ def test_lora_puts_adapters_on_the_language_model_the_vision_tower_and_the_exper
 )
 def test_flags_that_cannot_apply_are_one_sentence(argv, says, capsys):
     with pytest.raises(SystemExit) as exited, exit_on_user_error():
-        args = training_settings(["--output-dir", "-", "--num-rows", "4", *argv])
+        args = parse_flags(TrainingSettings, "", ["--output-dir", "-", "--num-rows", "4", *argv])
         make_model(args, make_loader(args, rank=0, world_size=1)[1])
     assert exited.value.code == 2
     said = capsys.readouterr().err.strip().splitlines()[-1]

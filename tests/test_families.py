@@ -8,6 +8,7 @@ alone, with the model computing its own positions, under every attention impleme
 class accepts; and the family's trap must break that equality.
 """
 
+import contextlib
 import io
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 from conftest import two_packs_of_three
 from datasets import Dataset
 from doc_blocks import quoted_batch_keys, quoted_default_budgets
+from hybrid_kernels import linear_attention_kernels
 from PIL import Image
 from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
 
@@ -78,7 +80,11 @@ def tiny_family(family):
 
 @pytest.fixture(scope="module")
 def model(tiny_family):
-    return tiny_model(tiny_family.processor, attn_implementation="eager")
+    """The family's tiny model; Qwen3.5's with CPU stand-ins of the kernels that keep packed
+    samples apart in its linear-attention layers (tests/hybrid_kernels.py, tests/test_qwen3_5.py)."""
+    hybrid = tiny_family.name == "qwen3_5"
+    with linear_attention_kernels() if hybrid else contextlib.nullcontext():
+        yield tiny_model(tiny_family.processor, attn_implementation="eager")
 
 
 def processor_input_ids(family, row: dict) -> torch.Tensor:
@@ -310,10 +316,24 @@ def images_numbered_per_sample(batch: dict, inputs: dict, model) -> dict:
     return {**inputs, "attention_mask": masks}
 
 
+def no_seq_idx(batch: dict, inputs: dict, model) -> dict:
+    """Qwen3.5: no seq_idx (a trainer that passes FlashAttention's bounds alone): the causal conv
+    reads each sample's first 3 tokens with the last ones of the sample before it, and the
+    recurrence carries that through the sample."""
+    return {key: value for key, value in inputs.items() if key != "seq_idx"}
+
+
+def no_cu_seqlens(batch: dict, inputs: dict, model) -> dict:
+    """Qwen3.5: no cu_seq_lens, so the recurrence (chunk_gated_delta_rule) carries each sample's
+    state into the next; attention alone keeps them apart, by the restarting positions."""
+    return {key: value for key, value in inputs.items() if not key.startswith("cu_seq_lens")}
+
+
 # Each family's traps: what trainers get wrong for it, and what mixes its samples.
 TRAPS = {
     "qwen2_5_vl": (three_row_positions,),
     "qwen3_vl": (three_row_positions,),
+    "qwen3_5": (three_row_positions, no_seq_idx, no_cu_seqlens),
     "llava_onevision": (images_out_of_order,),
     "gemma3": (the_models_own_masks, images_numbered_per_sample),
     "smolvlm": (packs_tiles_swapped,),
@@ -347,14 +367,14 @@ def random_image_sample(generator: torch.Generator, merge_size: int) -> tuple[to
     return torch.cat(types).long(), grids
 
 
-@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
 def test_qwen_image_positions_are_the_models_own_rope_index(name):
     """RopeIndex finds the runs of a sample without videos at once; on 200 random samples its
     positions equal the model class's own get_rope_index to the element (and a shuffled grid
     order, the negative control, does not)."""
-    from mmdp.data.families.qwen_vl import Qwen2_5_VL, Qwen3VL, RopeIndex
+    from mmdp.data.families.qwen_vl import Qwen2_5_VL, Qwen3_5, Qwen3VL, RopeIndex
 
-    family = {"qwen2_5_vl": Qwen2_5_VL, "qwen3_vl": Qwen3VL}[name]
+    family = {"qwen2_5_vl": Qwen2_5_VL, "qwen3_vl": Qwen3VL, "qwen3_5": Qwen3_5}[name]
     rope = RopeIndex(family.model_class, family.config_class, 2, family.tokens_per_second)
     generator = torch.Generator().manual_seed(0)
     controls_differ = 0

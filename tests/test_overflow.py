@@ -4,7 +4,6 @@ from it, counted (`truncated`), and trained exactly as the same cut sample alone
 image ends past the budget, or whose reply starts past it, is still `too_long`.
 """
 
-import argparse
 import dataclasses
 import json
 
@@ -19,7 +18,7 @@ from mmdp.data.families import family_for, tiny_processor
 from mmdp.data.reading.sources import FEATURES
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
-from mmdp.flags import add_packing_args, config_for
+from mmdp.flags import parse_flags
 from mmdp.loading.overflow import cut_length, media_end, truncate_sample
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.loading.streaming.dataset import StreamingPackedDataset
@@ -55,11 +54,8 @@ def test_cut_length_keeps_media_whole_and_a_trained_token(
 def test_overflow_is_validated_and_a_flag_a_resume_must_match():
     with pytest.raises(ValueError, match="overflow must be one of"):
         PackingConfig(overflow="wrap")
-    parser = argparse.ArgumentParser()
-    add_packing_args(parser)
-    args = parser.parse_args(["--overflow", "truncate"])
-    assert config_for(None, args).overflow == "truncate"
-    assert config_for(None, parser.parse_args([])).overflow == "drop"
+    assert parse_flags(PackingConfig, "", ["--overflow", "truncate"]).overflow == "truncate"
+    assert parse_flags(PackingConfig, "", []).overflow == "drop"
     assert PackingConfig(overflow="truncate").settings()["overflow"] == "truncate"
 
 

@@ -7,6 +7,9 @@
 2. The seed user's command (docs/use-in-your-trainer.md), Qwen3-VL-MoE with LoRA on images and 24
    video clips, 3 epochs of grad-accum 16 on 2 ranks with a held-out split: every training row
    exactly 3 times, at least 60 video samples trained, and eval_loss reported.
+3. The same command with Qwen3.5-MoE (its linear-attention layers on the CPU stand-ins of their
+   kernels, tests/hybrid_kernels.py), smaller: every training row once per epoch, and the eval
+   split's initial eval_loss on 2 ranks the same number as one process's.
 """
 
 import json
@@ -16,8 +19,11 @@ from collections import Counter
 
 import pytest
 from conftest import REPO
+from hybrid_kernels import linear_attention_kernels
 
-from mmdp.training.examples import make_loader, training_settings
+from mmdp.flags import parse_flags
+from mmdp.training.evaluation import evaluate
+from mmdp.training.examples import TrainingSettings, make_eval_loader, make_loader, make_model
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +31,10 @@ TINY = ["--num-rows", "40", "--num-train-epochs", "2", "--grad-accum", "2", "--e
 SEED = [
     *("--model", "qwen3_vl_moe", "--lora", "--videos", "24", "--num-rows", "120"),
     *("--num-train-epochs", "3", "--grad-accum", "16", "--eval-ratio", "0.1"),
+]
+QWEN3_5 = [
+    *("--model", "qwen3_5_moe", "--lora", "--videos", "6", "--num-rows", "40"),
+    *("--num-train-epochs", "2", "--grad-accum", "4", "--eval-ratio", "0.25"),
 ]
 
 
@@ -50,7 +60,7 @@ def planned_rows(flags: list[str], world_size: int, epochs: int) -> list[list[in
 
 
 def plans(flags: list[str], world_size: int, epochs: int) -> list:
-    args = training_settings([*flags, "--output-dir", "-", "--num-workers", "0"])
+    args = parse_flags(TrainingSettings, "", [*flags, "--output-dir", "-", "--num-workers", "0"])
     dataset = make_loader(args, rank=0, world_size=world_size)[0].dataset
     return [dataset.plan(epoch) for epoch in range(epochs)]
 
@@ -79,7 +89,7 @@ def test_every_usable_row_is_trained_once_per_epoch_on_any_rank_count(tiny_runs,
     check_every_row_once_per_epoch(run, planned)
     steps = Counter((line["rank"], line["step"]) for line in run["lines"])
     assert len({rank for rank, _ in steps}) == world_size  # every rank trained
-    args = training_settings([*TINY, "--output-dir", "-", "--num-workers", "0"])
+    args = parse_flags(TrainingSettings, "", [*TINY, "--output-dir", "-", "--num-workers", "0"])
     held_out = make_loader(args, rank=0, world_size=1)[0].dataset.eval_dataset().plan(0)
     assert run["result"]["evaluation"]["eval_samples"] == len(held_out.rows)  # each once
 
@@ -108,8 +118,26 @@ def test_the_seed_users_command_trains_every_row_3_times_with_videos_and_reports
     assert evaluation["eval_samples"] == 144 - len(planned[0]) and evaluation["eval_loss"] > 0
 
 
+def test_the_seed_users_command_with_qwen3_5_moe_trains_every_row_and_evaluates_exactly(tmp_path):
+    """Qwen3.5-MoE with LoRA, images and videos, on 2 ranks: its batches laid out as one row with
+    the sample bounds (mmdp.models.inputs.one_row) train every planned row once per epoch, and
+    the eval split's initial eval_loss, each rank its share, is one process's to float32
+    rounding (about 2 minutes on a busy 2-core machine)."""
+    run = launch(tmp_path, 2, QWEN3_5, 900)
+    check_every_row_once_per_epoch(run, planned_rows(QWEN3_5, 2, epochs=2))
+    args = parse_flags(TrainingSettings, "", [*QWEN3_5, "--output-dir", "-", "--num-workers", "0"])
+    loader, processor = make_loader(args, rank=0, world_size=1)
+    with linear_attention_kernels():
+        model, inputs = make_model(args, processor)
+        one_process = evaluate(model, make_eval_loader(loader, args), inputs)
+    print(f"initial eval on 2 ranks {run['initial_eval']}, in one process {one_process}")
+    assert run["initial_eval"]["eval_label_tokens"] == one_process["eval_label_tokens"]
+    assert run["initial_eval"]["eval_loss"] == pytest.approx(one_process["eval_loss"], rel=1e-6)
+    assert run["result"]["evaluation"]["eval_samples"] == one_process["eval_samples"]
+
+
 def test_the_examples_flags_are_the_commands():
     """The flags above parse as the examples' (a renamed flag fails here, not in a launch)."""
-    for flags in (TINY, SEED):
-        args = training_settings([*flags, "--output-dir", "-"])
+    for flags in (TINY, SEED, QWEN3_5):
+        args = parse_flags(TrainingSettings, "", [*flags, "--output-dir", "-"])
         assert args.eval_ratio > 0

@@ -34,11 +34,12 @@ from mmdp.batch import collate_packs
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import MissingExtra
+from mmdp.flags import parse_flags
 from mmdp.loading.guards import PREPARE_REFUSED, STATEFUL_REFUSED
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.training.examples import SampleLog, make_loader, tiny_vlm, training_settings
+from mmdp.training.examples import SampleLog, TrainingSettings, make_loader, tiny_vlm
 from mmdp.training.recipes import (
     EPOCH_END,
     batches_forever,
@@ -327,8 +328,10 @@ def test_token_loss_is_the_summed_loss_over_the_steps_label_tokens():
 
 
 def test_the_examples_loader_shards_by_the_rank_it_is_given():
-    args = training_settings(
-        ["--output-dir", "-", "--num-rows", "52", "--max-length", "256", "--num-workers", "0"]
+    args = parse_flags(
+        TrainingSettings,
+        "",
+        ["--output-dir", "-", "--num-rows", "52", "--max-length", "256", "--num-workers", "0"],
     )
     ranks = [make_loader(args, rank=r, world_size=2)[0] for r in (0, 1)]
     assert [len(loader) for loader in ranks] == [5, 5]
@@ -368,8 +371,10 @@ def test_each_way_trains_every_planned_sample_once_per_epoch_and_resumes_exactly
     assert [m for _, m in per_rank[0]] == [0, 1, 0, 1, 0, 0, 1, 0, 1, 0]  # 2, 2, 1 per epoch
 
     # over both ranks, each epoch trains every row of its plan once: no repeat, none missing
-    args = training_settings(
-        ["--output-dir", "-", "--num-rows", "52", "--max-length", "256", "--num-workers", "0"]
+    args = parse_flags(
+        TrainingSettings,
+        "",
+        ["--output-dir", "-", "--num-rows", "52", "--max-length", "256", "--num-workers", "0"],
     )
     dataset = make_loader(args, rank=0, world_size=2)[0].dataset
     for epoch in (0, 1):

@@ -36,9 +36,10 @@ import torch
 import torch.distributed as dist
 
 from mmdp.data.reading.sources import load_vqa_dataset
+from mmdp.flags import parse_flags
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.training.ddp import flat_gradient, one_process_gradient, relative_difference
-from mmdp.training.examples import make_loader, training_settings
+from mmdp.training.examples import TrainingSettings, make_loader
 from mmdp.training.recipes import touch_every_parameter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,7 +85,7 @@ def stop_and_resume(main, out: str) -> dict:
 
 def example_args():
     """The examples' settings, with no DataLoader workers, for the checks below."""
-    return training_settings(SETTINGS + ["--output-dir", "-", "--num-workers", "0"])
+    return parse_flags(TrainingSettings, "", SETTINGS + ["--output-dir", "-", "--num-workers", "0"])
 
 
 def first_batches(rank: int, micro_steps: int = 2) -> list[dict]:

@@ -9,6 +9,9 @@
 2. examples/trainer.py with EXAMPLE_FLAGS, its --log-samples in OUT/samples.jsonl and its
    checkpoints in OUT/run; rank 0 writes what it printed (the final loss, eval_loss) to
    OUT/result.json.
+
+Qwen3.5's linear-attention layers run on the CPU stand-ins of their kernels (tests/hybrid_kernels.py),
+installed in every process: no other model has them.
 """
 
 import importlib.util
@@ -18,9 +21,11 @@ import sys
 from pathlib import Path
 
 import torch.distributed as dist
+from hybrid_kernels import linear_attention_kernels
 
+from mmdp.flags import parse_flags
 from mmdp.training.evaluation import evaluate
-from mmdp.training.examples import make_eval_loader, make_loader, make_model, training_settings
+from mmdp.training.examples import TrainingSettings, make_eval_loader, make_loader, make_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,7 +41,7 @@ def main() -> None:
     out, flags = sys.argv[1], sys.argv[2:]
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    args = training_settings([*flags, "--output-dir", f"{out}/run"])
+    args = parse_flags(TrainingSettings, "", [*flags, "--output-dir", f"{out}/run"])
     loader, processor = make_loader(args, rank=rank, world_size=world_size)
     model, inputs = make_model(args, processor)
     initial = evaluate(model, make_eval_loader(loader, args), inputs)
@@ -52,4 +57,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with linear_attention_kernels():
+        main()

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torchrun_checks import WAYS, check_ways
 from torchrun_matrix import FAMILIES, PATHS, measure_matrix
 
+from mmdp.flags import parse_flags
 from mmdp.training import ddp
 
 # two ranks x two gradient-accumulation micro-steps x two packs of 512 tokens
@@ -39,7 +40,9 @@ def main() -> None:
         os.makedirs(os.path.join(out, part), exist_ok=True)
     check_ways(WAYS, os.path.join(out, "checks"))
     ddp_json = os.path.join(out, "ddp", "ddp.json")
-    ddp.compare_gradients(ddp.parse_args([*DDP_FLAGS, "--metrics-json", ddp_json]))
+    ddp.compare_gradients(
+        parse_flags(ddp.DdpSettings, "", [*DDP_FLAGS, "--metrics-json", ddp_json])
+    )
     measure_matrix(PATHS, FAMILIES, os.path.join(out, "matrix"))
     dist.destroy_process_group()
 

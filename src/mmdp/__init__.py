@@ -28,7 +28,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         # data (stages 1-3)
         "mmdp.data.reading.sources": ["load_vqa_dataset", "load_synthetic_videos", "with_videos"],
         "mmdp.data.reading.stream": ["load_vqa_stream"],
-        "mmdp.data.reading.settings": ["DataSettings"],
+        "mmdp.data.reading.settings": ["DataSettings", "ModelSettings"],
         "mmdp.data.tokenizer": ["get_tokenizer"],
         "mmdp.data.conversation": ["marked_turns", "system_prompt"],
         "mmdp.data.images": ["BadImage", "decode_image"],
@@ -60,19 +60,6 @@ __getattr__, __dir__, __all__ = lazy_face(
             "mean_over_tokens",
             "mean_over_samples",
         ],
-        # stage 6's experiments (06_packing_pays_off.py): the computing, apart from its printing
-        "mmdp.training.experiments.settings": ["ExperimentSettings"],
-        "mmdp.training.experiments.data": ["StageData", "load_data"],
-        "mmdp.training.experiments.same_loss": ["check_same_loss"],
-        "mmdp.training.experiments.same_learning": [
-            "train_over_seeds",
-            "summarize_learning",
-            "final_losses",
-            "order_spreads",
-        ],
-        "mmdp.training.experiments.speed": ["summarize_speed", "time_per_part_columns"],
-        "mmdp.training.experiments.same_gradient": ["check_ddp_gradient"],
-        "mmdp.training.experiments.every_strategy": ["compare_every_strategy", "stage_metrics"],
         # training in your own loop: accelerate, torchrun (Trainer: mmdp.training.trainer.MMDPTrainer)
         "mmdp.training.recipes": [
             "optimizer_steps",

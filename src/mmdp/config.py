@@ -1,5 +1,7 @@
-"""Shared defaults: one place for the numbers every stage uses."""
+"""Shared defaults: one place for the numbers every stage uses; and `setting`, a settings
+dataclass's field with what it holds."""
 
+import dataclasses
 from pathlib import Path
 
 # Where the repository's committed figures go (stages save here unless --out-dir says otherwise).
@@ -57,3 +59,10 @@ BATCH_SIZE = 8  # samples per padded batch: the blog's batch for the padding fig
 PACKS_PER_BATCH = 8  # packs per packed batch (stage 5): one pack is one row of the batch
 MAX_LENGTH = 512  # stage 3's fixed length and stage 5's token budget per pack (max_length)
 MAX_IMAGES = 18  # stage 5's image budget per pack (the blog's max_images_per_knapsack)
+
+
+def setting(default=dataclasses.MISSING, help: str = "", **flag) -> dataclasses.Field:
+    """A field of a settings dataclass (DataSettings, PackingConfig...): its default and what it
+    holds, which its flag's --help shows; `flag` says what the flag takes (mmdp.flags: min,
+    choices, parse, metavar, flags). No default: a required flag."""
+    return dataclasses.field(default=default, metadata={"help": help, **flag})

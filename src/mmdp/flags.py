@@ -1,13 +1,222 @@
-"""The scripts' flags: argparse types that refuse an impossible value in one sentence, the
-flags two scripts share (add_*_args), and the settings a script resolves from them (settings_of,
-model_processor, config_for). No torch here: stage 4 parses its flags with these too."""
+"""The scripts' flags, made from the settings dataclasses a script composes: a flag a field
+(`num_rows` is --num-rows), its type, default and help taken from the field, and the parsed flags
+given back as those dataclasses. The library declares its settings (DataSettings, PackingConfig,
+TrainingSettings...) and never reads a flag: only the scripts and the CLIs (mmdp.prepare,
+`python -m mmdp.training.ddp`) import this module. No torch here: stage 4 parses with it too.
+
+    @dataclasses.dataclass(frozen=True)
+    class Stage2Settings:
+        data: DataSettings = DataSettings(num_rows=config.DEFAULT_NUM_ROWS)  # --dataset, ...
+        loader: LoaderSettings = LoaderSettings()  # --tokenizer, --num-workers, --metrics-json
+        batch_size: int = setting(config.BATCH_SIZE, "samples per padded batch", min=1)
+
+    settings = parse_flags(Stage2Settings, __doc__)  # settings.data.num_rows, settings.batch_size
+
+A field whose type is a dataclass brings its own fields' flags, named as they are (no prefix), its
+default the values they default to in this script. A field is declared with mmdp.config.setting
+(its default, its help, and what its flag takes, as the field's metadata):
+
+    help     what the field holds; --help adds "(default: X)"
+    shown    how --help shows the field's own default: what None means ("every row")...
+    min      the smallest number it takes; above, below: bounds it must be strictly within
+    choices  the values it takes (a Literal annotation names them too); a function that returns
+             them is called when the flags are made (names that live beside torch)
+    parse    a function from the flag's text to the value, for what is not a plain type (it
+             raises mmdp.errors.UserError or ValueError: the flag's one-sentence error)
+    metavar  how --help names the value
+    flags    on a dataclass field: which of its fields become flags (default: all of them; the
+             others keep their default); its shown: {field: how --help shows its default}
+A field without a default is a required flag; a bool is a switch (--lora sets it).
+"""
 
 import argparse
 import dataclasses
+import json
+import operator
 import os
-from collections.abc import Sequence
+import types
+import typing
 
 from mmdp import config
+from mmdp.config import setting
+
+TOP = types.MappingProxyType({})  # the settings a script parses: every field a flag
+
+
+def parse_flags(settings: type, doc: str, argv=None, *, prog: str | None = None):
+    """The flags of the dataclass `settings` parsed from `argv` (default: the command line), as
+    a `settings` value; `doc` (the script's docstring) gives --help its description. A value the
+    dataclass refuses (its ValueError) is the flag's error: one sentence and exit status 2."""
+    parser = argparse.ArgumentParser(prog=prog, description=description(doc))
+    add_flags(parser, settings)
+    values = parser.parse_args(argv)
+    try:
+        return settings_from(values, settings)
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def add_flags(parser: argparse.ArgumentParser, settings: type, defaults=None, outer=TOP) -> None:
+    """A flag for each field of the dataclass `settings`, its default the field's value in
+    `defaults` (a `settings` value) or its own; `outer`: the metadata of the field that holds
+    these settings (its "flags", which fields become flags, and its "shown")."""
+    for field in dataclasses.fields(settings):
+        default = default_of(field, defaults)
+        if dataclasses.is_dataclass(field.type):
+            add_flags(parser, field.type, default, field.metadata)
+        elif field.name in outer.get("flags", [field.name]):
+            shown = outer.get("shown", {}).get(field.name)
+            parser.add_argument(flag_name(field), **flag_options(field, default, shown))
+
+
+def settings_from(values: argparse.Namespace, settings: type, defaults=None, outer=TOP):
+    """The `settings` value of the parsed flags (add_flags' of the same dataclass)."""
+    fields = {}
+    for field in dataclasses.fields(settings):
+        default = default_of(field, defaults)
+        if dataclasses.is_dataclass(field.type):
+            fields[field.name] = settings_from(values, field.type, default, field.metadata)
+        elif field.name in outer.get("flags", [field.name]):
+            fields[field.name] = getattr(values, field.name)
+        else:
+            fields[field.name] = default
+    return settings(**fields)
+
+
+def flag_values(settings) -> argparse.Namespace:
+    """A settings value as its flags hold it, one attribute a flag (what print_settings prints)."""
+    values = argparse.Namespace()
+    for field in dataclasses.fields(settings):
+        value = getattr(settings, field.name)
+        if dataclasses.is_dataclass(field.type):
+            vars(values).update(vars(flag_values(value)))
+        else:
+            setattr(values, field.name, value)
+    return values
+
+
+def command_line(settings, outer=TOP) -> list[str]:
+    """The flags that give a CLI of these settings (one that parses them) these values: a field
+    that is None or False is left to its default."""
+    words = []
+    for field in dataclasses.fields(settings):
+        value = getattr(settings, field.name)
+        if dataclasses.is_dataclass(field.type):
+            words += command_line(value, field.metadata)
+        elif field.name not in outer.get("flags", [field.name]) or value is None or value is False:
+            continue
+        elif value is True:
+            words.append(flag_name(field))
+        else:
+            words += [
+                flag_name(field),
+                json.dumps(value) if isinstance(value, dict) else str(value),
+            ]
+    return words
+
+
+def default_of(field: dataclasses.Field, defaults):
+    if defaults is not None:
+        return getattr(defaults, field.name)
+    if field.default is dataclasses.MISSING and dataclasses.is_dataclass(field.type):
+        return None  # settings with no default of their own: their fields' defaults
+    return field.default
+
+
+def flag_name(field: dataclasses.Field) -> str:
+    return "--" + field.name.replace("_", "-")
+
+
+def flag_options(field: dataclasses.Field, default, shown=None) -> dict:
+    """add_argument's keywords for a field: its type, default, choices and help (`shown`: how
+    it shows the default, when the script says)."""
+    meta, kind = field.metadata, not_optional(field.type)
+    if shown is None:
+        shown = meta.get("shown", default) if default == field.default else default
+    if shown is None or shown is False or shown is dataclasses.MISSING:
+        help = meta["help"]
+    else:
+        help = f"{meta['help']} (default: {f'{shown:,}' if type(shown) is int else shown})"
+    options = {"help": help}
+    if default is dataclasses.MISSING:
+        options["required"] = True
+    else:
+        options["default"] = default
+    if kind is bool:
+        return {**options, "action": "store_true"}
+    options["metavar"] = meta.get("metavar")
+    choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
+    choices = meta.get("choices", choices)
+    if choices is not None:
+        options["choices"] = choices() if callable(choices) else choices
+    if "parse" in meta:
+        options["type"] = parsed_by(meta["parse"], flag_name(field))
+    elif kind in (int, float):
+        bounds = {key: meta[key] for key in ("min", "above", "below") if key in meta}
+        options["type"] = number(kind, **bounds)
+    return options
+
+
+def not_optional(kind):
+    """`int | None` -> int."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        (kind,) = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+    return kind
+
+
+def number(kind: type, *, min=None, above=None, below=None):
+    """An argparse type: a number of `kind` (int: a whole number) within the bounds given, or
+    one sentence and exit status 2.
+
+    >>> number(float, min=0, below=1)("1.5")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be at least 0 and below 1, got 1.5
+    """
+    bounds = [
+        (f"{words} {bound}", bound, holds)
+        for words, bound, holds in [
+            ("at least", min, operator.ge),
+            ("above", above, operator.gt),
+            ("below", below, operator.lt),
+        ]
+        if bound is not None
+    ]
+
+    def read(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        if not all(holds(value, bound) for _, bound, holds in bounds):
+            within = " and ".join(words for words, _, _ in bounds)
+            raise argparse.ArgumentTypeError(f"must be {within}, got {text}")
+        return value
+
+    read.__name__ = kind.__name__  # what argparse calls the type in its own messages
+    return read
+
+
+positive_int = number(int, min=1)
+non_negative_int = number(int, min=0)
+
+
+def parsed_by(parse, flag: str):
+    """An argparse type of a library's parse function: its error, without the flag's name and
+    text that argparse prints before it anyway."""
+    from mmdp.errors import UserError
+
+    def read(text: str):
+        try:
+            return parse(text)
+        except (UserError, ValueError) as error:
+            raise argparse.ArgumentTypeError(
+                str(error).removeprefix(f"{flag} {text!r}: ")
+            ) from None
+
+    read.__name__ = parse.__name__
+    return read
 
 
 def description(doc: str) -> str:
@@ -15,263 +224,46 @@ def description(doc: str) -> str:
     return " ".join(doc.strip().split("\n\n")[0].split())
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an impossible value ends in one sentence and exit status 2."""
-    value = int_value(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text}")
-    return value
+# What several scripts take beside the library's settings -----------------------------------------
 
 
-def non_negative_int(text: str) -> int:
-    value = int_value(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
+@dataclasses.dataclass(frozen=True)
+class LoaderSettings:
+    """How a script that runs an epoch through a DataLoader tokenizes, loads and reports
+    (stages 2, 3 and 5, examples/)."""
 
-
-def ratio(text: str) -> float:
-    """An argparse type: a share in [0, 1), e.g. the rows held out for evaluation."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
-
-
-def int_value(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-
-
-def add_data_args(parser: argparse.ArgumentParser, num_rows: int = config.DEFAULT_NUM_ROWS):
-    add_dataset_args(parser)
-    parser.add_argument("--subset", default=None, help="Hub subset (config), e.g. ai2d")
-    parser.add_argument("--split", default="train", help="dataset split (default: train)")
-    parser.add_argument(
-        "--num-rows",
-        type=positive_int,
-        default=num_rows,
-        help=f"rows of the dataset to read (default: {num_rows:,})",
+    tokenizer: str | None = setting(
+        None, "tokenizer name or path", shown="the SmolLM2 tokenizer shipped in the repo"
     )
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
-    parser.add_argument(
-        "--out-dir",
-        default=display_path(config.ASSETS_DIR),
-        help="where figures go (default: assets/)",
-    )
+    num_workers: int = setting(min(2, os.cpu_count() or 1), "DataLoader worker processes", min=0)
+    metrics_json: str | None = setting(None, "write the epoch report as JSON to this path")
 
 
-def column_renames(text: str) -> dict[str, str]:
-    """An argparse type: ms-swift's --columns, a JSON object of old: new column names."""
-    from mmdp.data.reading.column_maps import renames_of
-    from mmdp.errors import UserError
+@dataclasses.dataclass(frozen=True)
+class EpochSettings:
+    """Which epoch a packing run goes through, and what it keeps of it."""
 
-    try:
-        return renames_of(text)
-    except UserError as error:
-        raise argparse.ArgumentTypeError(str(error).removeprefix(f"--columns {text!r}: ")) from None
+    epoch: int = setting(0, "which epoch's shuffle", min=0)
+    save_batch: str | None = setting(None, "torch.save the first collated batch to this path")
 
 
-def add_dataset_args(parser: argparse.ArgumentParser) -> None:
-    """--dataset, --image-root, --format, --columns: a user's rows, where their files are, their
-    format, their columns' names (mmdp.data.reading.sources.load_vqa_dataset)."""
-    from mmdp.data.reading.formats import FORMATS
-
-    parser.add_argument(
-        "--dataset",
-        default=None,
-        help="a .json/.jsonl file or a folder of them, a save_to_disk folder, parquet file(s), a "
-        "remote .json/.jsonl/.parquet URL (s3://...), LLaMA-Factory's dataset_info.json:NAME, or "
-        "a Hub name (e.g. HuggingFaceM4/the_cauldron, needs a network); rows in the_cauldron's, "
-        "messages' (ms-swift, LLaMA-Factory) or LLaVA's format; default: the embedded synthetic "
-        "dataset",
-    )
-    parser.add_argument(
-        "--image-root",
-        default=None,
-        metavar="DIR_OR_URL",
-        help="where the images and videos the rows name by a relative path are: a folder or a "
-        "remote prefix such as s3://bucket/images (default: beside the data file)",
-    )
-    parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        default=None,
-        help="the rows' format (default: told from their columns)",
-    )
-    parser.add_argument(
-        "--columns",
-        type=column_renames,
-        default=None,
-        metavar="JSON",
-        help="rename the rows' columns before their format is told, as ms-swift's --columns: "
-        'a JSON object of old: new names, e.g. \'{"conv": "conversations"}\'',
-    )
+# How --help shows the budgets that a packing run leaves to the model family (a PackingConfig
+# default of None there, resolved by mmdp.packing.packing_config.default_config).
+FAMILY_BUDGETS = {"max_length": "the model family's", "max_patches": "the model family's"}
 
 
-def add_loader_args(parser: argparse.ArgumentParser):
-    """--tokenizer, --num-workers, --metrics-json; each stage adds how big a batch is (samples
-    per padded batch: --batch-size; packs per packed batch: --packs-per-batch)."""
-    parser.add_argument(
-        "--tokenizer",
-        default=None,
-        help="tokenizer name or path (default: the SmolLM2 tokenizer shipped in the repo)",
-    )
-    parser.add_argument(
-        "--num-workers",
-        type=non_negative_int,
-        default=min(2, os.cpu_count() or 1),
-        help="DataLoader worker processes (default: 2)",
-    )
-    parser.add_argument(
-        "--metrics-json", default=None, help="write the epoch report as JSON to this path"
-    )
+@dataclasses.dataclass(frozen=True)
+class Figures:
+    """Where a stage saves its figures."""
+
+    out_dir: str = setting(str(config.ASSETS_DIR), "where figures go", shown="assets/")
 
 
-def add_model_and_budget_args(parser: argparse.ArgumentParser, models: Sequence[str]):
-    """--model (one of `models`), and a pack's budgets: --max-length, --max-images, --max-patches
-    (stage 5 and python -m mmdp.prepare)."""
-    parser.add_argument(
-        "--model",
-        choices=models,
-        default="tiny",
-        help="the model to pack for: mmdp's TinyVLM (the blog's 64 tokens per image) or a real "
-        "family, whose processor is built offline (default: tiny)",
-    )
-    add_budget_args(
-        parser,
-        max_length=None,
-        max_length_help="token budget of a pack, and its padded length (default: 512 for tiny, "
-        "the family's otherwise)",
-    )
-    parser.add_argument(
-        "--max-patches",
-        type=positive_int,
-        default=None,
-        help="vision-encoder patch budget of a pack (default: none for tiny, the family's "
-        "otherwise)",
-    )
+def __getattr__(name: str):
+    # Until mmdp.prepare and examples/pack_prepared.py take parse_flags (issue 60), the old
+    # entry points they import from here: mmdp._old_flags. Delete both then.
+    if not name.startswith(("add_", "settings_of", "model_processor", "config_for")):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from mmdp import _old_flags
 
-
-def add_budget_args(
-    parser: argparse.ArgumentParser, max_length: int | None, max_length_help: str
-) -> None:
-    """A pack's token and image budgets: --max-length (default `max_length`), --max-images."""
-    parser.add_argument("--max-length", type=positive_int, default=max_length, help=max_length_help)
-    parser.add_argument(
-        "--max-images",
-        type=non_negative_int,
-        default=config.MAX_IMAGES,
-        help=f"image budget of a pack (default: {config.MAX_IMAGES})",
-    )
-
-
-def add_strategy_arg(parser: argparse.ArgumentParser, help: str = "packer") -> None:
-    """--strategy: one of mmdp.packing.packers.STRATEGIES (default: images_first_bfd)."""
-    from mmdp.packing.packers import STRATEGIES
-
-    parser.add_argument(
-        "--strategy",
-        choices=STRATEGIES,
-        default="images_first_bfd",
-        help=f"{help} (default: images_first_bfd)",
-    )
-
-
-def add_packing_args(parser: argparse.ArgumentParser) -> None:
-    """How rows become batches in a packing run (stage 5, examples/pack_*.py): --packs-per-batch,
-    --strategy, --buffer-size, --overflow, --epoch; and --save-batch to keep the first batch."""
-    from mmdp.packing.packing_config import OVERFLOWS
-
-    parser.add_argument(
-        "--packs-per-batch",
-        type=positive_int,
-        default=config.PACKS_PER_BATCH,
-        help=f"packs per batch, one pack a row (default: {config.PACKS_PER_BATCH})",
-    )
-    add_strategy_arg(parser)
-    parser.add_argument(
-        "--buffer-size",
-        type=positive_int,
-        default=4096,
-        help="rows packed together, the shuffle window (default: 4096)",
-    )
-    parser.add_argument(
-        "--overflow",
-        choices=OVERFLOWS,
-        default="drop",
-        help="a row over --max-length: drop it (too_long), or cut its text from the end, never "
-        "through an image's or video's tokens (default: drop)",
-    )
-    parser.add_argument(
-        "--epoch", type=non_negative_int, default=0, help="which epoch's shuffle (default: 0)"
-    )
-    parser.add_argument(
-        "--save-batch", default=None, help="torch.save the first collated batch to this path"
-    )
-
-
-def add_batch_size_arg(
-    parser: argparse.ArgumentParser,
-    default: int = config.BATCH_SIZE,
-    help: str = "samples per padded batch",
-):
-    parser.add_argument(
-        "--batch-size", type=positive_int, default=default, help=f"{help} (default: {default})"
-    )
-
-
-def settings_of(cls, args):
-    """The frozen dataclass `cls` of the parsed flags (or another settings value) named as its
-    fields: a flag it does not name is left out, a field no flag names keeps its default. What
-    a script hands the package instead of its Namespace."""
-    fields = dataclasses.fields(cls)
-    return cls(**{f.name: getattr(args, f.name) for f in fields if hasattr(args, f.name)})
-
-
-def model_processor(args: argparse.Namespace):
-    """The processor of a packing run: --processor's (a Hub name or a local path) when given,
-    else --model's: TinyVLM's tokenizer (--tokenizer), or a real family's, built offline."""
-    from mmdp.data.families import load_processor, offline_processor
-    from mmdp.data.tokenizer import get_tokenizer
-
-    if getattr(args, "processor", None):
-        return load_processor(args.processor)
-    if args.model == "tiny":
-        return get_tokenizer(args.tokenizer)
-    return offline_processor(args.model)
-
-
-def config_for(family, args: argparse.Namespace, **budgets):
-    """The PackingConfig of a run: each flag that names one of its fields (--max-length,
-    --max-images, --max-patches, --packs-per-batch, --strategy, --buffer-size, --seed,
-    --overflow) as given;
-    a flag not given (None) takes its value from `budgets` (e.g. a prepared dataset's), else from
-    the model family (mmdp.packing.packing_config.default_config)."""
-    from mmdp.packing.packing_config import FIELDS, default_config
-
-    given = {name: getattr(args, name) for name in FIELDS if hasattr(args, name)}
-    return default_config(
-        family, **{**budgets, **{k: v for k, v in given.items() if v is not None}}
-    )
-
-
-def display_path(path) -> str:
-    """A path as a user would type it: relative to the working directory when inside it."""
-    relative = os.path.relpath(path)
-    return str(path) if relative.startswith("..") else relative
+    return getattr(_old_flags, name)

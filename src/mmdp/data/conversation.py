@@ -284,12 +284,15 @@ def reply_spans(
     """The rendered conversation, and the character spans of each reply and its end-of-turn token.
 
     `render(messages)` is the model's own chat template (no generation prompt). A real template
-    has no {% generation %} markers, so the replies are found by rendering one turn at a time:
-    for assistant message i, render(messages[:i + 1]) must extend render(messages[:i]) (the
-    template is append-only), and the added text holds the reply (as it is, or trimmed, as
-    Gemma's template does) followed by `end_of_turn`. The span runs from the reply's first
-    character through `end_of_turn`; the newline after it is the template's, not the model's.
-    A template where this does not hold raises a UserError: mmdp never guesses labels.
+    has no {% generation %} markers, so the replies are found by rendering the turns before each:
+    for assistant message i, render(messages[:i]) must begin the whole conversation's text (the
+    turns before a reply are rendered as in the whole), and the reply's turn, from there to the
+    first `end_of_turn`, must end with the reply (as it is, or trimmed, as Gemma's and Qwen3.5's
+    templates do). The turn itself is read in the whole text: Qwen3.5's template opens only the
+    replies after the last user message with a thinking block, so a reply's turn changes once
+    another turn follows it. The span runs from the reply's first character through
+    `end_of_turn`; the newline after it is the template's, not the model's. A template where this
+    does not hold raises a UserError: mmdp never guesses labels.
 
     >>> def chatml(messages):
     ...     turns = [f"<|im_start|>{m['role']}:{m['content'][-1]['text']}<|im_end|>" for m in messages]
@@ -303,24 +306,22 @@ def reply_spans(
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before, upto = render(messages[:i]), render(messages[: i + 1])
-        if not (upto.startswith(before) and text.startswith(upto)):
+        before = render(messages[:i])
+        if not text.startswith(before):
             raise UserError(
                 "this chat template rewrites earlier turns when a turn is added, so mmdp cannot "
                 "find the replies in it (labels would be guessed); use a template that only "
                 "appends each turn"
             )
         reply = message["content"][-1]["text"]
-        turn = upto[len(before) :]
+        end = text.find(end_of_turn, len(before))  # where the reply's turn ends
         for candidate in (reply, reply.strip()):
-            end = turn.rfind(candidate + end_of_turn)
-            if end >= 0:
+            if end >= 0 and text.endswith(candidate, len(before), end):
                 break
         else:
             raise UserError(
                 f"this chat template does not render a reply as its text followed by "
                 f"{end_of_turn!r}, so mmdp cannot find the replies in it"
             )
-        start = len(before) + end
-        spans.append((start, start + len(candidate) + len(end_of_turn)))
+        spans.append((end - len(candidate), end + len(end_of_turn)))
     return text, spans

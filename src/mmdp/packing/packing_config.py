@@ -13,34 +13,48 @@ with the flags given).
 """
 
 import dataclasses
+import typing
+from typing import Literal
 
 from mmdp import config as defaults
+from mmdp.config import setting
+from mmdp.packing.packers import Strategy
 from mmdp.packing.weights import Budgets
 
 # What becomes of a row over the token budget (PackingConfig.overflow, --overflow).
-OVERFLOWS = ("drop", "truncate")
+Overflow = Literal["drop", "truncate"]
 
 
 @dataclasses.dataclass(frozen=True)
 class PackingConfig:
     """What decides the packs and batches of an epoch (a resume needs the same)."""
 
-    max_length: int = defaults.MAX_LENGTH  # token budget of a pack, and its padded length
-    max_images: int = defaults.MAX_IMAGES  # image budget of a pack
-    max_patches: int | None = None  # vision-encoder patch budget of a pack (None: none)
-    packs_per_batch: int = defaults.PACKS_PER_BATCH  # packs in a batch, one pack a row
-    strategy: str = "images_first_bfd"  # the packer: one of mmdp.packing.packers.STRATEGIES
-    buffer_size: int = 4096  # rows packed together: the shuffle window
-    seed: int = 0  # seeds every shuffle, with the epoch
-    # a row over max_length: "drop" it (too_long), or "truncate" it to max_length tokens
-    # (mmdp.loading.overflow: never inside an image's or video's tokens)
-    overflow: str = "drop"
+    max_length: int = setting(
+        defaults.MAX_LENGTH, "token budget of a pack, and its padded length", min=1
+    )
+    max_images: int = setting(defaults.MAX_IMAGES, "image budget of a pack", min=0)
+    max_patches: int | None = setting(
+        None, "vision-encoder patch budget of a pack", shown="none", min=1
+    )
+    packs_per_batch: int = setting(
+        defaults.PACKS_PER_BATCH, "packs in a batch, one pack a row", min=1
+    )
+    strategy: Strategy = setting("images_first_bfd", "the packer (mmdp.packing.packers)")
+    buffer_size: int = setting(4096, "rows packed together: the shuffle window", min=1)
+    seed: int = setting(0, "seeds every shuffle, with the epoch", min=0)
+    overflow: Overflow = setting(
+        "drop",
+        "a row over --max-length: drop it (too_long), or cut its text from the end, never "
+        "through an image's or video's tokens (mmdp.loading.overflow)",
+    )
 
     def __post_init__(self):
         if self.buffer_size < 1:
             raise ValueError(f"buffer_size must be positive, got {self.buffer_size}")
-        if self.overflow not in OVERFLOWS:
-            raise ValueError(f"overflow must be one of {OVERFLOWS}, got {self.overflow!r}")
+        if self.overflow not in typing.get_args(Overflow):
+            raise ValueError(
+                f"overflow must be one of {typing.get_args(Overflow)}, got {self.overflow!r}"
+            )
 
     @property
     def budgets(self) -> Budgets:
@@ -55,9 +69,6 @@ class PackingConfig:
     def settings(self) -> dict:
         """The fields as a plain dict (what a loader's state_dict saves)."""
         return dataclasses.asdict(self)
-
-
-FIELDS = tuple(field.name for field in dataclasses.fields(PackingConfig))
 
 
 def default_config(family=None, **settings) -> PackingConfig:

@@ -21,6 +21,7 @@ __getattr__, __dir__, __all__ = lazy_face(
     {
         "mmdp.report.plots": [
             "save_figure",
+            "display_path",
             "plot_sample",
             "plot_padding",
             "plot_padding_side_by_side",

@@ -9,7 +9,6 @@ import torch
 
 from mmdp.drop_reasons import VIDEO_REFUSED
 from mmdp.errors import UserError
-from mmdp.flags import display_path
 
 
 def run_epoch(loader, report, keep_batch=None, hint="raise --num-rows") -> tuple[dict, float]:
@@ -72,6 +71,7 @@ def run_packed_epoch(packed, num_workers: int) -> dict:
 def write_outputs(metrics: dict, first_batch: dict, args: argparse.Namespace) -> None:
     """--metrics-json (the epoch's `metrics`) and --save-batch (the first batch, as it is)."""
     from mmdp.report.metrics import write_json
+    from mmdp.report.plots import display_path
 
     if args.metrics_json:
         print(f"Wrote the epoch report to {display_path(write_json(metrics, args.metrics_json))}")

@@ -5,6 +5,7 @@ Each helper returns a matplotlib Figure (made without pyplot: no backend, no win
 left open); `save_figure` writes it.
 """
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -46,6 +47,13 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> Path:
     path = out_dir / name
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
+
+
+def display_path(path) -> str:
+    """A path as a user would type it (a saved figure's, a report's): relative to the working
+    directory when inside it."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
 
 
 def plot_sample(images: list, texts: list[dict], title: str, system: str | None = None) -> Figure:

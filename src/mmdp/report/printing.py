@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 import torch
 
-from mmdp.flags import display_path
 from mmdp.packing.weights import Budgets
 
 
@@ -86,6 +85,8 @@ def print_weighing(packed) -> None:
         how = f"Weighed {weighing.rows_weighed_here:,} of {len(weighing.weights):,} rows here"
     else:
         how = f"Loaded the weights of {len(weighing.weights):,} rows"
+    from mmdp.report.plots import display_path  # matplotlib's module: only when it prints
+
     print(f"{how} in {weighing.seconds:.2f} s (cached in {display_path(weighing.path)})")
 
 

@@ -24,7 +24,6 @@ one step both ways (and the usual per-rank mean: the model's own loss, divided b
 micro-steps) on stage 5's packed batches, and compares each gradient with one process's.
 """
 
-import argparse
 import contextlib
 import copy
 import dataclasses
@@ -38,11 +37,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from mmdp import config
+from mmdp.config import setting
 from mmdp.data.reading.settings import DataSettings
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
-from mmdp.flags import add_dataset_args, description, positive_int, settings_of
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.packing_config import PackingConfig
@@ -53,58 +51,23 @@ from mmdp.training.recipes import all_reduced, collective_device, touch_every_pa
 
 @dataclasses.dataclass(frozen=True)
 class DdpSettings:
-    """This module's flags, as one frozen value (`parse_args`; --help tells each)."""
+    """This module's settings: the rows, their packed batches and the step (its flags, --help)."""
 
-    # the rows (stage 1's flags)
-    dataset: str | None
-    subset: str | None
-    split: str
-    num_rows: int
-    image_root: str | None
-    format: str | None
-    columns: dict[str, str] | None
-    # the packed batches and the step
-    max_length: int
-    packs_per_batch: int
-    micro_steps: int
-    seed: int
-    metrics_json: str | None
-
-
-def parse_args(argv=None) -> DdpSettings:
-    parser = argparse.ArgumentParser(description=description(__doc__))
-    add_dataset_args(parser)
-    parser.add_argument("--subset", default=None)
-    parser.add_argument("--split", default="train")
-    parser.add_argument(
-        "--num-rows", type=positive_int, default=64, help="rows to pack (default: 64)"
+    data: DataSettings = DataSettings(num_rows=64)
+    packing: PackingConfig = setting(
+        PackingConfig(packs_per_batch=2), flags=("max_length", "packs_per_batch")
     )
-    parser.add_argument("--max-length", type=positive_int, default=config.MAX_LENGTH)
-    parser.add_argument("--packs-per-batch", type=positive_int, default=2)
-    parser.add_argument(
-        "--micro-steps",
-        type=positive_int,
-        default=2,
-        help="gradient-accumulation micro-steps per optimizer step (default: 2)",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--metrics-json", default=None, help="rank 0 writes the results here")
-    return settings_of(DdpSettings, parser.parse_args(argv))
+    micro_steps: int = setting(2, "gradient-accumulation micro-steps per optimizer step", min=1)
+    seed: int = setting(0, "the data order and the initial weights", min=0)
+    metrics_json: str | None = setting(None, "rank 0 writes the results here")
 
 
 def rank_batches(
     samples: VQADataset, settings: DdpSettings, rank: int, world_size: int
 ) -> list[dict]:
     """The first `micro_steps` batches stage 5's loader gives `rank`."""
-    config = PackingConfig(
-        max_length=settings.max_length, packs_per_batch=settings.packs_per_batch, seed=settings.seed
-    )
-    packed = PackedDataset(
-        samples,
-        config,
-        rank=rank,
-        world_size=world_size,
-    )
+    config = dataclasses.replace(settings.packing, seed=settings.seed)
+    packed = PackedDataset(samples, config, rank=rank, world_size=world_size)
     batches = list(PackedDataLoader(packed, num_workers=0))[: settings.micro_steps]
     if len(batches) < settings.micro_steps:
         raise SystemExit(f"rank {rank} has {len(batches)} batches; raise --num-rows")
@@ -150,8 +113,7 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def main(argv=None) -> None:
-    settings = parse_args(argv)
+def main(settings: DdpSettings) -> None:
     dist.init_process_group("gloo")
     compare_gradients(settings)
     dist.destroy_process_group()
@@ -163,7 +125,7 @@ def compare_gradients(settings: DdpSettings) -> dict | None:
     written to --metrics-json), None on the other ranks."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     tokenizer = get_tokenizer()
-    samples = VQADataset(settings_of(DataSettings, settings).load(), tokenizer)
+    samples = VQADataset(settings.data.load(), tokenizer)
 
     # The same initial weights on every rank and in the one-process reference
     torch.manual_seed(settings.seed)
@@ -192,7 +154,7 @@ def compare_gradients(settings: DdpSettings) -> dict | None:
         result = {
             "world_size": world_size,
             "micro_steps": settings.micro_steps,
-            "packs_per_batch": settings.packs_per_batch,
+            "packs_per_batch": settings.packing.packs_per_batch,
             "label_tokens_per_rank": tokens.sum(dim=1).tolist(),
             "label_tokens_per_micro_batch": tokens.tolist(),
             # what a token weighs under the per-rank mean, relative to one process: there every
@@ -209,8 +171,8 @@ def compare_gradients(settings: DdpSettings) -> dict | None:
             ),
         }
         print(
-            f"{world_size} ranks x {settings.micro_steps} micro-steps of {settings.packs_per_batch} "
-            f"packs; label tokens per micro-batch {result['label_tokens_per_micro_batch']}; "
+            f"{world_size} ranks x {settings.micro_steps} micro-steps of "
+            f"{settings.packing.packs_per_batch} packs; label tokens per micro-batch {result['label_tokens_per_micro_batch']}; "
             f"gradient against "
             f"one process: global tokens {result['grad_rel_diff_global_tokens']:.1e}, "
             f"per-rank mean {result['grad_rel_diff_per_rank_mean']:.1e}"
@@ -224,7 +186,8 @@ def compare_gradients(settings: DdpSettings) -> dict | None:
 def run_torchrun(*args: str, nproc_per_node: int = 2, timeout: int = 600) -> dict:
     """Run this module under torchrun on this machine (gloo) and return rank 0's results.
 
-    `args` are this module's flags; raises RuntimeError with torchrun's last line if it fails.
+    `args` are this module's flags (mmdp.flags.command_line of DdpSettings); raises RuntimeError
+    with torchrun's last line if it fails.
     """
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/ddp.json"
@@ -251,5 +214,7 @@ def run_torchrun(*args: str, nproc_per_node: int = 2, timeout: int = 600) -> dic
             return json.load(f)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the CLI: its flags made from DdpSettings by the scripts' layer
+    from mmdp.flags import parse_flags
+
+    main(parse_flags(DdpSettings, __doc__, prog="python -m mmdp.training.ddp"))

@@ -1,5 +1,5 @@
 """What the three training examples share (examples/trainer.py, examples/accelerate_loop.py,
-examples/torchrun.py): their flags, the data (the embedded rows, or your own: --dataset) in a
+examples/torchrun.py): their settings (TrainingSettings: their flags), the data (the embedded rows, or your own: --dataset) in a
 planned loader (and its eval split), the model (and its LoRA adapters), and the --log-samples
 file that shows a resumed run trains exactly what an uninterrupted one does.
 
@@ -15,7 +15,6 @@ seed user's run (Qwen3-VL-MoE, LoRA, images and videos, 3 epochs, 2 ranks) is on
         --output-dir /tmp/seed --log-samples /tmp/seed/samples.jsonl
 """
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -27,6 +26,7 @@ import pyarrow.compute
 import torch
 import torch.distributed as dist
 
+from mmdp.config import setting
 from mmdp.data.families import OFFLINE as FAMILY_MODELS
 from mmdp.data.families import load_processor, tiny_processor, why
 from mmdp.data.hub import require_hub
@@ -35,134 +35,79 @@ from mmdp.data.reading.sources import load_synthetic_videos, with_videos
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
-from mmdp.flags import (
-    add_dataset_args,
-    non_negative_int,
-    positive_float,
-    positive_int,
-    ratio,
-    settings_of,
-)
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
-from mmdp.packing.packing_config import default_config
+from mmdp.packing.packing_config import PackingConfig, default_config
 
 IMAGE_SIZE = 32  # small images keep a CPU step short; 32 / 4-pixel patches = 64 image tokens
 PATCH_SIZE = 4
 TINY_VLM_MAX_LENGTH = 256  # tokens per pack for TinyVLM (a real family's own default otherwise)
 
 
-def training_flags(description: str) -> argparse.ArgumentParser:
-    """A parser with the flags every example takes (an example may add its own)."""
-    parser = argparse.ArgumentParser(description=description)
-    add = parser.add_argument
-    add(
-        "--max-steps",
-        type=positive_int,
-        default=None,
-        help="optimizer steps in all (default: --num-train-epochs whole epochs)",
-    )
-    add(
-        "--num-train-epochs",
-        type=positive_int,
-        default=1,
-        help="whole epochs to train when --max-steps is not given (default 1)",
-    )
-    add("--save-steps", type=positive_int, default=4, help="a checkpoint every N steps (4)")
-    add("--output-dir", required=True, help="checkpoints go to DIR/checkpoint-STEP")
-    add("--resume-from-checkpoint", default=None, metavar="DIR", help="a checkpoint-STEP folder")
-    add("--grad-accum", type=positive_int, default=2, help="micro-batches per step (default 2)")
-    add("--log-samples", default=None, metavar="PATH", help="JSON lines: every micro-batch's rows")
-    add("--num-rows", type=positive_int, default=64, help="rows of the dataset to train on (64)")
-    add_dataset_args(parser)  # --dataset, --image-root, --format, --columns: your own rows
-    add(
-        "--videos",
-        type=non_negative_int,
-        default=0,
-        metavar="N",
-        help="N synthetic video clips mixed into the rows (a --model that takes video; default 0)",
-    )
-    add(
-        "--eval-ratio",
-        type=ratio,
-        default=0.0,
-        metavar="R",
-        help="hold out R of the rows (e.g. 0.1) and report their exact eval_loss (default 0: none)",
-    )
-    add(
-        "--max-length",
-        type=positive_int,
-        default=None,
-        help="tokens per pack (default 256 for tiny_vlm, the family's own default for the others)",
-    )
-    add("--packs-per-batch", type=positive_int, default=2, help="packs per micro-batch (2)")
-    add("--num-workers", type=int, default=2, help="DataLoader workers per rank (default 2)")
-    add("--lr", type=positive_float, default=1e-3, help="constant learning rate (1e-3)")
-    add("--seed", type=int, default=0, help="data order and initial weights (default 0)")
-    add(
-        "--model",
-        choices=MODELS,
-        default="tiny_vlm",
-        help="mmdp's TinyVLM (default), or a "
-        "tiny random model of the family's real transformers class, offline",
-    )
-    add(
-        "--model-path",
-        default=None,
-        metavar="NAME_OR_DIR",
-        help="a real checkpoint of a family "
-        "mmdp packs for, from the Hub or a folder (instead of --model; needs the network or "
-        "the local Hugging Face cache)",
-    )
-    add(
-        "--lora",
-        action="store_true",
-        help="train LoRA adapters (peft) on the language model's and the vision tower's linear "
-        "layers, and a mixture of experts' experts, instead of every weight (not tiny_vlm)",
-    )
-    return parser
+# --model: mmdp's TinyVLM, or a tiny random model of a family's real transformers class
+# (qwen3_vl_moe, qwen3_5_moe: the mixture-of-experts class, with the dense one's processor).
+MODELS = ("tiny_vlm", *FAMILY_MODELS, "qwen3_vl_moe", "qwen3_5_moe")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainingSettings:
-    """What the examples read of their flags, as one frozen value, named as the flags are
-    (`training_flags` tells each): an example's main parses them once (`training_settings`)
-    and hands this on."""
+    """What the examples read of their flags, as one frozen value: each example's main parses
+    them once (mmdp.flags.parse_flags; --help tells each) and hands this on."""
 
+    output_dir: str = setting(help="checkpoints go to DIR/checkpoint-STEP", metavar="DIR")
     # how long, and the checkpoints
-    max_steps: int | None
-    num_train_epochs: int
-    save_steps: int
-    output_dir: str
-    resume_from_checkpoint: str | None
-    grad_accum: int
-    log_samples: str | None
+    max_steps: int | None = setting(
+        None, "optimizer steps in all", shown="--num-train-epochs whole epochs", min=1
+    )
+    num_train_epochs: int = setting(1, "whole epochs to train when --max-steps is not given", min=1)
+    save_steps: int = setting(4, "a checkpoint every N steps", min=1)
+    resume_from_checkpoint: str | None = setting(None, "a checkpoint-STEP folder", metavar="DIR")
+    grad_accum: int = setting(2, "micro-batches per step", min=1)
+    log_samples: str | None = setting(None, "JSON lines: every micro-batch's rows", metavar="PATH")
     # the rows (your own with --dataset), and how they are packed
-    num_rows: int
-    dataset: str | None
-    image_root: str | None
-    format: str | None
-    columns: dict[str, str] | None
-    videos: int
-    eval_ratio: float
-    max_length: int | None
-    packs_per_batch: int
-    num_workers: int
+    data: DataSettings = DataSettings(num_rows=64)
+    videos: int = setting(
+        0,
+        "N synthetic video clips mixed into the rows (a --model that takes video)",
+        metavar="N",
+        min=0,
+    )
+    eval_ratio: float = setting(
+        0.0,
+        "hold out R of the rows (e.g. 0.1) and report their exact eval_loss",
+        shown="0: none",
+        metavar="R",
+        min=0,
+        below=1,
+    )
+    # a pack's tokens: TinyVLM's TINY_VLM_MAX_LENGTH, a real family's own (default_config)
+    packing: PackingConfig = setting(
+        PackingConfig(max_length=None, packs_per_batch=2),
+        flags=("max_length", "packs_per_batch"),
+        shown={"max_length": "256 for tiny_vlm, the family's own default for the others"},
+    )
+    num_workers: int = setting(2, "DataLoader workers per rank", min=0)
     # the model and its optimizer
-    lr: float
-    seed: int
-    model: str
-    model_path: str | None
-    lora: bool
-
-
-def training_settings(argv=None, parser: argparse.ArgumentParser | None = None):
-    """The flags of `argv` (`parser`: training_flags' unless an example adds its own) as
-    TrainingSettings."""
-    parser = parser or training_flags("")
-    return settings_of(TrainingSettings, parser.parse_args(argv))
+    lr: float = setting(1e-3, "constant learning rate", above=0)
+    seed: int = setting(0, "data order and initial weights", min=0)
+    model: str = setting(
+        "tiny_vlm",
+        "mmdp's TinyVLM, or a tiny random model of the family's real transformers class, offline",
+        choices=MODELS,
+    )
+    model_path: str | None = setting(
+        None,
+        "a real checkpoint of a family mmdp packs for, from the Hub or a folder (instead of "
+        "--model; needs the network or the local Hugging Face cache)",
+        metavar="NAME_OR_DIR",
+    )
+    lora: bool = setting(
+        False,
+        "train LoRA adapters (peft) on the language model's and the vision tower's linear "
+        "layers, and a mixture of experts' experts, instead of every weight (not tiny_vlm)",
+    )
 
 
 def make_processor(settings: TrainingSettings):
@@ -177,7 +122,7 @@ def make_processor(settings: TrainingSettings):
 
 def family_of(model: str) -> str:
     """The family (mmdp.data.families) whose processor a --model uses."""
-    return "qwen3_vl" if model == "qwen3_vl_moe" else model
+    return model.removesuffix("_moe")
 
 
 def make_loader(
@@ -188,28 +133,23 @@ def make_loader(
     --eval-ratio does not hold out. Returns (loader, processor): the processor is TinyVLM's
     tokenizer unless --model or --model-path names another model."""
     processor = make_processor(settings)
-    rows = settings_of(DataSettings, settings).load()  # --dataset, --num-rows...
+    rows = settings.data.load()  # --dataset, --num-rows...
     samples = VQADataset(rows, processor, image_size=IMAGE_SIZE)
     videos = settings.videos
     if videos and not samples.family.video_token:
         raise UserError(
             f"--videos: the {samples.family.name} family takes no video; use a --model that "
-            "does (qwen2_5_vl, qwen3_vl, qwen3_vl_moe, llava_onevision)"
+            "does (qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, llava_onevision)"
         )
     if videos:  # the clips after the rows
         samples = VQADataset(
             with_videos(rows, load_synthetic_videos(videos)), processor, image_size=IMAGE_SIZE
         )
-    max_length = settings.max_length
-    if max_length is None and samples.family.name == "tiny":
-        max_length = TINY_VLM_MAX_LENGTH
+    packing = dataclasses.replace(settings.packing, seed=settings.seed)
+    if packing.max_length is None and samples.family.name == "tiny":
+        packing = dataclasses.replace(packing, max_length=TINY_VLM_MAX_LENGTH)
     # the family's budgets (a real family's tokens and patches a pack), unless given
-    config = default_config(
-        samples.family,
-        max_length=max_length,
-        packs_per_batch=settings.packs_per_batch,
-        seed=settings.seed,
-    )
+    config = default_config(samples.family, **packing.settings())
     dataset = PackedDataset(
         samples, config, rank=rank, world_size=world_size, eval_ratio=settings.eval_ratio
     )
@@ -258,11 +198,6 @@ def tiny_vlm(tokenizer, seed: int):
     return TinyVLM(vlm_config).train(), vlm_inputs
 
 
-# --model: mmdp's TinyVLM, or a tiny random model of a family's real transformers class
-# (qwen3_vl_moe: Qwen3VLMoeForConditionalGeneration, with Qwen3-VL's processor).
-MODELS = ("tiny_vlm", *FAMILY_MODELS, "qwen3_vl_moe")
-
-
 def make_model(settings: TrainingSettings, processor):
     """(model, model_inputs) for --model or --model-path, in train mode, the same initial
     weights on every rank (adapters included, with --lora); model_inputs(batch, model) picks
@@ -274,7 +209,7 @@ def make_model(settings: TrainingSettings, processor):
             raise UserError("--lora needs a transformers model: add --model FAMILY")
         return tiny_vlm(processor, settings.seed)
     else:
-        moe = {"moe": True} if settings.model == "qwen3_vl_moe" else {}
+        moe = {"moe": True} if settings.model.endswith("_moe") else {}
         model = tiny_model(processor, seed=settings.seed, **moe).train()
     if settings.lora:
         torch.manual_seed(settings.seed)  # the adapters' initial weights, the same on every rank

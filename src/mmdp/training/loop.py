@@ -107,25 +107,18 @@ def evaluate(model: TinyVLM, batches: list[dict]) -> float:
     return total / tokens
 
 
-def train(model: TinyVLM, batches: list[dict], *, lr: float, checkpoints, evaluate_on) -> dict:
-    """Train on the batches, one AdamW step each, and evaluate on `evaluate_on` (held-out batches)
-    at each checkpoint: a number of samples seen (0: before the first step).
+def train_in_turns(runs: dict, *, lr: float, checkpoints, evaluate_on) -> dict:
+    """Train several models, each on its own batches (`runs`: {name: (model, batches)}), one AdamW
+    step of each in turn (on a shared machine the load changes from minute to minute; in turns,
+    every run meets the same load, and their timings can be compared), and evaluate each on
+    `evaluate_on` (held-out batches) at each checkpoint: a number of samples seen (0: before the
+    first step).
 
     A checkpoint is evaluated after the first step that reaches it (a packed step may pass it by
     a few samples; `eval_samples_seen` says by how many), and the ones the batches never reach
     (samples dropped as too long) after the last step, so every run has one loss per checkpoint.
-    Returns per step: samples_seen, loss, real/computed/label tokens, seconds per part;
-    per checkpoint: eval_loss, eval_samples_seen and eval_steps (optimizer steps done).
-    """
-    return train_in_turns(
-        {"run": (model, batches)}, lr=lr, checkpoints=checkpoints, evaluate_on=evaluate_on
-    )["run"]
-
-
-def train_in_turns(runs: dict, *, lr: float, checkpoints, evaluate_on) -> dict:
-    """Train several models, each on its own batches (`runs`: {name: (model, batches)}), one step
-    of each in turn. On a shared machine the load changes from minute to minute; in turns, every
-    run meets the same load, and their timings can be compared. Returns {name: log} (see train).
+    Returns {name: log}, a log per step: samples_seen, loss, real/computed/label tokens, seconds
+    per part; per checkpoint: eval_loss, eval_samples_seen and eval_steps (optimizer steps done).
     """
     logs = {}
     turns = []

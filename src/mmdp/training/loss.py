@@ -450,6 +450,8 @@ def batch_loss(model, inputs: dict, batch: dict) -> BatchLoss:
                 return None
             raise RuntimeError(f"{type(unwrapped).__name__} called its output layer twice")
         hidden = args[0]
+        if hidden.shape[0] == 1 and hidden.shape[1] == labels.numel():  # packs laid out as one
+            hidden = hidden.reshape(*labels.shape, -1)  # row (model_inputs: a hybrid model's)
         if hidden.shape[:2] != labels.shape:
             raise ValueError(
                 f"the output layer got hidden states {tuple(hidden.shape)} for labels "

@@ -30,6 +30,10 @@ FAMILIES = {
     "SmolVLMProcessor": "mmdp.data.families.smolvlm:SmolVLM",
     "Idefics3Processor": "mmdp.data.families.smolvlm:Idefics3",
 }
+# ...and a family whose processor is another's, told apart by its tokenizer: Qwen3.5's (and
+# Qwen3.5-MoE's) is a Qwen3VLProcessor whose tokenizer transformers loads as a Qwen3_5Tokenizer
+# (model types qwen3_5 and qwen3_5_moe: models/auto/tokenization_auto.py, transformers 5.23)
+BY_TOKENIZER = {("Qwen3VLProcessor", "Qwen3_5Tokenizer"): "mmdp.data.families.qwen_vl:Qwen3_5"}
 # By stage 5's --model name:
 OFFLINE = {
     "qwen2_5_vl": "mmdp.data.families.qwen_vl:Qwen2_5_VL",
@@ -37,6 +41,7 @@ OFFLINE = {
     "llava_onevision": "mmdp.data.families.llava_onevision:LlavaOnevision",
     "gemma3": "mmdp.data.families.gemma3:Gemma3",
     "smolvlm": "mmdp.data.families.smolvlm:SmolVLM",
+    "qwen3_5": "mmdp.data.families.qwen_vl:Qwen3_5",
 }
 MODELS = ("tiny", *OFFLINE)
 # By the family's own name (ModelFamily.name), the name a batch carries (`model_family`):
@@ -74,7 +79,8 @@ def family_for(processor, **tiny_settings) -> ModelFamily:
     if name not in FAMILIES:
         supported = ", ".join(sorted(FAMILIES))
         raise UserError(f"mmdp cannot pack for a {name}; it supports {supported}")
-    return family_class(FAMILIES[name])(processor)
+    tokenizer = type(getattr(processor, "tokenizer", None)).__name__
+    return family_class(BY_TOKENIZER.get((name, tokenizer), FAMILIES[name]))(processor)
 
 
 def offline_processor(name: str):

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL and Qwen3-VL: each image its own number of tokens, and 4-row positions.
+"""Qwen2.5-VL, Qwen3-VL and Qwen3.5: each image its own number of tokens, and 4-row positions.
 
 What the processor does with an image of width x height (Qwen2VLImageProcessor, shared by both):
 resize it to a multiple of patch_size * merge_size within [min_pixels, max_pixels] (smart_resize;
@@ -27,6 +27,11 @@ What a packed batch must carry (transformers 5.23, modeling_qwen2_5_vl.py / mode
 `offline_processor(name)` builds a processor with no network: the real Qwen2VLImageProcessor with
 the family's settings, mmdp's SmolLM2 tokenizer plus Qwen's vision tokens, and a chat template of
 the family's shape. Its tiny random model (tests) is mmdp.models.tiny.qwen_vl.
+
+Qwen3.5 (and Qwen3.5-MoE: the same processor) loads a Qwen3VLProcessor with Qwen3-VL's image
+and video processors (Qwen/Qwen3.5-*'s preprocessor configs), weighed by Qwen3-VL's rules; its
+tokenizer (a Qwen3_5Tokenizer), ids and chat template differ, and its model's linear-attention
+layers need more than positions to keep samples apart (mmdp.models.inputs).
 
 Videos (Qwen2VLVideoProcessor for Qwen2.5-VL, Qwen3VLVideoProcessor for Qwen3-VL): the processor
 samples frames by its own rule (`sample_frames`: fps, min/max frames, rounded to the temporal
@@ -83,6 +88,24 @@ QWEN3_VL_CHAT_TEMPLATE = (
     "<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content %}"
     "{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Qwen3.5's (Qwen/Qwen3.5-27B's chat_template.jinja, without its tools and reasoning): each
+# message's text trimmed, and each reply after the last user message opened by a thinking block,
+# empty in the data mmdp packs (what the template renders with enable_thinking=False). An earlier
+# reply has none, so the block moves when a turn is added (mmdp.data.conversation.reply_spans);
+# it is not trained: the non-thinking generation prompt holds it.
+QWEN3_5_CHAT_TEMPLATE = (
+    "{% set last = namespace(user=0) %}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{% set last.user = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for message in messages %}{% set content %}{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif item['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in item %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}{% endset %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['role'] == 'assistant' and "
+    "loop.index0 > last.user %}<think>\n\n</think>\n\n{% endif %}{{ content | trim }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "<think>\n\n</think>\n\n{% endif %}"
 )
 # Qwen's vision tokens, named as its processors look them up on the tokenizer.
 SPECIAL_TOKENS = {
@@ -374,6 +397,15 @@ class Qwen3VL(QwenVL):
     config_class = transformers.Qwen3VLConfig
 
 
+class Qwen3_5(Qwen3VL):
+    """Qwen3.5 and Qwen3.5-MoE: Qwen3-VL's rules (their get_rope_index is Qwen3-VL's, line for
+    line, in transformers 5.23), their own tokenizer and template (the module docstring)."""
+
+    name = "qwen3_5"
+    model_class = transformers.Qwen3_5Model
+    config_class = transformers.Qwen3_5Config
+
+
 # How the offline processors sample and cap videos: qwen-vl-utils' rule, which the Qwen-VL
 # models were trained with and ms-swift applies: 2 frames a second (at least 4), and each
 # frame's pixels capped by the video's share of the token budget (cap_pixels_per_frame).
@@ -382,27 +414,34 @@ VIDEO_SETTINGS = {"do_sample_frames": True, "fps": 2, "cap_pixels_per_frame": Tr
 
 def offline_processor(family: type[QwenVL]):
     """A processor of `family` built with no network (see the module docstring)."""
-    tokenizer = AutoTokenizer.from_pretrained(
+    # Qwen3.5's tokenizer class is what tells it from Qwen3-VL (mmdp.data.families.BY_TOKENIZER)
+    tokenizer_class = transformers.Qwen3_5Tokenizer if family is Qwen3_5 else AutoTokenizer
+    tokenizer = tokenizer_class.from_pretrained(
         config.DEFAULT_TOKENIZER, extra_special_tokens=dict(SPECIAL_TOKENS)
     )
-    if family is Qwen3VL:  # Qwen3-VL's preprocessor_config.json
-        image_processor = Qwen2VLImageProcessor(
-            patch_size=16,
-            merge_size=2,
-            temporal_patch_size=2,
-            image_mean=[0.5, 0.5, 0.5],
-            image_std=[0.5, 0.5, 0.5],
-            size={"shortest_edge": 65536, "longest_edge": 16777216},
-        )
-        return transformers.Qwen3VLProcessor(
-            image_processor=image_processor,
+    if family is Qwen3_5:
+        tokenizer.add_tokens(["<think>", "</think>"])  # added tokens in Qwen3.5's, not special
+    if family is Qwen2_5_VL:
+        return transformers.Qwen2_5_VLProcessor(
+            image_processor=Qwen2VLImageProcessor(),  # the class defaults are Qwen2.5-VL's settings
             tokenizer=tokenizer,
-            video_processor=transformers.Qwen3VLVideoProcessor(**VIDEO_SETTINGS),
-            chat_template=QWEN3_VL_CHAT_TEMPLATE,
+            video_processor=transformers.Qwen2VLVideoProcessor(**VIDEO_SETTINGS),
+            chat_template=QWEN2_5_VL_CHAT_TEMPLATE,
         )
-    return transformers.Qwen2_5_VLProcessor(
-        image_processor=Qwen2VLImageProcessor(),  # the class defaults are Qwen2.5-VL's settings
+    image_processor = Qwen2VLImageProcessor(  # Qwen3-VL's and Qwen3.5's preprocessor_config.json
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+        size={"shortest_edge": 65536, "longest_edge": 16777216},
+    )
+    videos = dict(VIDEO_SETTINGS)
+    if family is Qwen3_5:  # Qwen/Qwen3.5-*'s video_preprocessor_config.json
+        videos["size"] = {"shortest_edge": 4096, "longest_edge": 25165824}
+    return transformers.Qwen3VLProcessor(
+        image_processor=image_processor,
         tokenizer=tokenizer,
-        video_processor=transformers.Qwen2VLVideoProcessor(**VIDEO_SETTINGS),
-        chat_template=QWEN2_5_VL_CHAT_TEMPLATE,
+        video_processor=transformers.Qwen3VLVideoProcessor(**videos),
+        chat_template=QWEN3_5_CHAT_TEMPLATE if family is Qwen3_5 else QWEN3_VL_CHAT_TEMPLATE,
     )

@@ -14,6 +14,7 @@ from mmdp.data.families import family_for
 BUILDERS = {
     "qwen2_5_vl": "mmdp.models.tiny.qwen_vl",
     "qwen3_vl": "mmdp.models.tiny.qwen_vl",
+    "qwen3_5": "mmdp.models.tiny.qwen_vl",
     "llava_onevision": "mmdp.models.tiny.llava_onevision",
     "gemma3": "mmdp.models.tiny.gemma3",
     "smolvlm": "mmdp.models.tiny.smolvlm",
@@ -23,6 +24,6 @@ BUILDERS = {
 
 def tiny_model(processor, **kwargs):
     """A small random model of the real class of `processor`'s family (seed=,
-    attn_implementation=; moe=True for Qwen3-VL's mixture-of-experts class)."""
+    attn_implementation=; moe=True for Qwen3-VL's or Qwen3.5's mixture-of-experts class)."""
     name = family_for(processor).name
     return importlib.import_module(BUILDERS[name]).tiny_model(processor, **kwargs)
