@@ -230,7 +230,6 @@ NOT_RUN = {
     ),
     "ray job logs --address http://HEAD_IP:8265 --follow JOB_ID": RAY_CLUSTER,
     "uv sync --extra ray --extra s3": INSTALL,
-    "pip install 'mmdp[ray,s3]'": INSTALL,
     "uv run tools/image_costs.py": "a minute of every real family's processor, for numbers "
     "docs/real-vlms.md quotes; tests/test_families.py holds its default budgets to the code",
     "bash .ci/run": "CI itself: 9-16 min on 2 cores, the suite and the slow group (`pytest`: run)",
