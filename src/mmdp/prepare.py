@@ -6,6 +6,10 @@ URL, for every later run on every machine (mmdp.weighing.prepared).
     uv run --extra s3 -m mmdp.prepare --out s3://bucket/prepared/ai2d \\
         --dataset HuggingFaceM4/the_cauldron --subset ai2d --model qwen2_5_vl --pretokenize
     uv run examples/pack_prepared.py --prepared s3://bucket/prepared/ai2d --dataset ... --model qwen2_5_vl
+    uv run --extra ray -m mmdp.prepare --engine ray --out /tmp/prepared/ray  # on Ray Data
+
+Weighing runs here (--engine local) or on Ray (--engine ray: a local instance, or the cluster of
+--ray-address or of `ray job submit`), to the same result (mmdp.weighing.on_ray).
 
 Prints how many rows fit the budgets (and why the others do not) and where it wrote. The run
 that reads it must load the same rows with the same model, processor and budgets, or it is
@@ -18,7 +22,7 @@ import time
 from mmdp import config
 from mmdp.data.families import MODELS, family_for
 from mmdp.data.reading.settings import DataSettings
-from mmdp.errors import exit_on_user_error
+from mmdp.errors import UserError, exit_on_user_error
 from mmdp.flags import (
     add_dataset_args,
     add_model_and_budget_args,
@@ -29,7 +33,7 @@ from mmdp.flags import (
     settings_of,
 )
 from mmdp.report.printing import print_settings
-from mmdp.weighing.prepared import budget_report, describe, write_prepared
+from mmdp.weighing.prepared import budget_report, describe, rows_digest, write_prepared
 from mmdp.weighing.weigh import weigh_rows
 
 
@@ -64,29 +68,57 @@ def parse_args(argv=None):
         "--num-proc",
         type=positive_int,
         default=None,
-        help="weighing processes (default: every core from 20,000 rows on)",
+        help="weighing processes (default: every core from 20,000 rows on); with --engine ray, "
+        "the local Ray instance's CPUs (default: every core)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="where to weigh: this machine (default), or Ray Data (the extra ray)",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        help="with --engine ray: the Ray cluster to weigh on, e.g. ray://head:10001 (default: "
+        "RAY_ADDRESS's, which `ray job submit` sets, else a local instance)",
     )
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.engine == "ray" and args.pretokenize:
+        raise UserError(
+            "--pretokenize needs --engine local (on Ray, every sample's tokens would pass "
+            "through its driver into one file that each training machine copies)"
+        )
     start = time.perf_counter()
     family = family_for(model_processor(args))
     packing = config_for(family, args)  # the family's budgets where a flag is unset
     print_settings(args, packing)
 
-    # Weigh every row (and keep its tokens): the same pass a training run would make
-    rows = settings_of(DataSettings, args).load()
-    weighing = weigh_rows(rows, family, pretokenize=args.pretokenize, num_proc=args.num_proc)
+    # Weigh every row (and keep its tokens): the same pass a training run would make, here or on Ray
+    settings = settings_of(DataSettings, args)
+    if args.engine == "ray":
+        from mmdp.weighing.on_ray import weigh_on_ray
+
+        weighing, digest = weigh_on_ray(
+            settings, family, num_proc=args.num_proc, address=args.ray_address
+        )
+    else:
+        rows = settings.load()
+        weighing = weigh_rows(rows, family, pretokenize=args.pretokenize, num_proc=args.num_proc)
+        digest = rows_digest(rows)
 
     # Describe what the weights depend on, check them against the budgets, write them
-    run = describe(rows, family, packing)
+    num_rows = len(weighing.weights)
+    run = describe(family, packing, num_rows, digest)
     source = {
         "name": args.dataset or "synthetic",
         "subset": args.subset,
         "split": args.split,
-        "rows": len(rows),
+        "rows": num_rows,
         "share": 1.0,
     }
     report = budget_report(weighing.weights, run)
@@ -94,7 +126,7 @@ def main(argv=None):
         args.out, weighing.weights, weighing.tokens, {**run, "sources": [source], "report": report}
     )
     dropped = ", ".join(f"{reason} {n:,}" for reason, n in report["dropped"].items()) or "none"
-    print(f"{report['usable']:,} of {len(rows):,} rows fit the budgets (dropped: {dropped})")
+    print(f"{report['usable']:,} of {num_rows:,} rows fit the budgets (dropped: {dropped})")
     print(
         f"Wrote {', '.join(manifest['files'])} and manifest.json to {args.out} in {time.perf_counter() - start:.1f} s"
     )
