@@ -13,7 +13,8 @@ TrainingSettings...) and never reads a flag: only the scripts and the CLIs (mmdp
     settings = parse_flags(Stage2Settings, __doc__)  # settings.data.num_rows, settings.batch_size
 
 A field whose type is a dataclass brings its own fields' flags, named as they are (no prefix), its
-default the values they default to in this script. What a field's metadata says of its flag:
+default the values they default to in this script. A field is declared with mmdp.config.setting
+(its default, its help, and what its flag takes, as the field's metadata):
 
     help     what the field holds; --help adds "(default: X)"
     shown    how --help shows the field's own default: what None means ("every row")...
