@@ -16,11 +16,11 @@ from pathlib import Path
 import fsspec
 import numpy as np
 import pytest
+from bad_rows import with_bad_rows
 from doc_blocks import check_output
 from test_prepared import s3_bucket  # noqa: F401 (a fixture: the moto server, before Ray)
 
 from mmdp import prepare as prepare_module
-from mmdp.data.bad_rows import with_bad_rows
 from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
