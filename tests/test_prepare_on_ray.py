@@ -148,7 +148,7 @@ def test_a_users_files_are_read_by_the_workers_and_bad_rows_counted_the_same(
     if kind == "jsonl":  # 300 rows in 2 files, a file's rows in several blocks
         assert manifest["rows"] == 300
         assert dropped == json.loads((users_data / "jsonl-dropped.json").read_text())
-    else:  # 80 of the bad rows of mmdp.data.bad_rows, in 2 files
+    else:  # 80 of the bad rows of tests/bad_rows.py, in 2 files
         assert manifest["rows"] == 240 and dropped[UNDECODABLE_IMAGE] >= 5 and len(dropped) >= 5
 
 
