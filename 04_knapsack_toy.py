@@ -63,7 +63,8 @@ def main():
         print(f"{len(packs)} packs, {full:.0%} full")
 
         # The library's packer (numpy engines, loaded here only) gives the same packs, as indices
-        fast = [[items[i] for i in pack] for pack in mmdp.pack(items, args.max_length, strategy)]
+        packed = mmdp.pack(items, max_length=args.max_length, strategy=strategy)
+        fast = [[items[i] for i in pack] for pack in packed]
         print(f"mmdp.pack(items, {args.max_length}, {strategy!r}): ", end="")
         print("the same packs" if fast == packs else f"other packs: {fast}")
 

@@ -114,7 +114,7 @@ def main(argv=None):
     samples = VQADataset(rows, processor)
 
     # Wrap it: weigh every sample, filter, pack with a token and an image budget, shard
-    packed = PackedDataset(samples, packing, pretokenize=args.pretokenize)
+    packed = PackedDataset(samples, config=packing, pretokenize=args.pretokenize)
     packed.set_epoch(args.epoch)
     if rank == 0:
         print_weighing(packed)

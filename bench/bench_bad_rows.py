@@ -4,7 +4,7 @@
     uv run bench/bench_bad_rows.py --num-rows 10000 --repeats 3
 
 The same rows twice: the embedded dataset's first 2,000 rows (repeated, for more), and a
-copy with every 10th row broken by mmdp.data.bad_rows (its 23 ways in turn: dropped with a
+copy with every 10th row broken by tests/bad_rows.py (its 23 ways in turn: dropped with a
 reason, converted, or trained on as they are). For each, alternating clean and bad, --repeats
 times: weighing every row (without the cache) and one planned epoch (512 tokens, 8 packs per
 batch, images_first_bfd), in this process (no DataLoader workers: the figure is the work itself,
@@ -15,9 +15,10 @@ about 2 minutes for 2,000 rows on a busy 2-core machine.
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from mmdp.data.bad_rows import with_bad_rows
 from mmdp.data.families import family_for
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
@@ -26,6 +27,9 @@ from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.pack_report import PackReport
 from mmdp.weighing import weigh as weighing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from bad_rows import with_bad_rows  # noqa: E402 (the fault tests' bad rows)
 
 GOOD_ROWS = 2000  # distinct rows of the embedded dataset; more are repeats of these
 
@@ -80,7 +84,7 @@ def main():
     print(f"{args.num_rows:,} rows; bad: 1 in {args.every}, {sum(drops.values()):,} to drop")
     config = PackingConfig(max_length=512, packs_per_batch=8)
     datasets = {
-        name: (rows, PackedDataset(VQADataset(rows, tokenizer), config))
+        name: (rows, PackedDataset(VQADataset(rows, tokenizer), config=config))
         for name, rows in (("clean", good), ("bad", bad))
     }
     measured = measure(datasets, tokenizer, args.repeats)

@@ -19,8 +19,9 @@ Four tables, every packer in each getting the same items:
 2. Worst case: --worst-items items (1,000,000 by default), lengths uniform in 1..32,768, at
    max_length 32,768, no images: so many distinct lengths, and so many packs open at once, that
    packers which scan the open packs for every item (or every run of identical items) crawl.
-   mmdp's binpack, bfd and images_first_bfd pack them all; the readable reference loop (checked
-   to give the same packs) and `binpacking` only the first --reference-items items, and the
+   mmdp's binpack, bfd and images_first_bfd pack them all; the tests' item-by-item loop
+   (tests/packing_oracles.py, checked to give the same packs) and `binpacking` only the first
+   --reference-items items, and the
    table extrapolates their time to all items (both are O(n * packs), packs ~ n: n^2).
 3. Per buffer: the planner packs a dataset one buffer of --buffer-size rows (4,096) at a time,
    ~5,900 `pack_flat` calls for 24M rows. Median milliseconds of one call, over --buffers
@@ -63,14 +64,11 @@ from pathlib import Path
 import numpy as np
 
 from mmdp.packing import packers
-from mmdp.packing.packers import (
-    FIT_DECREASING,
-    lower_bound,
-    pack,
-    pack_flat,
-    reference_fit_decreasing,
-)
+from mmdp.packing.packers import FIT_DECREASING, lower_bound, pack, pack_flat
 from mmdp.packing.weights import Budgets
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from packing_oracles import fit_decreasing  # noqa: E402 (the tests' item-by-item loop)
 
 IMAGE_TOKENS = 64
 # P(0, 1, 2, 3 images). Calibrated so that, as in the issue's measurement, about a third of TRL's
@@ -136,21 +134,41 @@ def timed(fn, repeats: int):
     return statistics.median(times), result
 
 
+# mmdp.packing's private engine modules, each importing only the ones before it; a revision has
+# some of them (_scan held the patch-budget engine until it joined _engines)
+ENGINES = ("_placements", "_best_fit", "_scan", "_engines")
+PACKAGE = "src/mmdp/packing"
+
+
 def load_packing(revision: str) -> types.ModuleType:
     """mmdp's packers as they were at a git revision, to time them next to today's in one run.
 
     Up to the package layout (4b81373) one module, src/mmdp/packing.py; since then
-    src/mmdp/packing/packers.py, whose fast engines later moved to src/mmdp/packing/_engines.py:
-    that revision's engines then replace today's as the `_engines` the loaded packers call.
+    src/mmdp/packing/packers.py and the private engines beside it, each as that revision had it:
+    while they load, the revision's engines stand in for today's under their import names.
     """
-    packers_at = load_module(revision, "src/mmdp/packing/packers.py") or load_module(
-        revision, "src/mmdp/packing.py"
-    )
+    package = sys.modules["mmdp.packing"]
+    today = {name: getattr(package, name, None) for name in ENGINES}
+    try:
+        for name in ENGINES:
+            module = load_module(revision, f"{PACKAGE}/{name}.py")
+            if module is not None:
+                setattr(package, name, module)
+                sys.modules[f"mmdp.packing.{name}"] = module
+        packers_at = load_module(revision, "src/mmdp/packing/packers.py") or load_module(
+            revision, "src/mmdp/packing.py"
+        )
+    finally:
+        for name, module in today.items():
+            if module is None:
+                sys.modules.pop(f"mmdp.packing.{name}", None)
+                if hasattr(package, name):
+                    delattr(package, name)
+            else:
+                setattr(package, name, module)
+                sys.modules[f"mmdp.packing.{name}"] = module
     if packers_at is None:
         sys.exit(f"--before {revision}: no src/mmdp/packing/packers.py nor src/mmdp/packing.py")
-    engines_at = load_module(revision, "src/mmdp/packing/_engines.py")
-    if engines_at is not None:
-        packers_at._engines = engines_at
     return packers_at
 
 
@@ -211,7 +229,11 @@ def per_buffer(module, lengths, images, max_length, max_images, buffer_size):
         for start in range(0, len(lengths), buffer_size):
             end = min(start + buffer_size, len(lengths))
             buffer = module.pack(
-                lengths[start:end], max_length, "balanced_greedy", images[start:end], max_images
+                lengths[start:end],
+                max_length=max_length,
+                strategy="balanced_greedy",
+                image_counts=images[start:end],
+                max_images=max_images,
             )
             packs += [[start + i for i in p] for p in buffer]
         return packs
@@ -248,8 +270,14 @@ def mmdp_packers(lengths, images, max_length, max_images, args, module):
 
     def run(strategy, with_images=True):
         if with_images:
-            return lambda: module.pack(lengths, max_length, strategy, images, max_images)
-        return lambda: module.pack(lengths, max_length, strategy)
+            return lambda: module.pack(
+                lengths,
+                max_length=max_length,
+                strategy=strategy,
+                image_counts=images,
+                max_images=max_images,
+            )
+        return lambda: module.pack(lengths, max_length=max_length, strategy=strategy)
 
     runs = [(f"mmdp {s}", run(s)) for s in FIT_DECREASING]
     runs += [(f"mmdp {s}, no image budget", run(s, False)) for s in ("binpack", "bfd")]
@@ -324,13 +352,16 @@ def bench_worst_case(args, before):
     print(f"| packer | items | median s | for all {n:,}, s | packs | over lower bound |{columns}")
     print("| --- | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * (3 * bool(before)))
     for strategy in FIT_DECREASING:
-        seconds, flat = timed(lambda s=strategy: pack_flat(lengths, max_length, s), args.repeats)
+        seconds, flat = timed(
+            lambda s=strategy: pack_flat(lengths, max_length=max_length, strategy=s), args.repeats
+        )
         packs = len(flat[1]) - 1
         over = packs / lower_bound(lengths, max_length) - 1
         cells = ""
         if before:
             before_seconds, before_flat = timed(
-                lambda s=strategy: before.pack_flat(lengths, max_length, s), args.before_repeats
+                lambda s=strategy: before.pack_flat(lengths, max_length=max_length, strategy=s),
+                args.before_repeats,
             )
             same = all(np.array_equal(a, b) for a, b in zip(flat, before_flat))
             speedup = before_seconds / seconds
@@ -346,11 +377,13 @@ def bench_worst_case(args, before):
     scale = (n / m) ** 2
     for strategy in FIT_DECREASING:
         seconds, packs = timed(
-            lambda s=strategy: reference_fit_decreasing(subset, Budgets(max_length), strategy=s), 1
+            lambda s=strategy: fit_decreasing(subset, Budgets(max_length), strategy=s), 1
         )
-        assert packs == pack(subset, max_length, strategy)  # the fast packers give the same packs
+        assert packs == pack(
+            subset, max_length=max_length, strategy=strategy
+        )  # the fast packers give the same packs
         print(
-            f"| reference_fit_decreasing, strategy={strategy!r} (first {m:,} items) | {m:,} | "
+            f"| the tests' fit_decreasing, strategy={strategy!r} (first {m:,} items) | {m:,} | "
             f"{seconds:.2f} | ~{seconds * scale:,.0f} (n^2) | {len(packs):,} | |"
             + " |"
             * (3 * bool(before)),
@@ -382,9 +415,16 @@ def buffer_packer(module, strategy, max_length, max_images, max_patches=None):
     patches]); the patch budget only when given (older revisions do not know it)."""
 
     def pack_buffer(buffer):
-        patch_budget = () if max_patches is None else (buffer[2], max_patches)
+        patch_budget = (
+            {} if max_patches is None else {"patch_counts": buffer[2], "max_patches": max_patches}
+        )
         return module.pack_flat(
-            buffer[0], max_length, strategy, buffer[1], max_images, *patch_budget
+            buffer[0],
+            max_length=max_length,
+            strategy=strategy,
+            image_counts=buffer[1],
+            max_images=max_images,
+            **patch_budget,
         )
 
     return pack_buffer

@@ -95,7 +95,9 @@ def child_start(size: int, batches: int, pretokenize: bool) -> dict:
     """A warm start to the first batch, then --batches batches; the cache holds the weights."""
     start = time.perf_counter()
     rows = replicated(size)
-    dataset = PackedDataset(VQADataset(rows, get_tokenizer()), CONFIG, pretokenize=pretokenize)
+    dataset = PackedDataset(
+        VQADataset(rows, get_tokenizer()), config=CONFIG, pretokenize=pretokenize
+    )
     assert batches == 1 or not dataset.weighing.weighed_here, "the weights should be cached"
     plan_start = time.perf_counter()
     dataset.plan()

@@ -1,4 +1,4 @@
-"""Benchmark stage 5 from a stream (mmdp.loading.streaming.loader) against the planned
+"""Benchmark stage 5 from a stream (mmdp.loading.streaming) against the planned
 loader (mmdp.loading.packed_dataset).
 
     uv run bench/bench_streaming.py                      # 2,000, 10,000 and 20,000 rows
@@ -33,7 +33,7 @@ from mmdp.data.reading.sources import cache_dir, load_vqa_dataset
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
 
 BUFFER_SIZE = 4096
@@ -53,7 +53,7 @@ def parquet_epoch(rows, tokenizer, workers: int) -> dict:
 def stream_epoch(stream, tokenizer, workers: int) -> dict:
     start = time.perf_counter()
     loader = StreamingDataLoader(
-        StreamingPackedDataset(stream, tokenizer, PackingConfig(buffer_size=BUFFER_SIZE)),
+        StreamingPackedDataset(stream, tokenizer, config=PackingConfig(buffer_size=BUFFER_SIZE)),
         num_workers=workers,
     )
     return epoch_of(loader, start, start)
@@ -72,7 +72,9 @@ def parquet_files(rows) -> list[Path]:
 
 def planned_epoch(rows, tokenizer, workers: int) -> dict:
     start = time.perf_counter()
-    dataset = PackedDataset(VQADataset(rows, tokenizer), PackingConfig(buffer_size=BUFFER_SIZE))
+    dataset = PackedDataset(
+        VQADataset(rows, tokenizer), config=PackingConfig(buffer_size=BUFFER_SIZE)
+    )
     return epoch_of(PackedDataLoader(dataset, num_workers=workers), start, time.perf_counter())
 
 

@@ -410,7 +410,7 @@ def make_loaders(samples: VQADataset, settings: Settings) -> dict:
         strategy=PACKER,
         seed=settings.seed,
     )
-    packed = PackedDataset(samples, packing)
+    packed = PackedDataset(samples, config=packing)
 
     def padded(length):
         def loader(round_: int):

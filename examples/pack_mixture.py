@@ -78,7 +78,7 @@ def main(argv=None):
     mixed = load_mixture(read_mixture(settings.mixture), settings.data.num_rows)
     samples = VQADataset(mixed.dataset, processor, mixture=mixed)
     mixture = MixturePlan.of(mixed, seed=packing.seed)
-    packed = PackedDataset(samples, packing, mixture=mixture)
+    packed = PackedDataset(samples, config=packing, mixture=mixture)
     packed.set_epoch(settings.run.epoch)
     if rank == 0:
         print_weighing(packed)

@@ -1,6 +1,6 @@
 """Stage 5's packing, streamed: read the dataset as a stream (a Hub dataset with streaming=True,
 parquet files one by one) and pack it a buffer at a time, as the blog's ConstantLengthDataset
-does (mmdp.loading.streaming.loader).
+does (mmdp.loading.streaming).
 
     uv run examples/pack_streaming.py --buffer-size 1024
     uv run torchrun --standalone --nproc_per_node 2 examples/pack_streaming.py
@@ -29,7 +29,7 @@ from mmdp.flags import (
     flag_values,
     parse_flags,
 )
-from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig, default_config
 from mmdp.ranks import start_ranks
 from mmdp.report.epoch import PACKING_HINT, run_epoch, write_outputs
@@ -61,7 +61,7 @@ def main(argv=None):
     # Read the dataset as a stream, pack it a buffer at a time, stop the ranks together
     stream = settings.data.stream()
     loader = StreamingDataLoader(
-        StreamingPackedDataset(stream, processor, packing),
+        StreamingPackedDataset(stream, processor, config=packing),
         num_workers=settings.loader.num_workers,
     )
     loader.set_epoch(settings.run.epoch)

@@ -68,15 +68,15 @@ def make_loader(kind: str, rows, tokenizer, **loader_args):
     """A loader over `rows` with 2 workers on this rank: the planned or the streaming one."""
     from mmdp.data.vqa_dataset import VQADataset
     from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-    from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+    from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
     from mmdp.packing.packing_config import PackingConfig
 
     config = PackingConfig(max_length=512, packs_per_batch=PACKS_PER_BATCH, buffer_size=BUFFER_SIZE)
     if kind == "planned":
-        return PackedDataLoader(PackedDataset(VQADataset(rows, tokenizer), config), 2)
+        return PackedDataLoader(PackedDataset(VQADataset(rows, tokenizer), config=config), 2)
     # 4 shards: one per reader (2 ranks x 2 workers)
     stream = rows.to_iterable_dataset(num_shards=4)
-    dataset = StreamingPackedDataset(stream, tokenizer, config)
+    dataset = StreamingPackedDataset(stream, tokenizer, config=config)
     return StreamingDataLoader(dataset, 2, **loader_args)
 
 

@@ -164,7 +164,7 @@ def image_samples(tokenizer):
 @pytest.mark.parametrize("attention", WITH_IMAGES, indirect=True)
 def test_tiny_vlm_with_images_keeps_packed_samples_apart(attention, image_samples, tokenizer):
     config = PackingConfig(max_length=PACKED_LENGTH, packs_per_batch=2)  # flex: a shared kernel
-    batch = next(iter(PackedDataLoader(PackedDataset(image_samples, config), num_workers=0)))
+    batch = next(iter(PackedDataLoader(PackedDataset(image_samples, config=config), num_workers=0)))
     assert len(batch["pixel_values"]) >= 2 and len(batch["samples_per_pack"]) == 2
     packed, alone = tiny_vlm_losses(batch, image_samples.__getitem__, tokenizer, attention)
     assert relative_difference(packed, alone) < 1e-5
@@ -199,7 +199,7 @@ def test_in_bf16_packing_differs_by_rounding_not_leakage(attention, image_sample
     """bf16 rounds differently in a pack than alone: a looser check (rel < 1e-4) still separates
     that from samples seeing each other (which costs more than 1e-3 even in bf16)."""
     loader = PackedDataLoader(
-        PackedDataset(image_samples, PackingConfig(packs_per_batch=1)), num_workers=0
+        PackedDataset(image_samples, config=PackingConfig(packs_per_batch=1)), num_workers=0
     )
     batch = next(iter(loader))
     assert batch["samples_per_pack"].min() >= 2  # one pack of several samples: they could mix

@@ -16,7 +16,7 @@ from mmdp.data.mixture import MixedRows, Mixture, Source
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.planning.held_out import eval_split
+from mmdp.planning.planner import eval_split
 from mmdp.training.loss import label_tokens, mean_over_tokens, summed_loss
 from mmdp.training.trainer import NO_EVAL_DATASET, NO_EVAL_LOADER, MMDPTrainer
 
@@ -36,7 +36,7 @@ def case():
     mixed = MixedRows(rows, np.arange(len(rows), dtype=np.int16) % 2, mixture)
     samples = VQADataset(rows, matrix.samples.family.processor, mixture=mixed)
     config = PackingConfig(max_length=matrix.max_length, packs_per_batch=2)
-    train = PackedDataset(samples, config, eval_ratio=RATIO, rank=0, world_size=1)
+    train = PackedDataset(samples, config=config, eval_ratio=RATIO, rank=0, world_size=1)
     return matrix, samples, train
 
 
@@ -67,7 +67,7 @@ def test_the_eval_split_is_held_out_by_ratio_the_same_on_every_rank_and_disjoint
         for rank in range(world_size):
             config = train.config
             mine = PackedDataset(
-                samples, config, eval_ratio=RATIO, rank=rank, world_size=world_size
+                samples, config=config, eval_ratio=RATIO, rank=rank, world_size=world_size
             )
             rows["train"] += mine.plan(0).for_rank(rank).rows.tolist()
             rows["eval"] += [
@@ -82,6 +82,20 @@ def test_the_eval_split_is_held_out_by_ratio_the_same_on_every_rank_and_disjoint
     assert (
         train.settings()["split"] == "train" and train.eval_dataset().settings()["split"] == "eval"
     )
+
+
+def test_the_eval_dataset_reuses_the_weighing_and_the_training_seeds_held_out_rows(case):
+    _, samples, train = case
+    held_out = train.eval_dataset(PackingConfig(max_length=train.max_length, seed=7))
+    assert held_out.weighing is train.weighing  # nothing weighed again
+    # another seed would hold out other rows (the control): the training seed drew them
+    assert (held_out.split == ~train.split).all() and held_out.seed == train.seed == 0
+    other = PackedDataset(samples, config=PackingConfig(seed=7), eval_ratio=RATIO, held_out=True)
+    assert not (other.split == held_out.split).all()
+    with pytest.raises(ValueError, match="needs a PackedDataset made with eval_ratio"):
+        held_out.eval_dataset()
+    with pytest.raises(TypeError):  # everything after the dataset is a keyword
+        PackedDataset(samples, train.config)
 
 
 def reference(model, samples, rows) -> tuple[float, int]:

@@ -32,7 +32,7 @@ from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.synthetic.rows import encode_png
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.loading.packed_dataset import PackedDataset
-from mmdp.loading.streaming.loader import StreamingPackedDataset
+from mmdp.loading.streaming import StreamingPackedDataset
 from mmdp.models.inputs import PACKED_MASKS, model_inputs
 from mmdp.models.tiny import BUILDERS
 from mmdp.packing.packing_config import PackingConfig, default_config

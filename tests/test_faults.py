@@ -19,16 +19,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from bad_rows import BAD_ROWS, with_bad_rows
 from conftest import config_and_rest
 from datasets import Dataset, load_dataset, load_from_disk
 
-from mmdp.data.bad_rows import BAD_ROWS, with_bad_rows
 from mmdp.data.reading.sources import FEATURES, load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import UNDECODABLE_IMAGE
 from mmdp.errors import UserError, exit_on_user_error
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.loading.workers import WorkerFailed
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.pack_report import PackReport
@@ -53,7 +53,7 @@ def fresh_cache(tmp_path, monkeypatch):
 
 def packed(rows, tokenizer, **settings) -> PackedDataset:
     config, rest = config_and_rest({"max_length": 512, "packs_per_batch": 1, **settings})
-    return PackedDataset(VQADataset(rows, tokenizer), config, **rest)
+    return PackedDataset(VQADataset(rows, tokenizer), config=config, **rest)
 
 
 def sample_ids(loader) -> list[list[int]]:
@@ -196,7 +196,7 @@ def test_a_streaming_worker_that_raises_is_named_too(rows, tokenizer, monkeypatc
     monkeypatch.setattr(StreamingPackedDataset, "load_pack", load_pack)
     stream = rows.to_iterable_dataset(num_shards=2)
     dataset = StreamingPackedDataset(
-        stream, tokenizer, PackingConfig(max_length=512, buffer_size=16)
+        stream, tokenizer, config=PackingConfig(max_length=512, buffer_size=16)
     )
     with pytest.raises(WorkerFailed, match="DataLoader worker [01] of rank 0 failed building "):
         sample_ids(StreamingDataLoader(dataset, num_workers=2))
@@ -221,7 +221,7 @@ def test_a_temp_folder_too_long_for_the_workers_socket_is_one_sentence(
     """mmdp.loading.workers.check_temp_folder: both loaders refuse to start their workers
     there (the trap, below: they would wait forever); without workers they run."""
     stream = rows.to_iterable_dataset(num_shards=2)
-    streaming = StreamingPackedDataset(stream, tokenizer, PackingConfig(max_length=512))
+    streaming = StreamingPackedDataset(stream, tokenizer, config=PackingConfig(max_length=512))
     for loader in (  # a timeout: without the check, a failure rather than a hang
         PackedDataLoader(packed(rows, tokenizer), num_workers=2, timeout=5),
         StreamingDataLoader(streaming, num_workers=2, timeout=5),
@@ -342,7 +342,7 @@ def test_a_truncated_shard_in_a_stream_is_named_in_one_sentence(workers, rows, t
         "parquet", data_files=list(map(str, files)), split="train", streaming=True
     )
     dataset = StreamingPackedDataset(
-        stream, tokenizer, PackingConfig(max_length=512, buffer_size=16)
+        stream, tokenizer, config=PackingConfig(max_length=512, buffer_size=16)
     )
     with pytest.raises(UserError, match=f"^data file {files[3]} is damaged") as failed:
         sample_ids(StreamingDataLoader(dataset, num_workers=workers))
@@ -355,7 +355,7 @@ def test_a_shard_that_vanishes_mid_stream_is_named(rows, tokenizer, tmp_path):
         "parquet", data_files=list(map(str, files)), split="train", streaming=True
     )
     dataset = StreamingPackedDataset(
-        stream, tokenizer, PackingConfig(max_length=512, buffer_size=16)
+        stream, tokenizer, config=PackingConfig(max_length=512, buffer_size=16)
     )
     loader = iter(StreamingDataLoader(dataset, num_workers=0))
     next(loader)  # reading the first shard
@@ -382,7 +382,7 @@ def test_garbage_and_truncated_images_are_counted_not_raised(rows, tokenizer, fr
     streamed = StreamingPackedDataset(
         broken.to_iterable_dataset(num_shards=2),
         tokenizer,
-        PackingConfig(max_length=512, buffer_size=16),
+        config=PackingConfig(max_length=512, buffer_size=16),
     )
     loader = StreamingDataLoader(streamed, num_workers=2)
     report = PackReport()
@@ -512,7 +512,7 @@ def test_ten_thousand_rows_with_one_in_ten_bad_are_all_accounted(tokenizer):
     # images resized to 32 px, not 256: every image is still decoded (a bad one still fails
     # there), and the workers hand over 64x fewer pixels
     config, _ = config_and_rest({"max_length": 2048, "packs_per_batch": 2})
-    dataset = PackedDataset(VQADataset(bad, tokenizer, image_size=32), config)
+    dataset = PackedDataset(VQADataset(bad, tokenizer, image_size=32), config=config)
     report = PackReport()
     for batch in PackedDataLoader(dataset, num_workers=2):
         report.add_batch(batch)

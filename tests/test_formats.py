@@ -362,7 +362,7 @@ def test_format_a_users_rows_pack_for_qwen2_5_vl_each_used_or_counted_by_reason(
 
     rows = load_vqa_dataset(str(held_out / "train.jsonl"))
     samples = VQADataset(rows, offline_processor("qwen2_5_vl"))
-    packed = PackedDataset(samples, PackingConfig(max_length=2048, packs_per_batch=2))
+    packed = PackedDataset(samples, config=PackingConfig(max_length=2048, packs_per_batch=2))
     report = PackReport()
     for batch in PackedDataLoader(packed, num_workers=0):
         report.add_batch(batch)

@@ -3,7 +3,7 @@ every loader must keep on any of them.
 
 The input space: every model family (their tiny processors); good rows with 0-3 images of any
 size, format (PNG, JPEG, WebP, GIF), mode (RGB, L, P, RGBA, LA, CMYK, 16-bit) and EXIF
-orientation; every bad kind mmdp knows (`KINDS`: mmdp.data.bad_rows.BAD_ROWS, and the kinds
+orientation; every bad kind mmdp knows (`KINDS`: bad_rows.BAD_ROWS, and the kinds
 below: a header that reads over data that does not, a file that is not there, videos a family
 takes or refuses, broken ones, WebM); the family's own image token in the text; rows over every
 budget; budgets that force a large row alone in its pack; both loaders (planned, streaming),
@@ -38,13 +38,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from datasets import Dataset, Features, List
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from PIL import Image, ImageOps
-
-from mmdp import drop_reasons
-from mmdp.data.bad_rows import (
+from bad_rows import (
     BAD_ROWS,
     encoded,
     mp4_with_broken_data,
@@ -52,6 +46,12 @@ from mmdp.data.bad_rows import (
     with_images,
     with_reply,
 )
+from datasets import Dataset, Features, List
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image, ImageOps
+
+from mmdp import drop_reasons
 from mmdp.data.conversation import IMAGE_TAG, chat_messages, chat_turns
 from mmdp.data.families import family_for, tiny_processor
 from mmdp.data.families.smolvlm import Idefics3
@@ -61,7 +61,7 @@ from mmdp.data.synthetic.videos import encode_clip, encode_mp4, moving_shape
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.pack_report import PackReport
@@ -289,7 +289,7 @@ def epoch(family, rows, config, *, loader: str, world_size: int, workers: int, s
     for rank in range(world_size):
         if loader == "planned":
             samples = VQADataset(as_dataset(rows, source == "decoding"), family)
-            dataset = PackedDataset(samples, config, rank=rank, world_size=world_size)
+            dataset = PackedDataset(samples, config=config, rank=rank, world_size=world_size)
             it = PackedDataLoader(dataset, num_workers=workers)
         else:
             stream = {
@@ -298,7 +298,7 @@ def epoch(family, rows, config, *, loader: str, world_size: int, workers: int, s
                 "stream": as_dataset(rows, decode=False).to_iterable_dataset(num_shards=2),
             }[source]
             dataset = StreamingPackedDataset(
-                stream, family, config, rank=rank, world_size=world_size
+                stream, family, config=config, rank=rank, world_size=world_size
             )
             it = StreamingDataLoader(dataset, num_workers=workers, stop_together=False)
         report = PackReport()

@@ -60,7 +60,7 @@ def test_the_producer_packs_a_stream_a_buffer_at_a_time():
 )
 def test_the_fast_packer_gives_the_loops_packs(items, max_length, strategy):
     items = [item for item in items if item <= max_length]  # the loops skip them, pack refuses
-    fast = [[items[i] for i in p] for p in pack(items, max_length, strategy)]
+    fast = [[items[i] for i in p] for p in pack(items, max_length=max_length, strategy=strategy)]
     assert fast == LOOPS[strategy](items, max_length)
 
 
@@ -68,5 +68,5 @@ def test_the_fast_packer_gives_the_loops_packs(items, max_length, strategy):
 def test_the_fast_packer_gives_the_loops_packs_on_a_long_run(strategy):
     rng = random.Random(0)
     items = [rng.randint(1, 4096) for _ in range(3000)]
-    fast = [[items[i] for i in p] for p in pack(items, 4096, strategy)]
+    fast = [[items[i] for i in p] for p in pack(items, max_length=4096, strategy=strategy)]
     assert fast == LOOPS[strategy](items, 4096)

@@ -13,9 +13,7 @@ from conftest import REPO
 
 STAGES = sorted(path.name for path in REPO.glob("0[1-5]_*.py"))  # 06 trains: not measured
 HEAVY = ("torch", "transformers", "datasets")
-ENGINES = tuple(
-    f"mmdp.packing.{name}" for name in ("_engines", "_best_fit", "_scan", "_placements")
-)
+ENGINES = tuple(f"mmdp.packing.{name}" for name in ("_engines", "_best_fit", "_placements"))
 FACES = {"mmdp", "mmdp.flags", "mmdp.report", "mmdp.errors"}  # where a stage takes its names
 MAX_LINES = {"04_knapsack_toy.py": 800, **dict.fromkeys(STAGES[:3], 3_500)}
 

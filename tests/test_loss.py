@@ -96,7 +96,7 @@ def tiny_vlm_batch(tokenizer):
     loss weights (1 or 3 per sample, 0 on padding)."""
     samples = VQADataset(load_vqa_dataset(num_rows=8), tokenizer)
     packing = PackingConfig(max_length=256, packs_per_batch=1, seed=0)
-    batch = next(iter(PackedDataLoader(PackedDataset(samples, packing), num_workers=0)))
+    batch = next(iter(PackedDataLoader(PackedDataset(samples, config=packing), num_workers=0)))
     generator = torch.Generator().manual_seed(0)
     weights = 1.0 + 2.0 * torch.randint(0, 2, (int(batch["sample_index"].numel()) + 1,),
                                         generator=generator).float()  # fmt: skip

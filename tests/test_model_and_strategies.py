@@ -46,7 +46,7 @@ def three_packs(samples, model, tokenizer) -> dict:
     """A batch of 3 packs and the same samples naively padded, with the model's outputs on each
     (computed once: the logits over the 49k-token vocabulary are most of these tests' time)."""
     loader = PackedDataLoader(
-        PackedDataset(samples, PackingConfig(packs_per_batch=3)), num_workers=0
+        PackedDataset(samples, config=PackingConfig(packs_per_batch=3)), num_workers=0
     )
     batch = next(iter(loader))
     padded = NaivePadCollator(tokenizer.pad_token_id)(
@@ -89,7 +89,7 @@ def test_packed_padded_and_alone_give_the_same_loss_with_images(three_packs, sam
 
 def test_image_count_must_match_the_image_tokens(samples, model):
     loader = PackedDataLoader(
-        PackedDataset(samples, PackingConfig(packs_per_batch=2)), num_workers=0
+        PackedDataset(samples, config=PackingConfig(packs_per_batch=2)), num_workers=0
     )
     batch = next(iter(loader))
     with pytest.raises(ValueError, match="image tokens"):
@@ -118,7 +118,7 @@ def test_both_reductions_are_the_same_for_padded_and_packed_batches(three_packs)
 def test_packed_and_padded_batches_of_the_same_samples_give_the_same_gradient(samples, tokenizer):
     """What one training step learns does not depend on the layout: same samples, same gradient."""
     loader = PackedDataLoader(
-        PackedDataset(samples, PackingConfig(packs_per_batch=2)), num_workers=0
+        PackedDataset(samples, config=PackingConfig(packs_per_batch=2)), num_workers=0
     )
     batch = next(iter(loader))
     padded = NaivePadCollator(tokenizer.pad_token_id)(
@@ -201,7 +201,7 @@ def test_strategy_comparison_matches_the_stages_own_loaders(samples, tokenizer):
         assert results[name]["real_tokens"] == report.real_tokens
         assert results[name]["computed_tokens"] == report.computed_tokens
         assert results[name]["batches"] == report.batches
-    packed = PackedDataset(samples, PackingConfig(max_length=512, packs_per_batch=8))
+    packed = PackedDataset(samples, config=PackingConfig(max_length=512, packs_per_batch=8))
     batches = list(PackedDataLoader(packed, num_workers=0))
     assert results["images_first_bfd"]["batches"] == len(batches)
     assert results["images_first_bfd"]["real_tokens"] == sum(

@@ -29,12 +29,12 @@ def test_batch_size_counts_samples_and_packs_per_batch_counts_packs():
 
 def test_what_resumes_is_the_loaders_state_dict(tokenizer):
     samples = VQADataset(load_vqa_dataset(num_rows=40), tokenizer, image_size=16)
-    dataset = PackedDataset(samples, PackingConfig(max_length=512, packs_per_batch=2))
+    dataset = PackedDataset(samples, config=PackingConfig(max_length=512, packs_per_batch=2))
     loader = PackedDataLoader(dataset, num_workers=0)
     next(iter(loader))
     state = loader.state_dict()
     assert state == {**dataset.settings(), "epoch": 0, "batches_done": 1}
-    resumed = PackedDataLoader(PackedDataset(samples, dataset.config), num_workers=0)
+    resumed = PackedDataLoader(PackedDataset(samples, config=dataset.config), num_workers=0)
     resumed.load_state_dict(state)
     assert resumed.state_dict() == state
     for old in ("state", "resume_at"):

@@ -11,11 +11,11 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from bad_rows import mp4_with_broken_data, png_with_broken_data, truncated_jpeg
 from datasets import Dataset, Features, List, Value
 from PIL import Image
 
 from mmdp.batch import build_pack, collate_packs
-from mmdp.data.bad_rows import mp4_with_broken_data, png_with_broken_data, truncated_jpeg
 from mmdp.data.conversation import chat_messages, chat_turns
 from mmdp.data.families import OFFLINE, family_for, tiny_processor
 from mmdp.data.families.qwen_vl import Qwen2_5_VL
@@ -31,7 +31,7 @@ from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import LEFT_OUT_BY_MIXTURE, TOO_LONG, UNDECODABLE_IMAGE, UNDECODABLE_VIDEO
 from mmdp.errors import UserError
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
 from mmdp.packing.packing_config import PackingConfig
@@ -139,8 +139,10 @@ def test_a_large_broken_image_alone_in_its_pack_is_counted_by_both_loaders(num_w
     )  # the broken image's tokens: no other row fits beside it
     config = PackingConfig(max_length=alone, packs_per_batch=2, max_patches=None, buffer_size=16)
     dataset = Dataset.from_list(rows, features=FEATURES)
-    planned = PackedDataLoader(PackedDataset(VQADataset(dataset, family), config), num_workers)
-    streamed = StreamingDataLoader(StreamingPackedDataset(rows, family, config), num_workers)
+    planned = PackedDataLoader(
+        PackedDataset(VQADataset(dataset, family), config=config), num_workers
+    )
+    streamed = StreamingDataLoader(StreamingPackedDataset(rows, family, config=config), num_workers)
     for loader in (planned, streamed):
         samples, dropped = [], {}
         for batch in loader:
@@ -257,10 +259,15 @@ def test_datasets_default_image_feature_is_read_undecoded_by_every_loader(
     assert VQADataset(dataset, processor)[3]["drop_reason"] == UNDECODABLE_IMAGE
     config = PackingConfig(max_length=512, packs_per_batch=1, max_patches=None)
     loaders = [
-        PackedDataLoader(PackedDataset(VQADataset(dataset, processor), config), num_workers=2),
-        StreamingDataLoader(StreamingPackedDataset(dataset, processor, config), num_workers=0),
+        PackedDataLoader(
+            PackedDataset(VQADataset(dataset, processor), config=config), num_workers=2
+        ),
         StreamingDataLoader(
-            StreamingPackedDataset(dataset.to_iterable_dataset(), processor, config), num_workers=0
+            StreamingPackedDataset(dataset, processor, config=config), num_workers=0
+        ),
+        StreamingDataLoader(
+            StreamingPackedDataset(dataset.to_iterable_dataset(), processor, config=config),
+            num_workers=0,
         ),
     ]
     for loader in loaders:
@@ -325,7 +332,7 @@ def test_one_epoch_report_adds_the_plans_and_the_batches_drops_per_reason_and_so
     reports = []
     for rank in (0, 1):
         packed = PackedDataset(
-            samples, config, rank=rank, world_size=2, mixture=MixturePlan.of(mixed)
+            samples, config=config, rank=rank, world_size=2, mixture=MixturePlan.of(mixed)
         )
         reports.append(PackReport.of_epoch(PackedDataLoader(packed, num_workers=0)))
     report = PackReport.merged(reports)
@@ -472,7 +479,7 @@ def test_a_setting_changed_after_the_rows_were_weighed_is_one_sentence(processor
     processor = processors("qwen2_5_vl")
     rows = Dataset.from_list([row(image_cell(640, 480))] * 2, features=FEATURES)
     config = PackingConfig(max_length=2048, packs_per_batch=1, max_patches=None)
-    packed = PackedDataset(VQADataset(rows, processor), config)
+    packed = PackedDataset(VQADataset(rows, processor), config=config)
     monkeypatch.setattr(processor.image_processor, "max_pixels", 100 * 28 * 28, raising=False)
     with pytest.raises(UserError, match="settings changed after its rows were weighed"):
         next(iter(PackedDataLoader(packed, num_workers=0)))

@@ -1,4 +1,4 @@
-"""Over-long rows fitted, by choice (PackingConfig(overflow="truncate"), mmdp.loading.overflow):
+"""Over-long rows fitted, by choice (PackingConfig(overflow="truncate"), mmdp.weighing.overflow):
 every over-long row whose text can be cut is kept, weighed at the length of the sample built
 from it, counted (`truncated`), and trained exactly as the same cut sample alone; a row whose
 image ends past the budget, or whose reply starts past it, is still `too_long`.
@@ -19,13 +19,13 @@ from mmdp.data.reading.sources import FEATURES
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
 from mmdp.flags import parse_flags
-from mmdp.loading.overflow import cut_length, media_end, truncate_sample
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.loading.streaming.dataset import StreamingPackedDataset
+from mmdp.loading.streaming import StreamingPackedDataset
 from mmdp.models.attention import use_attention
 from mmdp.models.tiny import tiny_model
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.pack_report import PackReport
+from mmdp.weighing.overflow import cut_length, media_end, truncate_sample
 
 IGNORE = config.IGNORE_INDEX
 
@@ -76,7 +76,7 @@ def tiny_rows(tokenizer):
 
 def epoch(samples, overflow: str) -> tuple[PackedDataset, PackReport]:
     packing = PackingConfig(max_length=PACKED_LENGTH, packs_per_batch=2, overflow=overflow)
-    dataset = PackedDataset(samples, packing, rank=0, world_size=1)
+    dataset = PackedDataset(samples, config=packing, rank=0, world_size=1)
     return dataset, PackReport.of_epoch(PackedDataLoader(dataset, num_workers=0))
 
 
@@ -108,7 +108,7 @@ def test_truncate_keeps_every_over_long_text_row_weighed_as_built(tiny_rows):
 
 def test_an_eval_dataset_with_another_overflow_fits_its_rows_again(tiny_rows):
     packing = PackingConfig(max_length=PACKED_LENGTH, packs_per_batch=2)
-    train = PackedDataset(tiny_rows, packing, rank=0, world_size=1, eval_ratio=0.5)
+    train = PackedDataset(tiny_rows, config=packing, rank=0, world_size=1, eval_ratio=0.5)
     held_out = train.eval_dataset(dataclasses.replace(packing, overflow="truncate"))
     assert train.truncated_rows.tolist() == [] and held_out.truncated_rows.tolist() == [0, 1]
     assert (held_out.weights.lengths[:2] == PACKED_LENGTH).all()
@@ -117,7 +117,7 @@ def test_an_eval_dataset_with_another_overflow_fits_its_rows_again(tiny_rows):
 
 def test_the_streaming_loader_refuses_truncate_in_one_sentence(tokenizer):
     with pytest.raises(UserError, match="needs the planned loader"):
-        StreamingPackedDataset([], tokenizer, PackingConfig(overflow="truncate"))
+        StreamingPackedDataset([], tokenizer, config=PackingConfig(overflow="truncate"))
 
 
 def test_a_row_whose_image_ends_past_the_budget_or_reply_starts_past_it_is_still_too_long(
@@ -208,7 +208,7 @@ def test_a_truncated_real_family_sample_packed_has_its_loss_alone(name, attentio
         pytest.skip(f"{type(model).__name__} does not accept flex_attention")
     samples = VQADataset(Dataset.from_list(real_rows(), features=FEATURES), family.processor)
     packing = PackingConfig(max_length=PACKED_LENGTH, packs_per_batch=2, overflow="truncate")
-    dataset = PackedDataset(samples, packing, rank=0, world_size=1)
+    dataset = PackedDataset(samples, config=packing, rank=0, world_size=1)
     assert dataset.truncated_rows.tolist() == [0]
     batch = next(iter(PackedDataLoader(dataset, num_workers=0)))
     assert sorted(batch["sample_index"].tolist()) == [0, 1, 2]

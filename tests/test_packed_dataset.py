@@ -29,7 +29,7 @@ def samples(tokenizer):
 
 def packed(samples, **kwargs):
     config, rest = config_and_rest({"max_length": 512, "packs_per_batch": 4, **kwargs})
-    return PackedDataset(samples, config, **rest)
+    return PackedDataset(samples, config=config, **rest)
 
 
 def epoch_rows(loader):
@@ -135,7 +135,7 @@ def test_filtered_and_broken_samples_are_counted(tokenizer):
     )
     dataset = PackedDataset(
         VQADataset(rows, tokenizer, image_size=IMAGE_SIZE),
-        PackingConfig(max_length=256, max_images=2, packs_per_batch=2),
+        config=PackingConfig(max_length=256, max_images=2, packs_per_batch=2),
     )
     batches = list(PackedDataLoader(dataset, num_workers=2))
     used = sorted(row for b in batches for row in b["sample_index"].tolist())

@@ -2,18 +2,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from packing_oracles import balanced_greedy, fit_decreasing
 
 from mmdp.packing import packers as packing
-from mmdp.packing.packers import (
-    FIT_DECREASING,
-    STRATEGIES,
-    lower_bound,
-    pack,
-    pack_flat,
-    pack_loads,
-    reference_balanced_greedy,
-    reference_fit_decreasing,
-)
+from mmdp.packing.packers import FIT_DECREASING, STRATEGIES, lower_bound, pack, pack_flat
 from mmdp.packing.weights import Budgets
 
 BLOG_ITEMS = list(range(1, 25))  # the blog's toy: start=1, end=25, max_length 100
@@ -24,7 +16,7 @@ def values(packs, items):
 
 
 def test_greedy_reproduces_the_blog():
-    assert values(pack(BLOG_ITEMS, 100, "greedy"), BLOG_ITEMS) == [
+    assert values(pack(BLOG_ITEMS, max_length=100, strategy="greedy"), BLOG_ITEMS) == [
         list(range(1, 14)),
         list(range(14, 20)),
         list(range(20, 24)),
@@ -36,7 +28,7 @@ def test_greedy_reproduces_the_blog():
 def test_binpack_reproduces_the_blog(strategy):
     # images_first_bfd and bfd coincide with binpack here: no images, and 24 items that fill 3
     # packs exactly
-    assert values(pack(BLOG_ITEMS, 100, strategy), BLOG_ITEMS) == [
+    assert values(pack(BLOG_ITEMS, max_length=100, strategy=strategy), BLOG_ITEMS) == [
         [24, 23, 22, 21, 10],
         [20, 19, 18, 17, 16, 9, 1],
         [15, 14, 13, 12, 11, 8, 7, 6, 5, 4, 3, 2],
@@ -46,41 +38,49 @@ def test_binpack_reproduces_the_blog(strategy):
 def test_docstring_example():
     # lengths [3, 6, 2, 5], max_length 8
     # greedy: 3 | 6+2 (3 does not fit with 6) | 5
-    assert pack([3, 6, 2, 5], 8, "greedy") == [[0], [1, 2], [3]]
+    assert pack([3, 6, 2, 5], max_length=8, strategy="greedy") == [[0], [1, 2], [3]]
     # binpack: 6 opens pack 1; 5 does not fit (11) -> pack 2; 3 fits pack 1? 9 > 8 no -> pack 2 (8);
     #      2 fits pack 1 (8)
-    assert pack([3, 6, 2, 5], 8, "binpack") == [[1, 2], [3, 0]]
-    assert pack([3, 6, 2, 5], 8, "bfd") == [[1, 2], [3, 0]]
+    assert pack([3, 6, 2, 5], max_length=8, strategy="binpack") == [[1, 2], [3, 0]]
+    assert pack([3, 6, 2, 5], max_length=8, strategy="bfd") == [[1, 2], [3, 0]]
 
 
 def test_balanced_greedy_spreads_items_over_the_lightest_packs(monkeypatch):
     # lengths [3, 6, 2, 5], max_length 8: lower bound 2 packs, plus the blog's 5 extra = 7 empty
     # packs; longest first, each item to the lightest pack that fits (ties: lowest number):
     # 6 -> A; 5 -> B (empty, lighter than A); 3 -> C; 2 -> D. Four half-empty packs.
-    assert pack([3, 6, 2, 5], 8, "balanced_greedy") == [[1], [3], [0], [2]]
+    assert pack([3, 6, 2, 5], max_length=8, strategy="balanced_greedy") == [[1], [3], [0], [2]]
     # Without the extra packs: lengths 5, 4, 3, 3, 1, max_length 8, lower bound 2 packs A, B:
     # 5 -> A; 4 -> B (4 < 5); 3 -> B (7); 3 -> A (A=5 < B=7: 8); 1 -> B (7 < 8: 8).
     monkeypatch.setattr(packing, "BALANCED_GREEDY_EXTRA_PACKS", 0)
-    assert pack([5, 4, 3, 3, 1], 8, "balanced_greedy") == [[0, 3], [1, 2, 4]]
+    assert pack([5, 4, 3, 3, 1], max_length=8, strategy="balanced_greedy") == [[0, 3], [1, 2, 4]]
     # The image budget binds: 2, 2, 2 tokens with one image each, 2 images a pack, 1 pack to start
-    assert pack([2, 2, 2], 10, "balanced_greedy", [1, 1, 1], 2) == [[0, 1], [2]]
+    assert pack(
+        [2, 2, 2], max_length=10, strategy="balanced_greedy", image_counts=[1, 1, 1], max_images=2
+    ) == [[0, 1], [2]]
 
 
 def test_best_fit_picks_the_tightest_pack_first_fit_the_first():
     # max_length 7, lengths 5, 3, 3, 1 (already decreasing):
     # 5 -> pack A (2 left); 3 -> A? no -> pack B (4 left); 3 -> B (1 left);
     # 1 -> binpack: A, the first pack with room; bfd: B, whose room (1) is tighter than A's (2)
-    assert pack([5, 3, 3, 1], 7, "binpack") == [[0, 3], [1, 2]]
-    assert pack([5, 3, 3, 1], 7, "bfd") == [[0], [1, 2, 3]]
+    assert pack([5, 3, 3, 1], max_length=7, strategy="binpack") == [[0, 3], [1, 2]]
+    assert pack([5, 3, 3, 1], max_length=7, strategy="bfd") == [[0], [1, 2, 3]]
 
 
 def test_image_budget_is_a_second_knapsack_constraint():
     # max_length 10, at most 2 images a pack; lengths 4, 4, 4 with 1 image each:
     # binpack: 4 -> A; 4 -> A (8 tokens, 2 images); 4 -> A? 12 tokens > 10 -> B
-    assert pack([4, 4, 4], 10, "binpack", [1, 1, 1], 2) == [[0, 1], [2]]
+    assert pack(
+        [4, 4, 4], max_length=10, strategy="binpack", image_counts=[1, 1, 1], max_images=2
+    ) == [[0, 1], [2]]
     # lengths 2, 2, 2 with 1 image each fit in tokens (6) but not in images (3 > 2)
-    assert pack([2, 2, 2], 10, "binpack", [1, 1, 1], 2) == [[0, 1], [2]]
-    assert pack([2, 2, 2], 10, "greedy", [1, 1, 1], 2) == [[0, 1], [2]]
+    assert pack(
+        [2, 2, 2], max_length=10, strategy="binpack", image_counts=[1, 1, 1], max_images=2
+    ) == [[0, 1], [2]]
+    assert pack(
+        [2, 2, 2], max_length=10, strategy="greedy", image_counts=[1, 1, 1], max_images=2
+    ) == [[0, 1], [2]]
 
 
 def test_fast_binpack_and_bfd_match_the_readable_loop_with_images():
@@ -89,45 +89,48 @@ def test_fast_binpack_and_bfd_match_the_readable_loop_with_images():
     for _ in range(200):
         lengths = rng.integers(1, 20, 30)
         images = rng.integers(0, 3, 30)
-        a = pack(lengths, 20, "binpack", images, 3)
-        b = pack(lengths, 20, "bfd", images, 3)
+        a = pack(lengths, max_length=20, strategy="binpack", image_counts=images, max_images=3)
+        b = pack(lengths, max_length=20, strategy="bfd", image_counts=images, max_images=3)
         differ += a != b
-        assert a == reference_fit_decreasing(lengths, Budgets(20, 3), images, strategy="binpack")
-        assert b == reference_fit_decreasing(lengths, Budgets(20, 3), images, strategy="bfd")
+        assert a == fit_decreasing(lengths, Budgets(20, 3), images, strategy="binpack")
+        assert b == fit_decreasing(lengths, Budgets(20, 3), images, strategy="bfd")
     assert differ > 0  # the two strategies are really different
 
 
 def test_images_first_bfd_is_not_binpack():
     # max_length 10, 2 images a pack; lengths 6, 4, 4 with 0, 2, 2 images.
     # binpack, longest first: 6 -> A (4 tokens, 2 images left); 4 -> A (0, 0); 4 -> B
-    assert pack([6, 4, 4], 10, "binpack", [0, 2, 2], 2) == [[0, 1], [2]]
+    assert pack(
+        [6, 4, 4], max_length=10, strategy="binpack", image_counts=[0, 2, 2], max_images=2
+    ) == [[0, 1], [2]]
     # images_first_bfd, image samples first: 4 -> A (6 tokens, 0 images left); 4 -> A? no images
     # left -> B (6, 0); then the text sample 6: A and B both have 0 image slots and 6 tokens
     # left, tie -> the lowest number, A
-    assert pack([6, 4, 4], 10, "images_first_bfd", [0, 2, 2], 2) == [[1, 0], [2]]
-    budgets = Budgets(10, max_images=2)
-    assert reference_fit_decreasing([6, 4, 4], budgets, [0, 2, 2], strategy="images_first_bfd") == [
-        [1, 0],
-        [2],
-    ]
-    with pytest.raises(ValueError, match="not a fit-decreasing strategy"):
-        reference_fit_decreasing([6, 4, 4], Budgets(10), strategy="greedy")
+    assert pack(
+        [6, 4, 4], max_length=10, strategy="images_first_bfd", image_counts=[0, 2, 2], max_images=2
+    ) == [[1, 0], [2]]
 
 
 def test_items_that_cannot_fit_alone_are_named_not_dropped():
     with pytest.raises(ValueError, match="item 1 .*longer than the token budget"):
-        pack([3, 12, 4], 10)
+        pack([3, 12, 4], max_length=10)
     with pytest.raises(ValueError, match="item 2 .*more images than the image budget"):
-        pack([3, 2, 4], 10, "images_first_bfd", image_counts=[0, 1, 5], max_images=4)
+        pack(
+            [3, 2, 4],
+            max_length=10,
+            strategy="images_first_bfd",
+            image_counts=[0, 1, 5],
+            max_images=4,
+        )
     with pytest.raises(ValueError, match="non-positive"):
-        pack([3, 0], 10, "greedy")
+        pack([3, 0], max_length=10, strategy="greedy")
     with pytest.raises(ValueError, match="unknown packing strategy"):
-        pack([3], 10, "knapsack")
+        pack([3], max_length=10, strategy="knapsack")
 
 
 def test_no_items_no_packs():
     for strategy in STRATEGIES:
-        assert pack([], 10, strategy) == []
+        assert pack([], max_length=10, strategy=strategy) == []
 
 
 items = st.integers(min_value=1, max_value=64).flatmap(
@@ -145,7 +148,13 @@ def test_packs_are_valid_whatever_the_input(case, strategy):
     max_length, pairs, max_images = case
     lengths = [length for length, _ in pairs]
     images = [count for _, count in pairs]
-    packs = pack(lengths, max_length, strategy, images, max_images)
+    packs = pack(
+        lengths,
+        max_length=max_length,
+        strategy=strategy,
+        image_counts=images,
+        max_images=max_images,
+    )
     # every index exactly once
     assert sorted(i for p in packs for i in p) == list(range(len(lengths)))
     assert all(p for p in packs)
@@ -153,11 +162,20 @@ def test_packs_are_valid_whatever_the_input(case, strategy):
     assert all(sum(lengths[i] for i in p) <= max_length for p in packs)
     assert all(sum(images[i] for i in p) <= max_images for p in packs)
     # deterministic
-    assert pack(lengths, max_length, strategy, images, max_images) == packs
+    assert (
+        pack(
+            lengths,
+            max_length=max_length,
+            strategy=strategy,
+            image_counts=images,
+            max_images=max_images,
+        )
+        == packs
+    )
     if strategy in ("binpack", "bfd"):
         # first/best fit never leaves two packs both at most half full (token-only packing)
-        token_packs = pack(lengths, max_length, strategy)
-        loads = pack_loads(token_packs, lengths)
+        token_packs = pack(lengths, max_length=max_length, strategy=strategy)
+        loads = np.array([sum(lengths[i] for i in p) for p in token_packs])
         assert (loads * 2 <= max_length).sum() <= 1
         assert len(token_packs) < 2 * sum(lengths) / max_length + 1
         assert len(token_packs) >= lower_bound(lengths, max_length)
@@ -166,12 +184,20 @@ def test_packs_are_valid_whatever_the_input(case, strategy):
 def assert_fast_packers_match_the_readable_ones(lengths, max_length, images, max_images):
     budgets = Budgets(max_length, max_images)
     for strategy in FIT_DECREASING:
-        assert pack(lengths, max_length, strategy, images, max_images) == reference_fit_decreasing(
-            lengths, budgets, images, strategy=strategy
-        )
+        assert pack(
+            lengths,
+            max_length=max_length,
+            strategy=strategy,
+            image_counts=images,
+            max_images=max_images,
+        ) == fit_decreasing(lengths, budgets, images, strategy=strategy)
     assert pack(
-        lengths, max_length, "balanced_greedy", images, max_images
-    ) == reference_balanced_greedy(lengths, budgets, images)
+        lengths,
+        max_length=max_length,
+        strategy="balanced_greedy",
+        image_counts=images,
+        max_images=max_images,
+    ) == balanced_greedy(lengths, budgets, images)
 
 
 @settings(max_examples=100, deadline=None)
@@ -206,10 +232,16 @@ def test_fast_packers_match_the_readable_reference_on_long_runs(case):
 def test_fast_packers_place_a_run_of_identical_items_in_bulk():
     # max_length 10, five items of 4 tokens: 2 per pack, the last pack half full
     for strategy in ("binpack", "bfd", "images_first_bfd"):
-        assert pack([4] * 5, 10, strategy) == [[0, 1], [2, 3], [4]]
+        assert pack([4] * 5, max_length=10, strategy=strategy) == [[0, 1], [2, 3], [4]]
     # With 1 image each and 1 image a pack, the image budget caps a pack at one item: 6 tokens of
     # room stay in each pack, and the next run (3 tokens, no images) fills them two by two
-    items, starts = pack_flat([4, 4, 3, 3, 3, 3], 10, "binpack", [1, 1, 0, 0, 0, 0], 1)
+    items, starts = pack_flat(
+        [4, 4, 3, 3, 3, 3],
+        max_length=10,
+        strategy="binpack",
+        image_counts=[1, 1, 0, 0, 0, 0],
+        max_images=1,
+    )
     assert items.tolist() == [0, 2, 3, 1, 4, 5]
     assert starts.tolist() == [0, 3, 6]
 
@@ -220,9 +252,17 @@ def test_same_room_bfd_takes_the_lower_number_images_first_the_more_image_slots(
     # image fits both, same room 4: binpack and bfd take A (lower number), images_first_bfd B
     # (more image slots left)
     lengths, images = [6, 6, 3], [2, 1, 1]
-    assert pack(lengths, 10, "binpack", images, 3) == [[0, 2], [1]]
-    assert pack(lengths, 10, "bfd", images, 3) == [[0, 2], [1]]
-    assert pack(lengths, 10, "images_first_bfd", images, 3) == [[0], [1, 2]]
+    assert pack(lengths, max_length=10, strategy="binpack", image_counts=images, max_images=3) == [
+        [0, 2],
+        [1],
+    ]
+    assert pack(lengths, max_length=10, strategy="bfd", image_counts=images, max_images=3) == [
+        [0, 2],
+        [1],
+    ]
+    assert pack(
+        lengths, max_length=10, strategy="images_first_bfd", image_counts=images, max_images=3
+    ) == [[0], [1, 2]]
 
 
 def test_images_first_bfd_mixes_images_where_length_order_cannot():
@@ -231,10 +271,23 @@ def test_images_first_bfd_mixes_images_where_length_order_cannot():
     # packs of their own; images_first_bfd pairs each long text sample with an image sample.
     lengths = [7, 7, 7, 7, 3, 3, 3, 3]
     images = [0, 0, 0, 0, 2, 2, 2, 2]
-    assert len(pack(lengths, 10, "images_first_bfd", images, 2)) == 4  # the lower bound: 40 / 10
+    assert (
+        len(
+            pack(
+                lengths,
+                max_length=10,
+                strategy="images_first_bfd",
+                image_counts=images,
+                max_images=2,
+            )
+        )
+        == 4
+    )  # the lower bound: 40 / 10
     assert all(
         sorted(images[i] for i in p) == [0, 2]
-        for p in pack(lengths, 10, "images_first_bfd", images, 2)
+        for p in pack(
+            lengths, max_length=10, strategy="images_first_bfd", image_counts=images, max_images=2
+        )
     )
 
 
@@ -242,7 +295,13 @@ def test_images_first_bfd_mixes_images_where_length_order_cannot():
 
 # The module docstring's example: three samples of 3 tokens and 1 image, of 400, 300 and 500
 # patches; max_length 10, 3 images and 800 patches a pack.
-PATCH_EXAMPLE = ([3, 3, 3], 10, [1, 1, 1], 3, [400, 300, 500], 800)
+PATCH_EXAMPLE = {
+    "max_length": 10,
+    "image_counts": [1, 1, 1],
+    "max_images": 3,
+    "patch_counts": [400, 300, 500],
+    "max_patches": 800,
+}
 
 
 @pytest.mark.parametrize(
@@ -259,28 +318,46 @@ PATCH_EXAMPLE = ([3, 3, 3], 10, [1, 1, 1], 3, [400, 300, 500], 800)
     ],
 )
 def test_patch_budget_binds_for_every_strategy(strategy, expected):
-    lengths, max_length, images, max_images, patches, max_patches = PATCH_EXAMPLE
-    assert pack(lengths, max_length, strategy, images, max_images, patches, max_patches) == expected
+    assert pack([3, 3, 3], strategy=strategy, **PATCH_EXAMPLE) == expected
     # without it, the tokens (9) and images (3) fit in one pack
-    assert len(pack(lengths, max_length, strategy, images, max_images)) == 1
+    without = {**PATCH_EXAMPLE, "patch_counts": None, "max_patches": None}
+    assert len(pack([3, 3, 3], strategy=strategy, **without)) == 1
 
 
 def test_balanced_greedy_honours_the_patch_budget(monkeypatch):
     # With no extra packs: lower bound 1 pack, A. Longest first, ties by index: 400 -> A;
     # 300 -> A (700); 500 -> A? 1,200 > 800 -> a new pack B
     monkeypatch.setattr(packing, "BALANCED_GREEDY_EXTRA_PACKS", 0)
-    assert pack(*PATCH_EXAMPLE[:2], "balanced_greedy", *PATCH_EXAMPLE[2:]) == [[0, 1], [2]]
+    assert pack([3, 3, 3], strategy="balanced_greedy", **PATCH_EXAMPLE) == [[0, 1], [2]]
 
 
 def test_images_first_bfd_weighs_the_patches_share_too():
     # max_length 10, 2 images, 1,000 patches a pack; lengths 6, 2, one image each, 100 and 900
     # patches. Shares without patches: 6/10 + 1/2 = 1.1 before 2/10 + 1/2 = 0.7; with them
     # 1.1 + 0.1 = 1.2 after 0.7 + 0.9 = 1.6: the patch-heavy sample goes first
-    assert pack([6, 2], 10, "images_first_bfd", [1, 1], 2) == [[0, 1]]
-    assert pack([6, 2], 10, "images_first_bfd", [1, 1], 2, [100, 900], 1000) == [[1, 0]]
+    assert pack(
+        [6, 2], max_length=10, strategy="images_first_bfd", image_counts=[1, 1], max_images=2
+    ) == [[0, 1]]
+    assert pack(
+        [6, 2],
+        max_length=10,
+        strategy="images_first_bfd",
+        image_counts=[1, 1],
+        max_images=2,
+        patch_counts=[100, 900],
+        max_patches=1000,
+    ) == [[1, 0]]
     # max_length 10, 4 images, 1,000 patches; (5 tokens, 900 patches) -> A (100 patches left);
     # (3, 600) -> A? no patches -> B; (2, 100) fits A (5 tokens of room) and B (7): tightest, A
-    assert pack([2, 5, 3], 10, "images_first_bfd", [1, 1, 1], 4, [100, 900, 600], 1000) == [
+    assert pack(
+        [2, 5, 3],
+        max_length=10,
+        strategy="images_first_bfd",
+        image_counts=[1, 1, 1],
+        max_images=4,
+        patch_counts=[100, 900, 600],
+        max_patches=1000,
+    ) == [
         [1, 0],
         [2],
     ]
@@ -296,11 +373,11 @@ def test_budget_shares_rank_exactly_when_the_products_would_overflow():
 
 def test_items_over_the_patch_budget_are_named():
     with pytest.raises(ValueError, match=r"item 1 \(length 2, 0 images, 900 patches\) .*patch"):
-        pack([3, 2], 10, "bfd", patch_counts=[100, 900], max_patches=800)
+        pack([3, 2], max_length=10, strategy="bfd", patch_counts=[100, 900], max_patches=800)
     with pytest.raises(ValueError, match="negative patch count"):
-        pack([3, 2], 10, "bfd", patch_counts=[1, -1], max_patches=800)
+        pack([3, 2], max_length=10, strategy="bfd", patch_counts=[1, -1], max_patches=800)
     with pytest.raises(ValueError, match="2 lengths but 1 patch counts"):
-        pack([3, 2], 10, "bfd", patch_counts=[1], max_patches=800)
+        pack([3, 2], max_length=10, strategy="bfd", patch_counts=[1], max_patches=800)
 
 
 def test_the_patch_engine_with_no_patches_gives_todays_packs():
@@ -309,8 +386,21 @@ def test_the_patch_engine_with_no_patches_gives_todays_packs():
     for _ in range(50):
         lengths, images = rng.integers(1, 40, 200), rng.integers(0, 3, 200)
         for strategy in STRATEGIES:
-            today = pack(lengths, 40, strategy, images, 4)
-            assert pack(lengths, 40, strategy, images, 4, [0] * 200, 100) == today
+            today = pack(
+                lengths, max_length=40, strategy=strategy, image_counts=images, max_images=4
+            )
+            assert (
+                pack(
+                    lengths,
+                    max_length=40,
+                    strategy=strategy,
+                    image_counts=images,
+                    max_images=4,
+                    patch_counts=[0] * 200,
+                    max_patches=100,
+                )
+                == today
+            )
 
 
 three_budgets = st.integers(min_value=1, max_value=64).flatmap(
@@ -335,24 +425,49 @@ def unzip(triples):
 def test_packs_respect_every_budget_whatever_the_input(case, strategy):
     max_length, triples, max_images, max_patches = case
     lengths, images, patches = unzip(triples)
-    packs = pack(lengths, max_length, strategy, images, max_images, patches, max_patches)
+    packs = pack(
+        lengths,
+        max_length=max_length,
+        strategy=strategy,
+        image_counts=images,
+        max_images=max_images,
+        patch_counts=patches,
+        max_patches=max_patches,
+    )
     assert sorted(i for p in packs for i in p) == list(range(len(lengths)))  # every item once
     assert all(p for p in packs)
     for sizes, budget in ((lengths, max_length), (images, max_images), (patches, max_patches)):
         assert all(sum(sizes[i] for i in p) <= budget for p in packs)
-    assert pack(lengths, max_length, strategy, images, max_images, patches, max_patches) == packs
+    assert (
+        pack(
+            lengths,
+            max_length=max_length,
+            strategy=strategy,
+            image_counts=images,
+            max_images=max_images,
+            patch_counts=patches,
+            max_patches=max_patches,
+        )
+        == packs
+    )
 
 
 def assert_patch_engine_matches_the_readable_loops(
     lengths, max_length, images, max_images, patches, max_patches
 ):
-    flags = (images, max_images, patches, max_patches)
+    flags = {
+        "max_length": max_length,
+        "image_counts": images,
+        "max_images": max_images,
+        "patch_counts": patches,
+        "max_patches": max_patches,
+    }
     budgets = Budgets(max_length, max_images, max_patches)
     for strategy in FIT_DECREASING:
-        assert pack(lengths, max_length, strategy, *flags) == reference_fit_decreasing(
+        assert pack(lengths, strategy=strategy, **flags) == fit_decreasing(
             lengths, budgets, images, patches, strategy=strategy
         )
-    assert pack(lengths, max_length, "balanced_greedy", *flags) == reference_balanced_greedy(
+    assert pack(lengths, strategy="balanced_greedy", **flags) == balanced_greedy(
         lengths, budgets, images, patches
     )
 

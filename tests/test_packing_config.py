@@ -10,11 +10,10 @@ import pytest
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Weights
-from mmdp.planning.buffer import pack_buffer
-from mmdp.planning.planner import plan_epoch
+from mmdp.planning.planner import pack_buffer, plan_epoch
 
 CONFIG = PackingConfig(max_length=8, max_images=2, packs_per_batch=2, strategy="binpack", seed=3)
 WEIGHTS = Weights.from_lists([3, 6, 2, 5, 7, 1, 4, 4, 9], [0, 1, 2, 0, 1, 3, 0, 1, 0])
@@ -51,9 +50,13 @@ def rows():
 
 def test_both_loaders_save_the_config_and_refuse_another_one_the_same_way(rows, tokenizer):
     config = PackingConfig(max_length=512, packs_per_batch=2, buffer_size=30)
-    planned = PackedDataLoader(PackedDataset(VQADataset(rows, tokenizer), config), num_workers=0)
+    planned = PackedDataLoader(
+        PackedDataset(VQADataset(rows, tokenizer), config=config), num_workers=0
+    )
     stream = rows.to_iterable_dataset(num_shards=1)
-    streamed = StreamingDataLoader(StreamingPackedDataset(stream, tokenizer, config), num_workers=0)
+    streamed = StreamingDataLoader(
+        StreamingPackedDataset(stream, tokenizer, config=config), num_workers=0
+    )
     for loader in (planned, streamed):
         assert loader.dataset.max_length == 512 and loader.dataset.config is config
         state = loader.state_dict()
@@ -61,11 +64,15 @@ def test_both_loaders_save_the_config_and_refuse_another_one_the_same_way(rows, 
     other = dataclasses.replace(config, seed=1)
     for loader, state in (
         (
-            PackedDataLoader(PackedDataset(VQADataset(rows, tokenizer), other), num_workers=0),
+            PackedDataLoader(
+                PackedDataset(VQADataset(rows, tokenizer), config=other), num_workers=0
+            ),
             planned.state_dict(),
         ),
         (
-            StreamingDataLoader(StreamingPackedDataset(stream, tokenizer, other), num_workers=0),
+            StreamingDataLoader(
+                StreamingPackedDataset(stream, tokenizer, config=other), num_workers=0
+            ),
             streamed.state_dict(),
         ),
     ):

@@ -1,16 +1,12 @@
-"""The packers' fast paths (issue 29) held to the readable loops, and the planner's processes
+"""The packers' fast paths (issue 29) held to the oracles' loops (tests/packing_oracles.py), and the planner's processes
 held to one process: same packs, same plan."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from packing_oracles import fit_decreasing, greedy
 
-from mmdp.packing.packers import (
-    FIT_DECREASING,
-    pack,
-    pack_greedy,
-    reference_fit_decreasing,
-)
+from mmdp.packing.packers import FIT_DECREASING, pack
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Budgets, Weights
 from mmdp.planning import planner
@@ -45,19 +41,21 @@ def test_greedy_a_pack_at_a_time_matches_the_item_by_item_loop(case):
     lengths, budgets, images, patches = columns(case)
     assert pack(
         lengths,
-        budgets.max_length,
-        "greedy",
-        images,
-        budgets.max_images,
-        patches,
-        budgets.max_patches,
-    ) == pack_greedy(lengths, budgets, images, patches)
+        max_length=budgets.max_length,
+        strategy="greedy",
+        image_counts=images,
+        max_images=budgets.max_images,
+        patch_counts=patches,
+        max_patches=budgets.max_patches,
+    ) == greedy(lengths, budgets, images, patches)
 
 
 def test_greedy_ends_a_pack_where_either_budget_would_pass():
     # max_length 8, 2 images a pack: 3 (1 image) + 4 (1 image) = 7 tokens, 2 images; the next,
     # 1 token with 1 image, fits the tokens (8) but not the images (3): a new pack
-    assert pack([3, 4, 1, 6, 2], 8, "greedy", [1, 1, 1, 0, 0], 2) == [[0, 1], [2, 3], [4]]
+    assert pack(
+        [3, 4, 1, 6, 2], max_length=8, strategy="greedy", image_counts=[1, 1, 1, 0, 0], max_images=2
+    ) == [[0, 1], [2, 3], [4]]
 
 
 @settings(max_examples=100, deadline=None)
@@ -68,16 +66,20 @@ def test_items_over_half_the_budget_open_their_own_packs_as_the_loop_does(case):
     lengths, budgets, images, _ = columns(case)
     max_length, max_images = budgets.max_length, budgets.max_images
     for strategy in FIT_DECREASING:
-        assert pack(lengths, max_length, strategy, images, max_images) == reference_fit_decreasing(
-            lengths, Budgets(max_length, max_images), images, strategy=strategy
-        )
+        assert pack(
+            lengths,
+            max_length=max_length,
+            strategy=strategy,
+            image_counts=images,
+            max_images=max_images,
+        ) == fit_decreasing(lengths, Budgets(max_length, max_images), images, strategy=strategy)
 
 
 def test_the_long_items_each_open_a_pack_then_the_runs_fill_them():
     # max_length 8: 6 and 5 are longer than 4, each opens a pack (rooms 2 and 3); binpack puts 3
     # into the first pack with room (pack 1), 2 into pack 0; bfd the same, by tightest room
     for strategy in FIT_DECREASING:
-        assert pack([6, 5, 3, 2], 8, strategy) == [[0, 3], [1, 2]]
+        assert pack([6, 5, 3, 2], max_length=8, strategy=strategy) == [[0, 3], [1, 2]]
 
 
 def random_weights(rows: int, seed: int = 0) -> Weights:

@@ -54,9 +54,9 @@ def digests(rows, tokenizer, prepared_at=None, **settings) -> list[str]:
     samples = VQADataset(rows, tokenizer)
     config = PackingConfig(packs_per_batch=2)
     if prepared_at is None:
-        packed = PackedDataset(samples, config, **settings)
+        packed = PackedDataset(samples, config=config, **settings)
     else:
-        packed = PackedDataset.from_prepared(prepared_at, samples, config, **settings)
+        packed = PackedDataset.from_prepared(prepared_at, samples, config=config, **settings)
     return batch_digests(PackedDataLoader(packed, num_workers=0))
 
 
@@ -121,7 +121,7 @@ def test_a_prepared_dataset_made_for_another_run_is_refused_naming_both_values(
         image_token_length=run.get("image_token_length", 64),
     )
     with pytest.raises(UserError) as refused:
-        PackedDataset.from_prepared(tmp_path, samples, PackingConfig(**budgets))
+        PackedDataset.from_prepared(tmp_path, samples, config=PackingConfig(**budgets))
     sentence = str(refused.value)
     assert f"made with {theirs}" in sentence and f"but this run has {ours};" in sentence
     assert ". " not in sentence and "\n" not in sentence
@@ -229,7 +229,7 @@ def test_two_ranks_read_from_an_s3_server_weigh_nothing_and_get_the_batches_of_a
         local = PackedDataset.from_prepared(
             tmp_path / "local",
             VQADataset(rows, tokenizer),
-            PackingConfig(packs_per_batch=2),
+            config=PackingConfig(packs_per_batch=2),
             rank=rank,
             world_size=2,
         )

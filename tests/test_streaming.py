@@ -1,4 +1,4 @@
-"""Stage 5 from a stream (mmdp.loading.streaming.loader): every row yielded once or counted,
+"""Stage 5 from a stream (mmdp.loading.streaming): every row yielded once or counted,
 ranks and workers without repeats, ranks that stop together, exact resume, and samples kept apart in
 a pack.
 
@@ -26,7 +26,7 @@ from mmdp.drop_reasons import (
     TOO_MANY_IMAGES,
     UNDECODABLE_IMAGE,
 )
-from mmdp.loading.streaming.loader import (
+from mmdp.loading.streaming import (
     ReaderState,
     StreamingDataLoader,
     StreamingPackedDataset,
@@ -36,7 +36,7 @@ from mmdp.models.inputs import model_inputs
 from mmdp.packing.packers import STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Weights
-from mmdp.planning.buffer import pack_buffer
+from mmdp.planning.planner import pack_buffer
 from mmdp.report.pack_report import PackReport
 
 IMAGE_SIZE = 16  # tiny images keep these tests fast; nothing here depends on the size
@@ -109,7 +109,7 @@ def streamed(rows, tokenizer, **kwargs) -> StreamingPackedDataset:
     config, rest = config_and_rest(
         {**defaults, "buffer_size": 40, "image_size": IMAGE_SIZE, **kwargs}
     )
-    return StreamingPackedDataset(rows, tokenizer, config, **rest)
+    return StreamingPackedDataset(rows, tokenizer, config=config, **rest)
 
 
 def rows_in(batch: dict, tokenizer) -> list[int]:
@@ -385,7 +385,7 @@ def test_when_another_rank_runs_out_this_rank_counts_what_it_held(monkeypatch, r
         return have_one and len(steps) < 5
 
     monkeypatch.setattr(
-        "mmdp.loading.streaming.loader.all_ranks_have_a_batch",
+        "mmdp.loading.streaming.all_ranks_have_a_batch",
         other_rank_runs_out_at_step_5,
     )
     dataset = streamed(rows, tokenizer, rank=1, world_size=2, buffer_size=20)

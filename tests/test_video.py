@@ -402,7 +402,7 @@ def test_a_video_counts_against_the_patch_budget_whole_and_a_broken_one_is_count
     dataset = Dataset.from_list(rows, features=VIDEO_FEATURES)
     config = PackingConfig(max_length=1024, max_patches=max_patches, packs_per_batch=2)
     packed = PackedDataset(
-        VQADataset(dataset, tiny_family.processor), config, pretokenize=pretokenize
+        VQADataset(dataset, tiny_family.processor), config=config, pretokenize=pretokenize
     )
     batches = list(PackedDataLoader(packed, num_workers=0))
     assert packed.plan().dropped == {"too_many_patches": len(over), UNDECODABLE_VIDEO: 1}

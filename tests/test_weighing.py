@@ -24,9 +24,9 @@ from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.drop_reasons import CODE
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
-from mmdp.loading.row_tokens import RowTokens
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.weighing import weigh as weighing
+from mmdp.weighing.row_tokens import RowTokens
 from mmdp.weighing.weigh import TOKEN_FEATURES, environment_kept, weigh_rows
 
 
@@ -132,8 +132,10 @@ def test_pretokenized_rows_give_the_same_samples_and_batches(rows, tokenizer, fr
         assert weighing.tokens[index]["labels"] == labels.tolist()
     samples = VQADataset(rows, tokenizer, image_size=16)
     config = PackingConfig(max_length=512, packs_per_batch=4)
-    plain = list(PackedDataLoader(PackedDataset(samples, config), num_workers=0))
-    fast = list(PackedDataLoader(PackedDataset(samples, config, pretokenize=True), num_workers=2))
+    plain = list(PackedDataLoader(PackedDataset(samples, config=config), num_workers=0))
+    fast = list(
+        PackedDataLoader(PackedDataset(samples, config=config, pretokenize=True), num_workers=2)
+    )
     assert len(plain) == len(fast)
     for a, b in zip(plain, fast):
         assert a.keys() == b.keys()
@@ -191,7 +193,7 @@ def test_row_tokens_are_the_rows_tokens_across_chunks_slices_and_a_selection():
 
 def test_workers_receive_this_ranks_plan_not_every_rows_weights(rows, tokenizer, fresh_cache):
     dataset = PackedDataset(
-        VQADataset(rows, tokenizer, image_size=16), PackingConfig(packs_per_batch=2)
+        VQADataset(rows, tokenizer, image_size=16), config=PackingConfig(packs_per_batch=2)
     )
     expected = [
         batch["sample_index"].tolist() for batch in PackedDataLoader(dataset, num_workers=0)

@@ -187,7 +187,7 @@ def trainer_on_a_stream(module, out: str) -> dict:
     from transformers import TrainingArguments
 
     from mmdp.data.tokenizer import get_tokenizer
-    from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+    from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
     from mmdp.training.examples import IMAGE_SIZE, model_weights_digest, tiny_vlm
     from mmdp.training.trainer import MMDPTrainer
 
@@ -195,7 +195,7 @@ def trainer_on_a_stream(module, out: str) -> dict:
         tokenizer = get_tokenizer()
         rows = load_vqa_dataset(None, num_rows=52).to_iterable_dataset(num_shards=4)
         config = PackingConfig(max_length=256, packs_per_batch=2, buffer_size=16)
-        dataset = StreamingPackedDataset(rows, tokenizer, config, image_size=IMAGE_SIZE)
+        dataset = StreamingPackedDataset(rows, tokenizer, config=config, image_size=IMAGE_SIZE)
         loader = StreamingDataLoader(dataset, num_workers=0)
         model, inputs = tiny_vlm(tokenizer, seed=0)
         module.untie_output_layer(model)
@@ -280,7 +280,7 @@ def torchrun_extras(module, model, batches, inputs, expected) -> dict:
 
     own = PackedDataset(
         loader.dataset.dataset,
-        PackingConfig(max_length=256, packs_per_batch=2),
+        config=PackingConfig(max_length=256, packs_per_batch=2),
         group=groups[dist.get_rank()],
     )
     rows = [b["sample_index"].tolist() for b in PackedDataLoader(own, num_workers=0)]
@@ -296,7 +296,7 @@ def accelerate_refusals(args_ns) -> dict:
     from accelerate import Accelerator
     from accelerate.data_loader import prepare_data_loader
 
-    from mmdp.loading.streaming.loader import StreamingDataLoader, StreamingPackedDataset
+    from mmdp.loading.streaming import StreamingDataLoader, StreamingPackedDataset
 
     accelerator = Accelerator(cpu=True)
     loader, tokenizer = make_loader(args_ns, rank=dist.get_rank(), world_size=2)

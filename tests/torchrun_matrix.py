@@ -149,7 +149,9 @@ def make_loader(case: Case, rank: int, world_size: int) -> PackedDataLoader:
     if (rank, world_size) not in case.loaders:
         dataset = PackedDataset(
             case.samples,
-            PackingConfig(max_length=case.max_length, packs_per_batch=PACKS_PER_BATCH, seed=0),
+            config=PackingConfig(
+                max_length=case.max_length, packs_per_batch=PACKS_PER_BATCH, seed=0
+            ),
             rank=rank,
             world_size=world_size,
         )

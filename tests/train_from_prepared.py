@@ -33,7 +33,7 @@ def main():
     dist.init_process_group("gloo")
     rows = load_vqa_dataset(None, num_rows=NUM_ROWS)
     packed = PackedDataset.from_prepared(
-        sys.argv[1], VQADataset(rows, get_tokenizer()), PackingConfig(packs_per_batch=2)
+        sys.argv[1], VQADataset(rows, get_tokenizer()), config=PackingConfig(packs_per_batch=2)
     )
     result = {
         "weighed": packed.weighing.rows_weighed_here,

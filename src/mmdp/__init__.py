@@ -11,7 +11,7 @@ imported the first time the name is used). The house, one room per job:
                 PackingConfig
     weighing/   what every row weighs, once (cached, prepared, shared over ranks)
     planning/   an epoch's packs, batches and ranks from the weights
-    loading/    the planned packs built in DataLoader workers (PackedDataset; streaming/)
+    loading/    the planned packs built in DataLoader workers (PackedDataset; streaming)
     batch       the batch contract: what a packed batch holds and how it is collated
     models/     TinyVLM and the attention a packed batch needs
     training/   stage 6: the loss, the loop, DDP, Trainer and accelerate recipes
@@ -49,7 +49,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "mmdp.planning.planner": ["EpochPlan", "plan_epoch"],
         "mmdp.planning.grouping": ["ModalityLengthBatchSampler"],  # examples/group_by_length.py
         "mmdp.loading.packed_dataset": ["PackedDataset", "PackedDataLoader"],
-        "mmdp.loading.streaming.loader": ["StreamingPackedDataset", "StreamingDataLoader"],
+        "mmdp.loading.streaming": ["StreamingPackedDataset", "StreamingDataLoader"],
         # the batch contract
         "mmdp.batch": ["collate_packs", "real_token_mask", "sample_ids"],
         "mmdp.models.inputs": ["model_inputs"],

@@ -1,6 +1,6 @@
 """The batch contract: what a packed batch holds, how one is built and collated, and the keys a
 model takes (mmdp.models.inputs). Both loaders (mmdp.loading.packed_dataset,
-mmdp.loading.streaming.loader) build their batches here, and every consumer reads them
+mmdp.loading.streaming) build their batches here, and every consumer reads them
 through the functions here.
 
 A batch of B packs, each a row of L = max_length tokens:
@@ -179,12 +179,6 @@ def collate_packs(packs: list[dict], family=None) -> dict:
     Packs marked `filler` (a rank's filler batch, mmdp.planning.planner) make a
     `filler_batch`.
     """
-    batch = stack_packs(packs, family)
-    return filler_batch(batch) if packs[0].get("filler") else batch
-
-
-def stack_packs(packs: list[dict], family=None) -> dict:
-    """collate_packs, before a filler's labels are masked."""
     batch_indices = {p["batch_index"] for p in packs}
     assert len(batch_indices) == 1, f"packs of several planned batches collated: {batch_indices}"
     max_length = len(packs[0]["input_ids"])
@@ -207,7 +201,7 @@ def stack_packs(packs: list[dict], family=None) -> dict:
         for p in packs
         for vision, count in zip(p["vision"], p["image_counts"])
     ]
-    return {
+    batch = {
         "input_ids": torch.stack([p["input_ids"] for p in packs]),
         "labels": torch.stack([p["labels"] for p in packs]),
         # [B, L], or [4, B, L] for Qwen-VL's 4-row positions
@@ -243,6 +237,7 @@ def stack_packs(packs: list[dict], family=None) -> dict:
             else {}
         ),
     }
+    return filler_batch(batch) if packs[0].get("filler") else batch
 
 
 def filler_batch(batch: dict) -> dict:

@@ -41,7 +41,7 @@ TOO_MANY_PATCHES = "too_many_patches"  # more vision-encoder patches than max_pa
 LEFT_OUT_TO_EQUALISE_RANKS = "left_out_to_equalise_ranks"
 
 # Read from a stream by one rank but not yielded, because another rank's share ran out first and
-# every rank stops at the same step (mmdp.loading.streaming.loader): the batch in hand and
+# every rank stops at the same step (mmdp.loading.streaming): the batch in hand and
 # the rest of its buffer.
 HELD_WHEN_RANKS_STOPPED = "held_when_ranks_stopped"
 

@@ -1,6 +1,5 @@
 """Ranks: which rank this is, and whether every rank still has a batch. Both loaders (planned and
-streaming) use these, and stage 3's grouped batches; and whether a stream has shards enough for
-ranks x workers (sharding_warning).
+streaming) use these, and stage 3's grouped batches.
 """
 
 import os
@@ -110,51 +109,3 @@ def silent_ranks(group, tag: str, wait_seconds: float = 5.0) -> str:
     if not silent:
         return "another rank"
     return ("rank " if len(silent) == 1 else "ranks ") + ", ".join(map(str, silent))
-
-
-def sharding_warning(
-    total_shards: int | None, rank_shards: int | None, world_size: int, num_workers: int, kind: str
-) -> str | None:
-    """Why a stream is read more slowly than it could be by ranks x workers, or None.
-
-    `total_shards`: the stream's shards (None for a plain iterable, `kind` its type name);
-    `rank_shards`: the shards of this rank's share.
-
-    >>> sharding_warning(8, 4, world_size=2, num_workers=4, kind="IterableDataset") is None
-    True
-    >>> note = sharding_warning(3, 3, world_size=1, num_workers=4, kind="IterableDataset")
-    >>> print(note)  # doctest: +NORMALIZE_WHITESPACE
-    the stream has too few shards for ranks x workers: a rank has 3 shard(s) for 4 DataLoader
-    workers, so 1 worker(s) per rank stay idle. Correct, but slower: use a multiple of 4 shards
-    (more parquet files, or IterableDataset.reshard())
-    """
-    workers = max(num_workers, 1)
-    readers = world_size * workers
-    if total_shards is None:
-        if readers == 1:
-            return None
-        return (
-            f"a {kind} has no shards: each of the {readers} readers ({world_size} rank(s) x "
-            f"{workers} worker(s)) reads every row and keeps 1 in {readers}. Correct, but the "
-            f"stream is read {readers} times; a datasets.IterableDataset with a multiple of "
-            f"{readers} shards is read once"
-        )
-    notes = []
-    if world_size > 1 and total_shards % world_size:
-        notes.append(
-            f"its {total_shards} shard(s) are not a multiple of the {world_size} ranks, so every "
-            f"rank reads every row and keeps 1 in {world_size}"
-        )
-    if rank_shards < workers:
-        notes.append(
-            f"a rank has {rank_shards} shard(s) for {workers} DataLoader workers, so "
-            f"{workers - rank_shards} worker(s) per rank stay idle"
-        )
-    if not notes:
-        return None
-    return (
-        "the stream has too few shards for ranks x workers: "
-        + "; ".join(notes)
-        + f". Correct, but slower: use a multiple of {readers} shards (more parquet files, or "
-        "IterableDataset.reshard())"
-    )

@@ -15,7 +15,6 @@ vqa_dataset   VQADataset: one row in, one sample out (stage 2's map-style datase
 padding       NaivePadCollator (stage 2), ConstrainedPadCollator (stage 3)
 mixture       a mixture of sources: shares, loss weights, label policies (which rows make
               an epoch: mmdp.planning.source_shares)
-bad_rows      with_bad_rows(): the fault suite's bad rows, mixed into good ones
 families      the model families: what each processor makes of a row (base; tiny: TinyVLM's;
               one module per real family), family_for(processor)
 """

@@ -2,9 +2,8 @@
 The batch they yield is mmdp.batch's contract (build_pack, collate_packs).
 
 packed_dataset  PackedDataset, PackedDataLoader: stage 5, planned up front
-row_tokens      each row's pre-computed tokens (pretokenize=True)
 background      iterate_in_background(): the blog's producer-consumer thread, done safely
 workers         a failed DataLoader worker named in one sentence
 guards          why the loaders refuse to be wrapped by another loader
-streaming/      stage 5 from a stream (loader, dataset, reader)
+streaming       StreamingPackedDataset, StreamingDataLoader: stage 5 from a stream
 """

@@ -23,6 +23,7 @@ yielded twice or lost. Images are decoded only for packs about to be yielded.
 The packs and batches it yields are described in mmdp.batch (the batch contract).
 """
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -38,8 +39,6 @@ from mmdp.loading.guards import (
     RefusesAcceleratePrepare,
     iterated_elsewhere,
 )
-from mmdp.loading.overflow import fit_over_long, truncate_sample
-from mmdp.loading.row_tokens import RowTokens
 from mmdp.loading.workers import check_temp_folder, name_failed_worker
 from mmdp.packing.packing_config import (
     PackingConfig,
@@ -47,39 +46,46 @@ from mmdp.packing.packing_config import (
     check_resume,
     default_config,
 )
-from mmdp.planning.held_out import eval_split
-from mmdp.planning.planner import EpochPlan, plan_epoch
+from mmdp.planning.planner import EpochPlan, eval_split, plan_epoch
 from mmdp.ranks import rank_and_world_size
+from mmdp.weighing.overflow import fit_over_long, truncate_sample
 from mmdp.weighing.prepared import load_prepared
-from mmdp.weighing.weigh import cache_key, weigh_rows
+from mmdp.weighing.row_tokens import RowTokens
+from mmdp.weighing.weigh import Weighing, cache_key, weigh_rows
 
 
 class PackedDataset(PackingSettings, IterableDataset):
-    """Packs a VQADataset into fixed-length rows under a token budget (max_length) and two
-    vision budgets: images (max_images) and the vision encoder's patches (max_patches, None: no
-    patch budget), as `config` (a PackingConfig) says; `dataset.max_length` and the other fields
-    read it. Without a config, the model family's budgets (`default_config(family)`: Qwen-VL's
-    2,048 tokens and 8,192 patches a pack, TinyVLM's 512 tokens).
+    """Packs a VQADataset into fixed-length rows under a token budget (max_length) and two vision
+    budgets, images (max_images) and the vision encoder's patches (max_patches); the config's
+    fields read as the dataset's own (`dataset.max_length`). Use it with `PackedDataLoader` (or a
+    DataLoader with batch_size=packs_per_batch and collate_fn=dataset.collate). Works unchanged
+    under torchrun.
 
-    Use it with `PackedDataLoader` (or a DataLoader with batch_size=packs_per_batch and
-    collate_fn=dataset.collate). Works unchanged under torchrun: rank and world size come from
-    torch.distributed when it is initialised. With tensor or pipeline parallelism, pass the
-    data-parallel process group (`group=mesh.get_group("dp")`) or `rank` and `world_size`: the
-    ranks that share a model replica's shard must read the same batches.
-
-    mixture (a mmdp.planning.source_shares.MixturePlan, with a VQADataset made with the same
-    MixedRows): each epoch takes every source's share of the rows, balanced across ranks per
-    source.
-
-    pretokenize=True keeps every sample's input_ids and labels from the weighing pass (cached
-    with the weights), so that building a pack only slices them and decodes images.
-
-    prepared=URL (or `PackedDataset.from_prepared(URL, dataset)`): weigh nothing, read the
-    weights (and the tokens, when prepared with them) that `uv run -m mmdp.prepare` wrote there.
-
-    eval_ratio=R: hold out R of the rows (R of each source's, in a mixture) for evaluation; this
-    dataset trains on the rest, and `eval_dataset()` packs the held-out rows, every one once
-    (mmdp.planning.held_out.eval_split: the same rows on every rank, from the seed alone).
+    Args:
+        dataset: the samples (a VQADataset).
+        config: a PackingConfig (budgets, packs per batch, strategy, seed, overflow). Default:
+            the model family's budgets, `default_config(family)` (Qwen-VL's 2,048 tokens and
+            8,192 patches a pack, TinyVLM's 512 tokens).
+        rank, world_size, group: the data-parallel rank and size, or their process group.
+            Default: torch.distributed's when it is initialised, else (0, 1). With tensor or
+            pipeline parallelism pass the data-parallel group (`mesh.get_group("dp")`): the
+            ranks that share a model replica's shard must read the same batches.
+        max_queued_packs: how many packs each DataLoader worker builds ahead.
+        pretokenize: keep every sample's input_ids and labels from the weighing pass (cached
+            with the weights): building a pack then only slices them and decodes images.
+        num_proc: processes that weigh the rows (mmdp.weighing.weigh.weigh_rows).
+        mixture: a mmdp.planning.source_shares.MixturePlan, with a `dataset` made of the same
+            MixedRows: each epoch takes every source's share of the rows, balanced across ranks
+            per source.
+        prepared: a URL (or `from_prepared`): weigh nothing, read the weights (and the tokens,
+            when prepared with them) that `uv run -m mmdp.prepare` wrote there.
+        eval_ratio: hold out that share of the rows (of each source's, in a mixture) for
+            evaluation, the same rows on every rank, drawn from the seed alone
+            (mmdp.planning.planner.eval_split); this dataset trains on the rest.
+        held_out: with eval_ratio, pack the held-out rows instead, every one once
+            (`eval_dataset()` makes such a dataset).
+        weighing: the rows' weighing when another PackedDataset of `dataset` holds it already
+            (`eval_dataset()` passes its own): nothing is weighed again.
 
     The constructor weighs every row (step 1 below), on purpose: under torchrun weighing is
     collective (the ranks weigh their shares together, or wait for the one that weighs), and the
@@ -91,8 +97,8 @@ class PackedDataset(PackingSettings, IterableDataset):
     def __init__(
         self,
         dataset: VQADataset,
-        config: PackingConfig | None = None,
         *,
+        config: PackingConfig | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         group=None,
@@ -102,6 +108,8 @@ class PackedDataset(PackingSettings, IterableDataset):
         mixture=None,
         prepared: str | None = None,
         eval_ratio: float = 0.0,
+        held_out: bool = False,
+        weighing: Weighing | None = None,
     ):
         self.dataset = dataset
         self.config = default_config(dataset.family) if config is None else config
@@ -111,83 +119,75 @@ class PackedDataset(PackingSettings, IterableDataset):
         self.epoch = 0
         # where the next iteration starts in this epoch (PackedDataLoader.state_dict)
         self.batches_done = 0
+        self._plan = None  # (epoch, plan of every rank), in the process that plans
+        self._rank_plan = None  # (epoch, this rank's part, its rows' lengths): what workers get
 
         # 1. Weigh every item (once: later runs and the other ranks load the cached weights),
         # with the processor's settings as they are now (the weights' cache key names them)
-        self.prepared = prepared
         self.weighed_with = dataset.family.read_settings()
-        self.weighing = self.weigh(
-            pretokenize, num_proc, across_ranks=rank is None and world_size is None
-        )
-        pretokenize = self.weighing.tokens is not None
-        self.weights, self.truncated_rows = self.fit_overflow()
-        self.tokens = None if self.weighing.tokens is None else RowTokens(self.weighing.tokens)
+        self.prepared = prepared
+        if weighing is None and prepared is not None:
+            weighing = load_prepared(prepared, dataset, self.config, pretokenize=pretokenize)
+        elif weighing is None:
+            # under torchrun every rank weighs a share, unless the caller chose the ranks: a
+            # dataset then built on one rank only must not wait for the others
+            weighing = weigh_rows(
+                dataset.dataset,
+                dataset.family,
+                pretokenize=pretokenize,
+                num_proc=num_proc,
+                across_ranks=rank is None and world_size is None,
+            )
+        self.weighing = weighing
+        # the weights planned from: with overflow="truncate", the over-long rows that can be cut
+        # weigh their cut length, as the samples built from them will (mmdp.weighing.overflow)
+        self.weights, self.truncated_rows = weighing.weights, np.zeros(0, dtype=np.int64)
+        if self.config.overflow == "truncate":
+            self.weights, self.truncated_rows = fit_over_long(
+                weighing.weights, dataset.dataset, dataset.family, self.config.max_length
+            )
+        self.tokens = None if weighing.tokens is None else RowTokens(weighing.tokens)
         # with the tokens at hand, building a pack reads only the images (and videos) of its rows
         media = [name for name in ("images", "videos") if name in dataset.dataset.column_names]
-        self.image_rows = dataset.dataset.select_columns(media) if pretokenize else None
-        self._plan = None  # (epoch, plan of every rank), in the process that plans
-        self._rank_plan = None  # (epoch, this rank's part, its rows' lengths): what workers get
+        self.image_rows = None if self.tokens is None else dataset.dataset.select_columns(media)
         # the rows this dataset plans from (bool per row; None: all), and which split they are
         self.eval_ratio, self.split, self.split_name = eval_ratio, None, None
         if eval_ratio:
-            held_out = eval_split(
+            in_eval = eval_split(
                 len(self.weights), eval_ratio, self.config.seed, dataset.source_of_row
             )
-            self.split, self.split_name = ~held_out, "train"
+            self.split = in_eval if held_out else ~in_eval
+            self.split_name = "eval" if held_out else "train"
 
     def eval_dataset(self, config: PackingConfig | None = None) -> "PackedDataset":
         """The rows held out by `eval_ratio`, packed for evaluation: every one once, with no
         mixture's choice (each source's rows are evaluated and reported apart), on the same
-        ranks, with this dataset's weights (nothing weighed again) and `config` (default: this
-        dataset's). Iterate it with its own PackedDataLoader (MMDPTrainer's `eval_loader`)."""
+        ranks, with this dataset's weighing (nothing weighed again) and `config` (default: this
+        dataset's; its seed is this dataset's, which drew the held-out rows). Iterate it with its
+        own PackedDataLoader (MMDPTrainer's `eval_loader`)."""
         if self.split_name != "train":
             raise ValueError("eval_dataset() needs a PackedDataset made with eval_ratio > 0")
-        held_out = object.__new__(type(self))  # not copy.copy: __getstate__ drops the weights
-        held_out.__dict__.update(self.__dict__)
-        held_out.config = self.config if config is None else config
-        if (held_out.config.overflow, held_out.max_length) != (self.overflow, self.max_length):
-            held_out.weights, held_out.truncated_rows = held_out.fit_overflow()
-        held_out.split, held_out.split_name = ~self.split, "eval"
-        held_out.mixture = None
-        held_out.epoch, held_out.batches_done = 0, 0
-        held_out._plan = held_out._rank_plan = None
-        held_out._loader_starting = None
-        return held_out
-
-    def fit_overflow(self) -> tuple:
-        """(weights to plan from, rows cut): the weighed ones as they are (overflow="drop"), or
-        with the rows over max_length that can be cut weighing their cut length, the same as the
-        samples built from them (overflow="truncate": mmdp.loading.overflow)."""
-        weights = self.weighing.weights
-        if self.config.overflow == "drop":
-            return weights, np.zeros(0, dtype=np.int64)
-        family = self.dataset.family
-        return fit_over_long(weights, self.dataset.dataset, family, self.config.max_length)
-
-    def weigh(self, pretokenize: bool, num_proc: int | None, across_ranks: bool):
-        """Step 1: the weights of every row, from a prepared dataset (weighed by mmdp.prepare,
-        checked against this run's settings) or weighed here (under torchrun every rank weighs a
-        share, unless the caller chose the ranks: a dataset then built on one rank only must not
-        wait for the others)."""
-        if self.prepared is not None:
-            return load_prepared(self.prepared, self.dataset, self.config, pretokenize=pretokenize)
-        return weigh_rows(
-            self.dataset.dataset,
-            self.dataset.family,
-            pretokenize=pretokenize,
-            num_proc=num_proc,
-            across_ranks=across_ranks,
+        self.check_settings()  # the weighing it passes on is of these settings
+        config = self.config if config is None else config
+        return type(self)(
+            self.dataset,
+            config=dataclasses.replace(config, seed=self.config.seed),
+            rank=self.rank,
+            world_size=self.world_size,
+            max_queued_packs=self.max_queued_packs,
+            prepared=self.prepared,
+            eval_ratio=self.eval_ratio,
+            held_out=True,
+            weighing=self.weighing,
         )
 
     @classmethod
-    def from_prepared(
-        cls, url: str, dataset: VQADataset, config: PackingConfig | None = None, **settings
-    ) -> "PackedDataset":
+    def from_prepared(cls, url: str, dataset: VQADataset, **settings) -> "PackedDataset":
         """A PackedDataset that weighs nothing: the weights (and tokens, if prepared with them) of
         `dataset`'s rows are read from a prepared dataset at `url`, a path or any fsspec URL
         (`uv run -m mmdp.prepare`; mmdp.weighing.prepared). It is refused in one sentence (a
         UserError) when prepared for another model, processor, budget or rows."""
-        return cls(dataset, config, prepared=url, **settings)
+        return cls(dataset, prepared=url, **settings)
 
     # 2-4. Plan the epoch ------------------------------------------------------------------------
 
@@ -307,22 +307,8 @@ class PackedDataset(PackingSettings, IterableDataset):
 
     def load_pack(self, rows: list[int], planned: list[int], batch_index: int) -> dict:
         """Load the rows' samples (tokenized, or their tokens sliced; images decoded) and build
-        them into one pack (build_pack); `planned` are the rows' tokens in the plan.
-
-        Refuses, in one sentence, a processor whose settings changed since the rows were weighed
-        (an attribute set after the PackedDataset was made): its samples would not be the
-        weights the plan packed."""
-        now, then = self.dataset.family.read_settings(), self.weighed_with
-        if now != then:
-            changed = "; ".join(
-                f"{key}: {then.get(key)} -> {now.get(key)}"
-                for key in sorted(now.keys() | then.keys())
-                if now.get(key) != then.get(key)
-            )
-            raise UserError(
-                f"the processor's settings changed after its rows were weighed ({changed}); "
-                "set them before making the PackedDataset"
-            )
+        them into one pack (build_pack); `planned` are the rows' tokens in the plan."""
+        self.check_settings()
         samples = self.samples(rows)
         if self.config.overflow == "truncate":
             family = self.dataset.family
@@ -336,9 +322,25 @@ class PackedDataset(PackingSettings, IterableDataset):
             family=self.dataset.family,
         )
 
+    def check_settings(self) -> None:
+        """Refuse, in one sentence, a processor whose settings changed since the rows were
+        weighed (an attribute set after the PackedDataset was made): its samples would not be
+        the weights the plan packed."""
+        now, then = self.dataset.family.read_settings(), self.weighed_with
+        if now != then:
+            changed = "; ".join(
+                f"{key}: {then.get(key)} -> {now.get(key)}"
+                for key in sorted(now.keys() | then.keys())
+                if now.get(key) != then.get(key)
+            )
+            raise UserError(
+                f"the processor's settings changed after its rows were weighed ({changed}); "
+                "set them before making the PackedDataset"
+            )
+
     def samples(self, rows: list[int]) -> list[dict]:
         """The rows' samples, from their pre-computed tokens when there are some: each row's
-        sliced from the token file (mmdp.loading.row_tokens), the images of the whole pack
+        sliced from the token file (mmdp.weighing.row_tokens), the images of the whole pack
         read at once (one datasets read per row would cost more)."""
         if self.tokens is None:
             return [self.dataset[row] for row in rows]

@@ -1,4 +1,4 @@
-"""What the fast engines share (mmdp.packing._engines, _best_fit, _scan): where each item went
+"""What the fast engines share (mmdp.packing._engines, _best_fit): where each item went
 (Placements), the items grouped by pack, the sorted items cut into runs of identical ones."""
 
 import numpy as np

@@ -12,23 +12,25 @@ The budgets, per pack:
   vision-language models give each image its own number of patches: a sample's patch count is
   the sum over its images).
 Past `pack` and `pack_flat`, the three are one value, a `Budgets`, against each item's size in
-the same three units (mmdp.packing.weights). Every strategy honours every budget given. An item that cannot fit even alone raises ValueError
-naming it: callers filter (and count) such items first.
+the same three units (mmdp.packing.weights). Every strategy honours every budget given. An item
+that cannot fit even alone raises ValueError naming it: callers filter (and count) such items
+first.
 
 Example: lengths [3, 6, 2, 5], max_length 8
 
-    >>> pack([3, 6, 2, 5], 8, "greedy")  # next fit, the blog's greedy: loads 3, 8, 5
+    >>> pack([3, 6, 2, 5], max_length=8, strategy="greedy")  # next fit: loads 3, 8, 5
     [[0], [1, 2], [3]]
-    >>> pack([3, 6, 2, 5], 8, "binpack")  # first-fit decreasing (FFD): loads 8, 8
+    >>> pack([3, 6, 2, 5], max_length=8, strategy="binpack")  # first-fit decreasing: loads 8, 8
     [[1, 2], [3, 0]]
-    >>> pack([3, 6, 2, 5], 8, "bfd")  # best-fit decreasing: loads 8, 8
+    >>> pack([3, 6, 2, 5], max_length=8, strategy="bfd")  # best-fit decreasing: loads 8, 8
     [[1, 2], [3, 0]]
 
 And with a patch budget: three samples of 3 tokens and one image each, of 400, 300 and 500
 patches, at most 800 patches a pack. binpack places the most patches first: 500 opens pack A;
 400 does not fit A (900 > 800), it opens B; 300 fits A (800):
 
-    >>> pack([3, 3, 3], 10, "binpack", [1, 1, 1], 3, patch_counts=[400, 300, 500], max_patches=800)
+    >>> pack([3, 3, 3], max_length=10, image_counts=[1, 1, 1], max_images=3,
+    ...      patch_counts=[400, 300, 500], max_patches=800)
     [[2, 1], [0]]
 
 Strategies:
@@ -50,26 +52,31 @@ Strategies:
   more packs (bench/bench_packing.py). images_first_bfd needs about as few packs as bfd with no
   image budget.
 - "balanced_greedy": the blog's own stage-5 packer, the balanced greedy knapsack of Eagle 2
-  (nanoVLM's `_balanced_greedy_knapsack`); see `reference_balanced_greedy`.
+  (nanoVLM's `_balanced_greedy_knapsack`). 1. Open ceil(total length / max_length) +
+  BALANCED_GREEDY_EXTRA_PACKS empty packs. 2. Take the items longest first; put each into the
+  least loaded pack (fewest tokens) that fits every budget. 3. Open a new pack when none fits; at
+  the end, drop the packs left empty. The loads stay even (the "balanced"), at the price of more
+  packs than binpack or bfd.
+Ties go to the lowest index, or the lowest-numbered pack: the same input gives the same packs.
 
-This file holds the readable part: `pack`, `pack_flat`, the checks, and the item-by-item loops in
-the blog's words (`pack_greedy`, `reference_fit_decreasing`, `reference_balanced_greedy`). The
-fast engines, which give identical packs (the tests compare them on thousands of random inputs),
-are in the private mmdp.packing._engines: with tokens and images, a buffer of 4,096
-cauldron-like items packs in a few ms and a million items of 1 to 32,768 tokens in about a
-second; with a patch budget, a vectorised scan of the open packs takes tens of ms per buffer.
+This file holds the strategies' rules, the checks and the order items are placed in; the engines
+that place them are private (mmdp.packing._engines, _best_fit, _placements): with tokens
+and images, a buffer of 4,096 cauldron-like items packs in a few ms and a million items of 1 to
+32,768 tokens in about a second; with a patch budget, a vectorised scan of the open packs takes
+tens of ms per buffer. tests/packing_oracles.py places the items one at a time, as the rules
+above say, and the tests hold the engines to it on thousands of random inputs.
 """
 
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
-from mmdp.packing import _engines, _scan
+from mmdp.packing import _engines
+from mmdp.packing._placements import FIT_DECREASING  # noqa: F401 (public: the strategies that sort)
 from mmdp.packing.weights import Budgets, Weights
 
 Strategy = Literal["greedy", "binpack", "bfd", "images_first_bfd", "balanced_greedy"]
-STRATEGIES = ("greedy", "binpack", "bfd", "images_first_bfd", "balanced_greedy")
-FIT_DECREASING = ("binpack", "bfd", "images_first_bfd")  # sort the items, then first/best fit
+STRATEGIES = get_args(Strategy)
 
 # The blog's `delta`: how many packs balanced_greedy opens beyond the lower bound.
 BALANCED_GREEDY_EXTRA_PACKS = 5
@@ -77,6 +84,7 @@ BALANCED_GREEDY_EXTRA_PACKS = 5
 
 def pack(
     lengths,
+    *,
     max_length: int,
     strategy: Strategy = "binpack",
     image_counts=None,
@@ -86,21 +94,34 @@ def pack(
 ) -> list[list[int]]:
     """Pack items into packs; returns a list of packs, each a list of indices into `lengths`.
 
-    `lengths`: positive integer weights (tokens per sample). `image_counts` (optional): images
-    per sample, at most `max_images` per pack; `patch_counts` (optional): vision-encoder patches
-    per sample, under the patch budget. A budget left out (None) never binds. Packs come
-    in the order they were opened; within a pack, items come in the order they were placed. Same
-    input, same output. Without patch counts the fast engines run (a few ms per 4,096 items);
-    with them, an engine that scans the open packs in every budget (tens of ms).
+    Args:
+        lengths: positive integer weights (tokens per sample).
+        max_length: the token budget of a pack.
+        strategy: one of STRATEGIES (the module docstring tells each).
+        image_counts, max_images: images per sample, and at most that many per pack.
+        patch_counts, max_patches: vision-encoder patches per sample, and at most that many per
+            pack.
+
+    A budget left out (None) never binds. Packs come in the order they were opened; within a
+    pack, items come in the order they were placed. Without patch counts the fast engines run (a
+    few ms per 4,096 items); with them, an engine that scans the open packs in every budget (tens
+    of ms).
     """
     items, starts = pack_flat(
-        lengths, max_length, strategy, image_counts, max_images, patch_counts, max_patches
+        lengths,
+        max_length=max_length,
+        strategy=strategy,
+        image_counts=image_counts,
+        max_images=max_images,
+        patch_counts=patch_counts,
+        max_patches=max_patches,
     )
     return [items[a:b].tolist() for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
 
 
 def pack_flat(
     lengths,
+    *,
     max_length: int,
     strategy: Strategy = "binpack",
     image_counts=None,
@@ -108,13 +129,12 @@ def pack_flat(
     patch_counts=None,
     max_patches: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`pack` as two flat arrays, for callers that plan millions of items
-    (mmdp.planning.planner).
+    """`pack` as two flat arrays, for callers that pack millions of items.
 
     Returns (items, starts): pack p holds items[starts[p] : starts[p + 1]], and
     len(starts) == packs + 1.
 
-    >>> items, starts = pack_flat([3, 6, 2, 5], 8, "binpack")
+    >>> items, starts = pack_flat([3, 6, 2, 5], max_length=8, strategy="binpack")
     >>> items.tolist(), starts.tolist()
     ([1, 2, 3, 0], [0, 2, 4])
     """
@@ -139,7 +159,8 @@ def pack_weights(
 def pack_checked(
     lengths, budgets: Budgets, strategy: Strategy, image_counts=None, patch_counts=None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Check the strategy and the items, then call the engine that fits the budgets."""
+    """Check the strategy and the items, then call the engine for the strategy and the budgets:
+    tokens and images, or a patch budget too (mmdp.packing._engines)."""
     if strategy not in STRATEGIES:
         raise ValueError(
             f"unknown packing strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
@@ -147,13 +168,22 @@ def pack_checked(
     items, budgets = check_items(lengths, budgets, image_counts, patch_counts)
     if len(items) == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    lengths, images, per_unit = items.lengths, items.image_counts, budgets.per_unit()
     if strategy == "greedy":
-        return _engines.next_fit(
-            items.lengths, items.image_counts, items.patch_counts, budgets.per_unit()
-        )
+        return _engines.next_fit(lengths, images, items.patch_counts, per_unit)
+    if strategy == "balanced_greedy":
+        opened = lower_bound(lengths, budgets.max_length) + BALANCED_GREEDY_EXTRA_PACKS
+        if patch_counts is None:
+            return _engines.pack_balanced_greedy(
+                lengths, images, budgets.max_length, budgets.max_images, opened
+            )
+        return _engines.scan_balanced_greedy(np.stack(items.columns()), per_unit, opened)
+    order = decreasing_order(items, budgets, strategy)
     if patch_counts is None:
-        return pack_tokens_and_images(items, budgets, strategy)
-    return pack_every_budget(items, budgets, strategy)
+        return _engines.pack_fit_decreasing(
+            lengths, images, order, budgets.max_length, budgets.max_images, strategy
+        )
+    return _engines.scan_fit_decreasing(np.stack(items.columns()), per_unit, order, strategy)
 
 
 def check_items(
@@ -214,124 +244,6 @@ def per_item(counts, lengths, what: str) -> np.ndarray:
     if len(counts) != len(lengths):
         raise ValueError(f"{len(lengths)} lengths but {len(counts)} {what}")
     return counts
-
-
-# The readable loops, item by item, as the blog writes them -------------------------------------
-
-
-def fits(load, size, budgets: Budgets) -> bool:
-    """Whether an item of `size` fits beside a pack's `load`, in every budget (each a tuple in
-    Weights.sizes()'s order: tokens, images, patches).
-
-    >>> fits((5, 1, 0), (3, 1, 0), Budgets(8, 2, 0)), fits((5, 1, 0), (3, 2, 0), Budgets(8, 2, 0))
-    (True, False)
-    """
-    return all(held + more <= most for held, more, most in zip(load, size, budgets.per_unit()))
-
-
-def add(load, size) -> tuple:
-    """A pack's load with one more item, in every unit."""
-    return tuple(held + more for held, more in zip(load, size))
-
-
-EMPTY = (0, 0, 0)  # an empty pack's load: no tokens, no images, no patches
-
-
-def pack_greedy(lengths, budgets: Budgets, image_counts=None, patch_counts=None) -> list[list[int]]:
-    """Next fit, the blog's greedy: walk in order, start a new pack when an item does not fit.
-
-    `pack` gives the same packs a pack at a time rather than an item at a time
-    (mmdp.packing._engines.next_fit).
-
-    >>> pack_greedy([3, 6, 2, 5], Budgets(8))
-    [[0], [1, 2], [3]]
-    """
-    items, budgets = check_items(lengths, budgets, image_counts, patch_counts)
-    packs, current, load = [], [], EMPTY  # load: what the current pack holds
-    for i, size in enumerate(items.sizes()):
-        if current and not fits(load, size, budgets):
-            packs.append(current)
-            current, load = [], EMPTY
-        current.append(i)
-        load = add(load, size)
-    if current:
-        packs.append(current)
-    return packs
-
-
-def reference_fit_decreasing(
-    lengths,
-    budgets: Budgets,
-    image_counts=None,
-    patch_counts=None,
-    *,
-    strategy: Strategy = "binpack",
-) -> list[list[int]]:
-    """binpack, bfd or images_first_bfd one item at a time (the blog's binpack loop).
-
-    1. Sort the items (`decreasing_order`). 2. For each item, list the packs with room for it in
-    every budget; binpack takes the first, bfd the one with the least token room left,
-    images_first_bfd for a sample with images the least token room then the most image slots,
-    for a text-only one the fewest image slots then the least token room (ties: the lowest
-    number). 3. Open a new pack when none has room.
-    O(n * packs): fine for a toy, far too slow for an epoch (see bench/bench_packing.py); `pack`
-    gives the same packs fast (mmdp.packing._engines).
-    """
-    if strategy not in FIT_DECREASING:
-        raise ValueError(f"{strategy!r} is not a fit-decreasing strategy: {FIT_DECREASING}")
-    items, budgets = check_items(lengths, budgets, image_counts, patch_counts)
-    sizes = list(items.sizes())
-    packs, room = [], []  # what each pack has left: (tokens, images, patches)
-    for i in decreasing_order(items, budgets, strategy).tolist():
-        size = sizes[i]
-        fitting = [p for p in range(len(packs)) if all(r >= s for r, s in zip(room[p], size))]
-        if strategy == "bfd":  # the least token room
-            fitting.sort(key=lambda p: room[p][0])
-        elif strategy == "images_first_bfd" and size[1]:  # then the most image slots
-            fitting.sort(key=lambda p: (room[p][0], -room[p][1]))
-        elif strategy == "images_first_bfd":  # text-only: the fewest image slots, then tokens
-            fitting.sort(key=lambda p: (room[p][1], room[p][0]))
-        if fitting:
-            chosen = fitting[0]
-        else:
-            packs.append([])
-            room.append(budgets.per_unit())
-            chosen = len(packs) - 1
-        packs[chosen].append(i)
-        room[chosen] = tuple(r - s for r, s in zip(room[chosen], size))
-    return packs
-
-
-def reference_balanced_greedy(
-    lengths, budgets: Budgets, image_counts=None, patch_counts=None
-) -> list[list[int]]:
-    """The blog's balanced greedy knapsack (after Eagle 2), item by item as the blog's code does.
-
-    1. Open ceil(total length / max_length) + BALANCED_GREEDY_EXTRA_PACKS empty packs.
-    2. Take the items longest first (ties: lowest index); sort the packs by load (fewest tokens
-       first, ties: lowest number) and put the item into the first that fits every budget.
-    3. Open a new pack when none fits. At the end, drop the packs left empty.
-    Spreading the items keeps the packs' loads even (the "balanced"), at the price of more packs
-    than binpack or bfd (bench/bench_packing.py). O(n * P log P); `pack` gives the same packs
-    in O(n log P) (mmdp.packing._engines.pack_balanced_greedy).
-    """
-    items, budgets = check_items(lengths, budgets, image_counts, patch_counts)
-    if len(items) == 0:
-        return []
-    sizes, count = list(items.sizes()), balanced_greedy_packs(items, budgets)
-    packs, load = [[] for _ in range(count)], [EMPTY] * count  # load: (tokens, images, patches)
-    for i in np.lexsort((np.arange(len(items.lengths)), -items.lengths)).tolist():
-        size = sizes[i]
-        for chosen in sorted(range(len(packs)), key=lambda p: load[p][0]):  # fewest tokens first
-            if fits(load[chosen], size, budgets):
-                break
-        else:
-            packs.append([])
-            load.append(EMPTY)
-            chosen = len(packs) - 1
-        packs[chosen].append(i)
-        load[chosen] = add(load[chosen], size)
-    return [p for p in packs if p]
 
 
 def decreasing_order(
@@ -400,49 +312,3 @@ def budget_shares(items: Weights, budgets: Budgets) -> np.ndarray:
 def lower_bound(lengths, max_length: int) -> int:
     """No packing can use fewer packs than ceil(total length / max_length)."""
     return -(-int(np.sum(lengths)) // max_length)
-
-
-def balanced_greedy_packs(items: Weights, budgets: Budgets) -> int:
-    """How many empty packs balanced_greedy opens: the lower bound, plus the blog's delta."""
-    return lower_bound(items.lengths, budgets.max_length) + BALANCED_GREEDY_EXTRA_PACKS
-
-
-def pack_loads(packs, lengths) -> np.ndarray:
-    """Total length of each pack."""
-    lengths = np.asarray(lengths)
-    return np.array([int(lengths[p].sum()) for p in packs], dtype=np.int64)
-
-
-def flatten(packs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Lists of item indices -> (items, starts), as pack_flat returns them."""
-    sizes = np.array([len(p) for p in packs], dtype=np.int64)
-    items = np.fromiter((i for p in packs for i in p), dtype=np.int64, count=int(sizes.sum()))
-    return items, np.r_[0, np.cumsum(sizes)]
-
-
-def pack_tokens_and_images(
-    items: Weights, budgets: Budgets, strategy: Strategy
-) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens and images: the fast engines (mmdp.packing._engines)."""
-    lengths, images = items.lengths, items.image_counts
-    if strategy == "balanced_greedy":
-        opened = balanced_greedy_packs(items, budgets)
-        return _engines.pack_balanced_greedy(
-            lengths, images, budgets.max_length, budgets.max_images, opened
-        )
-    order = decreasing_order(items, budgets, strategy)
-    return _engines.pack_fit_decreasing(
-        lengths, images, order, budgets.max_length, budgets.max_images, strategy
-    )
-
-
-def pack_every_budget(
-    items: Weights, budgets: Budgets, strategy: Strategy
-) -> tuple[np.ndarray, np.ndarray]:
-    """A patch budget too: the engine that scans the open packs in every budget."""
-    sizes = np.stack([items.lengths, items.image_counts, items.patch_counts])
-    if strategy == "balanced_greedy":
-        opened = balanced_greedy_packs(items, budgets)
-        return _scan.scan_balanced_greedy(sizes, budgets.per_unit(), opened)
-    order = decreasing_order(items, budgets, strategy)
-    return _scan.scan_fit_decreasing(sizes, budgets.per_unit(), order, strategy)

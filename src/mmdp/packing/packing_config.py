@@ -4,7 +4,7 @@ mmdp.prepare share; and the one check that a loader's saved state may resume und
 it runs with now.
 
     config = PackingConfig(max_length=1024, max_images=8, packs_per_batch=4)
-    loader = PackedDataLoader(PackedDataset(samples, config))
+    loader = PackedDataLoader(PackedDataset(samples, config=config))
     loader.state_dict()  # {**asdict(config), "rank": ..., "world_size": ..., "epoch": ...}
 
 Without a config, a loader packs under its model family's budgets: `default_config(family)`, the
@@ -45,7 +45,7 @@ class PackingConfig:
     overflow: Overflow = setting(
         "drop",
         "a row over --max-length: drop it (too_long), or cut its text from the end, never "
-        "through an image's or video's tokens (mmdp.loading.overflow)",
+        "through an image's or video's tokens (mmdp.weighing.overflow)",
     )
 
     def __post_init__(self):

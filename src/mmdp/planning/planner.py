@@ -4,6 +4,8 @@ Stage 5 never needs a sample's tokens or pixels to decide where it goes: its wei
 images) is enough. So an epoch is planned once, up front, and every rank and DataLoader worker
 computes the same plan and takes its share. In the blog's terms:
 
+0. With an eval split (PackedDataset's eval_ratio), hold out rows for evaluation from the seed
+   alone (`eval_split`): an epoch plans the training rows, or the held-out ones.
 1. Filter (`filter_rows`): rows whose text is unusable, longer than `max_length` tokens or with
    more than `max_images` images are dropped and counted by reason.
 2. Shuffle the rest with (seed, epoch), pack them buffer by buffer (mmdp.packing.packers: a
@@ -16,6 +18,8 @@ computes the same plan and takes its share. In the blog's terms:
    ranks one pack more), and when it holds fewer packs than ranks, a rank without one gets a
    `filler` batch (a copy of another rank's pack that trains nothing: every label -100,
    mmdp.batch.filler_batch).
+
+The streaming loader runs steps 1-2 on each buffer it reads (`pack_buffer`).
 
 Everything is a flat array, so that 24 M rows plan in seconds and a worker receives a few bytes
 per row. An EpochPlan holds:
@@ -35,7 +39,7 @@ step of 2 packs, the heavier first: rank 0 gets [1, 2] (8 tokens), rank 1 gets [
 """
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -55,6 +59,7 @@ from mmdp.planning.processes import PackingJob, pack_in_processes, planning_work
 # at any size: 100 M rows plan in about 12 bytes a row at the peak (docs/benchmarks.md).
 CHUNK_ROWS = 1 << 20  # rows per slice
 CHUNK_PACKS = 1 << 16  # packs per slice
+EVAL_SPLIT_STREAM = 11  # a seed word of the eval split's own: it never replays a shuffle
 
 
 @dataclass
@@ -116,6 +121,30 @@ class EpochPlan:
             dropped=self.dropped,
             fillers=fillers if fillers.any() else None,
         )
+
+
+def eval_split(
+    num_rows: int, eval_ratio: float, seed: int, source_of_row: np.ndarray | None = None
+) -> np.ndarray:
+    """The rows held out for evaluation, as a bool mask [num_rows]: round(eval_ratio x rows) of
+    them (of each source's rows, in a mixture, so that every source is evaluated), drawn with
+    (seed, EVAL_SPLIT_STREAM). Deterministic: the same on every rank and in every run with this
+    seed, whatever the budgets, ranks and epochs (the training split is the rest).
+
+    >>> eval_split(10, 0.3, seed=0).sum()
+    np.int64(3)
+    """
+    if not 0 <= eval_ratio < 1:
+        raise ValueError(f"eval_ratio must be in [0, 1), got {eval_ratio}")
+    held_out = np.zeros(num_rows, dtype=bool)
+    rng = np.random.default_rng([seed, EVAL_SPLIT_STREAM])
+    sources = np.zeros(num_rows, np.int16) if source_of_row is None else source_of_row
+    for source in np.unique(sources):
+        rows = np.flatnonzero(sources == source)
+        held_out[rng.choice(rows, size=round(eval_ratio * len(rows)), replace=False)] = True
+    if eval_ratio and not held_out.any():
+        raise ValueError(f"eval_ratio {eval_ratio} of {num_rows:,} rows holds out no row")
+    return held_out
 
 
 def filter_rows(
@@ -431,6 +460,27 @@ def shuffle_and_pack(
     pack_order = np.arange(len(pack_starts) - 1, dtype=pack_starts.dtype)
     rng.shuffle(pack_order)
     return packed_rows, pack_starts, pack_order
+
+
+def pack_buffer(
+    weights: Weights,
+    rng: np.random.Generator,
+    config: PackingConfig | None = None,
+) -> tuple[list[np.ndarray], Counter]:
+    """Steps 1-2 for one buffer of a stream (mmdp.loading.streaming): its packs (positions in the
+    buffer) and its drops, by reason.
+
+    filter_rows and shuffle_and_pack on the buffer's weights. Same buffer,
+    same rng state: same packs. Example: lengths [3, 9, 6, 2, 5], no images, max_length 8,
+    "binpack": row 1 is too long; FFD takes 6, 5, 3, 2 and makes the packs [2, 3] (6 + 2) and
+    [4, 0] (5 + 3), in a shuffled order; dropped {"too_long": 1}.
+    """
+    config = PackingConfig() if config is None else config
+    rows, dropped = filter_rows(weights, config.budgets)
+    whole_buffer = replace(config, buffer_size=max(len(weights), 1))
+    packed_rows, pack_starts, order = shuffle_and_pack(rows, weights, rng, whole_buffer)
+    starts = pack_starts.tolist()
+    return [packed_rows[starts[p] : starts[p + 1]] for p in order.tolist()], dropped
 
 
 def gather_packs(rows, pack_starts, packs) -> tuple[np.ndarray, np.ndarray]:

@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmdp.data.mixture import MixedRows
-
 MIX_STREAM = 7  # a third seed word: the mixture's draws never replay the packer's shuffle
 
 
@@ -79,7 +77,9 @@ class MixturePlan:
     seed: int
 
     @classmethod
-    def of(cls, mixed: MixedRows, seed: int = 0) -> "MixturePlan":
+    def of(cls, mixed, seed: int = 0) -> "MixturePlan":
+        """The plan of a mmdp.data.mixture.MixedRows (read for its sources' rows and shares:
+        planning imports no data loading)."""
         m = mixed.mixture
         return cls(mixed.source_of_row, m.shares(), m.share_by, m.epoch_size, seed)
 

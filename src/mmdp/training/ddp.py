@@ -67,7 +67,7 @@ def rank_batches(
 ) -> list[dict]:
     """The first `micro_steps` batches stage 5's loader gives `rank`."""
     config = dataclasses.replace(settings.packing, seed=settings.seed)
-    packed = PackedDataset(samples, config, rank=rank, world_size=world_size)
+    packed = PackedDataset(samples, config=config, rank=rank, world_size=world_size)
     batches = list(PackedDataLoader(packed, num_workers=0))[: settings.micro_steps]
     if len(batches) < settings.micro_steps:
         raise SystemExit(f"rank {rank} has {len(batches)} batches; raise --num-rows")

@@ -1,8 +1,8 @@
 """Evaluate on a packed eval split, exactly: the loss over every label token of every eval
 sample on every rank, and each source's (a mixture's), as one process would compute it unpacked.
 
-    train = PackedDataset(samples, config, eval_ratio=0.1)    # 90% of the rows train
-    eval_loader = PackedDataLoader(train.eval_dataset())       # the other 10%, each row once
+    train = PackedDataset(samples, config=config, eval_ratio=0.1)  # 90% of the rows train
+    eval_loader = PackedDataLoader(train.eval_dataset())            # the other 10%, each row once
     metrics = evaluate(model, eval_loader, model_inputs, device=device)
     metrics["eval_loss"]   # sum of every eval token's loss / every eval label token, all ranks
 

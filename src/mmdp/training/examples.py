@@ -151,7 +151,7 @@ def make_loader(
     # the family's budgets (a real family's tokens and patches a pack), unless given
     config = default_config(samples.family, **packing.settings())
     dataset = PackedDataset(
-        samples, config, rank=rank, world_size=world_size, eval_ratio=settings.eval_ratio
+        samples, config=config, rank=rank, world_size=world_size, eval_ratio=settings.eval_ratio
     )
     return PackedDataLoader(dataset, num_workers=settings.num_workers), processor
 

@@ -192,7 +192,9 @@ def packed_batches(
     with no_progress_bars():
         dataset = PackedDataset(
             VQADataset(data.rows.select(rows), data.tokenizer),
-            dataclasses.replace(settings.packing, packs_per_batch=data.packs_per_batch, seed=seed),
+            config=dataclasses.replace(
+                settings.packing, packs_per_batch=data.packs_per_batch, seed=seed
+            ),
         )
     dataset.set_epoch(epoch)
     return list(PackedDataLoader(dataset, num_workers=0))

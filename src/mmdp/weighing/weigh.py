@@ -29,8 +29,7 @@ Two ways under torchrun:
 - otherwise (a dataset built on one rank only, say): local rank 0 of each machine weighs all the
   rows, and the other local ranks wait for its cache, with no collective call.
 
-The cache on disk is mmdp.weighing.cache; the waiting local ranks, local_wait; the gather
-of the ranks' shares, rank_shares.
+The cache on disk is mmdp.weighing.cache.
 """
 
 import contextlib
@@ -61,20 +60,22 @@ from mmdp.packing.weights import Weights
 from mmdp.ranks import ranks_answering
 from mmdp.weighing.cache import (
     ARRAYS,
+    is_complete,
     load,
     load_if_sound,
+    process_exists,
     save,
     scratch_path,
     weights_of,
 )
-from mmdp.weighing.local_wait import wait_for
-from mmdp.weighing.rank_shares import gather_shares, gloo_group
 
 # Bump when what a weight means changes (the chat template rendering, how images are counted...),
 # so that older caches are not reused.
 WEIGHING_VERSION = 3  # 2: patch counts and the model family's rules; 3: a checked manifest
 # Below this many rows, starting processes costs more than it saves: weigh in this process.
 PARALLEL_FROM_ROWS = 20_000
+# Rows each call of weigh_batch weighs (a batch of datasets.map, or of Ray Data: on_ray)
+BATCH_ROWS = 256
 # How long the other ranks of a machine wait for local rank 0 to weigh (tens of millions of rows
 # on a small machine take a while), and how often they look.
 WAIT_FOR_WEIGHING = timedelta(hours=6)
@@ -155,7 +156,7 @@ def weigh_on_this_machine(rows, family, pretokenize: bool, num_proc, path: Path)
     the other local ranks wait for that cache."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))  # set by torchrun
     if local_rank != 0:
-        wait_for(path, local_rank, WAIT_FOR_WEIGHING, POLL_SECONDS)
+        wait_for(path, local_rank)
         return (*load(path, pretokenize), 0)
     cached = load_if_sound(path, pretokenize)
     if cached is not None:
@@ -176,13 +177,50 @@ def weigh_on_this_machine(rows, family, pretokenize: bool, num_proc, path: Path)
     return (*load(path, pretokenize), len(rows))
 
 
+def wait_for(path: Path, local_rank: int) -> None:
+    """Wait until local rank 0 of this machine has saved the weights under `path`, with no
+    collective call; raise at once if it stopped while weighing (its process is gone), or after
+    WAIT_FOR_WEIGHING, looking every POLL_SECONDS."""
+    timeout = WAIT_FOR_WEIGHING
+    deadline = time.monotonic() + timeout.total_seconds()
+    if not is_complete(path):
+        print(f"local rank {local_rank}: waiting for local rank 0 to weigh the rows", flush=True)
+    while not is_complete(path):
+        gone = weigher_gone(path.with_name(f"{path.name}.weigher"))
+        if gone is not None:
+            raise RuntimeError(
+                f"local rank {local_rank}: local rank 0 (pid {gone}) stopped while weighing the "
+                f"rows into {path}; its own error says why"
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"local rank {local_rank} waited {timeout} for local rank 0 to weigh "
+                f"the rows into {path}; did local rank 0 build the same dataset?"
+            )
+        time.sleep(POLL_SECONDS)
+
+
+def weigher_gone(weigher: Path) -> int | None:
+    """The pid of the process of this machine that was weighing, if it no longer runs."""
+    try:
+        who = json.loads(weigher.read_text())
+    except (OSError, ValueError):  # nobody is weighing yet, or the file is being written
+        return None
+    if who.get("host") != socket.gethostname():
+        return None  # a cache shared with another machine: its processes cannot be seen
+    return None if process_exists(who["pid"]) else who["pid"]
+
+
 # Every rank of every machine weighs a share ---------------------------------------------------
 
 
 def weigh_across_ranks(rows, family, key: str, path: Path, num_proc) -> tuple[Weights, int]:
     """(weights, rows weighed here): the ranks of machines without the cache weigh a share each;
     all ranks gather the shares; local rank 0 of each such machine caches the whole."""
-    group = gloo_group(WAIT_FOR_WEIGHING)
+    # the shares cross as CPU tensors over a gloo group of their own, whatever the training
+    # backend; a rank that stops answering fails the others after WAIT_FOR_WEIGHING (gloo fails
+    # them at once when its process is gone)
+    group = dist.new_group(backend="gloo", timeout=WAIT_FOR_WEIGHING)
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     cached = load_if_sound(path, pretokenize=False)
     keys_and_caches = [None] * world_size
@@ -201,11 +239,28 @@ def weigh_across_ranks(rows, family, key: str, path: Path, num_proc) -> tuple[We
         mine, _ = weigh(rows.select(share), family, False, num_proc, None)
     else:
         mine = {name: np.zeros(0, np.int32) for name in ARRAYS}
-    arrays = gather_shares(mine, cold, len(rows), group, WHILE_WEIGHING)
+    arrays = gather_shares(mine, cold, len(rows), group)
     print(f"rank {rank}: weighed {len(share):,} of {len(rows):,} rows (its share)", flush=True)
     if rank in cold and int(os.environ.get("LOCAL_RANK", 0)) == 0 and not unreachable(arrays):
         save(path, arrays)  # (the ranks have the weights: none waits for this cache)
     return weights_of(arrays), len(share)
+
+
+def gather_shares(mine: dict, cold: list[int], num_rows: int, group) -> dict:
+    """Every row's weights, from the shares: cold rank k weighed rows k, k + C, k + 2C, ...
+    (C cold ranks); the other ranks send nothing."""
+    longest = -(-num_rows // len(cold))
+    sent = torch.zeros(longest, len(ARRAYS), dtype=torch.int32)
+    for column, name in enumerate(ARRAYS):
+        sent[: len(mine[name]), column] = torch.from_numpy(mine[name].astype(np.int32))
+    received = [torch.zeros_like(sent) for _ in range(dist.get_world_size(group))]
+    with ranks_answering(group, "weighing-shares", WHILE_WEIGHING, "the gather of the weights"):
+        dist.all_gather(received, sent, group=group)
+    whole = torch.zeros(num_rows, len(ARRAYS), dtype=torch.int32)
+    for k, rank in enumerate(cold):
+        count = len(range(k, num_rows, len(cold)))
+        whole[k :: len(cold)] = received[rank][:count]
+    return {name: whole[:, column].numpy() for column, name in enumerate(ARRAYS)}
 
 
 def unreachable(arrays: dict, cached_at: Path | None = None) -> int:
@@ -245,7 +300,7 @@ def weigh(rows, family, pretokenize: bool, num_proc, scratch: Path | None):
         weighed = rows.select_columns(columns).map(
             weigh_batch,
             batched=True,
-            batch_size=256,
+            batch_size=BATCH_ROWS,
             with_indices=True,
             num_proc=num_proc if num_proc > 1 else None,
             fn_kwargs={"family": family, "pretokenize": pretokenize, "image_counts": image_counts},
@@ -302,7 +357,8 @@ def count_images(rows: Dataset, chunk_rows: int = 4096) -> np.ndarray:
 
 
 def weigh_batch(batch: dict, indices, family, pretokenize: bool, image_counts) -> dict:
-    """datasets.map's function: the weights (and, with pretokenize, the tokens) of a few rows.
+    """datasets.map's function (and Ray Data's: mmdp.weighing.on_ray): the weights (and, with
+    pretokenize, the tokens) of a few rows.
 
     `image_counts` (every row's, by index): all a family that needs no image sizes reads of the
     images, so their bytes stay on disk.

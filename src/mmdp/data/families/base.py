@@ -145,7 +145,7 @@ class ModelFamily:
     video_token = ""  # what the chat template renders for each video ("": takes no video)
     video_feature_token = ""  # the token that stands for one video feature
     # what closes an image's or video's run in the text (Qwen-VL's <|vision_end|>): with the
-    # feature tokens, where a row's media end (mmdp.loading.overflow.media_end)
+    # feature tokens, where a row's media end (mmdp.weighing.overflow.media_end)
     media_closing_tokens: tuple[str, ...] = ()
     # the vision inputs of the family's batches, which its model takes (mmdp.models.inputs)
     vision_keys: tuple[str, ...] = ("pixel_values",)

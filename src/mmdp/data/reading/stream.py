@@ -3,7 +3,7 @@ read row by row.
 
 Nothing is downloaded or loaded ahead: a Hub dataset is read with `streaming=True`, parquet files
 one after the other. The stream's shards are what ranks and DataLoader workers share out
-(mmdp.loading.streaming.loader): a Hub dataset or a folder of parquet files has one shard
+(mmdp.loading.streaming): a Hub dataset or a folder of parquet files has one shard
 per file; the embedded dataset (and a `save_to_disk` folder) is cut into `num_shards`.
 """
 

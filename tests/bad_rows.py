@@ -1,4 +1,5 @@
-"""Rows broken in every way mmdp knows, for the fault tests and the bad-input benchmark.
+"""Rows broken in every way mmdp knows, for the fault tests and the bad-input benchmark
+(bench/bench_bad_rows.py imports them from here).
 
 `BAD_ROWS` maps a name to a function that breaks a good row (the_cauldron's schema, images as
 {"bytes", "path"} cells) and the outcome the loaders must give it: a drop reason (the row is
