@@ -320,7 +320,9 @@ def test_a_row_with_audio_is_counted_never_a_crash(tiny, tmp_path):
     assert reasons == [None, AUDIO_REFUSED, AUDIO_REFUSED, AUDIO_REFUSED]
     assert tiny.make_sample(tagged, 1)["drop_reason"] == AUDIO_REFUSED
     dataset = VQADataset(Dataset.from_list(rows, features=FEATURES), tiny.processor)
-    loader = PackedDataLoader(PackedDataset(dataset, PackingConfig(max_length=512)), num_workers=0)
+    loader = PackedDataLoader(
+        PackedDataset(dataset, config=PackingConfig(max_length=512)), num_workers=0
+    )
     assert sum(int(batch["samples_per_pack"].sum()) for batch in loader) == 1
     assert loader.dataset.plan().dropped == {AUDIO_REFUSED: 3}
 
