@@ -696,6 +696,8 @@ BUDGET_NAMES = {
     "LLaVA-OneVision": ("llava_onevision",),
     "Gemma 3": ("gemma3",),
     "SmolVLM": ("smolvlm",),
+    "Gemma 4": ("gemma4",),
+    "InternVL": ("internvl",),
 }
 
 
