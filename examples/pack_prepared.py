@@ -14,25 +14,19 @@ dataset's. Prints one batch and the epoch report of examples/pack_planned.py, an
 writes the same --metrics-json (weighing.rows_weighed_per_rank: [0, 0] under torchrun).
 """
 
-import argparse
+import dataclasses
 
 import torch.distributed as dist
 
-from mmdp.data.families import MODELS, family_for
-from mmdp.data.reading.settings import DataSettings
+from mmdp import config
+from mmdp.config import setting
+from mmdp.data.families import family_for
+from mmdp.data.reading.settings import DataSettings, ModelSettings
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import exit_on_user_error
-from mmdp.flags import (
-    add_data_args,
-    add_loader_args,
-    add_model_and_budget_args,
-    add_packing_args,
-    config_for,
-    description,
-    model_processor,
-    settings_of,
-)
+from mmdp.flags import EpochSettings, LoaderSettings, flag_values, parse_flags
 from mmdp.loading.packed_dataset import PackedDataset
+from mmdp.packing.packing_config import PackingConfig, default_config
 from mmdp.ranks import start_ranks
 from mmdp.report.epoch import run_packed_epoch, write_outputs
 from mmdp.report.pack_report import epoch_metrics
@@ -44,46 +38,57 @@ from mmdp.report.printing import (
 )
 from mmdp.weighing.prepared import read_manifest
 
+PREPARED = "the prepared dataset's"
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=description(__doc__))
-    parser.add_argument(
-        "--prepared",
-        required=True,
-        help="the path or fsspec URL that `uv run -m mmdp.prepare --out URL` wrote to",
+
+@dataclasses.dataclass(frozen=True)
+class PackPreparedSettings:
+    """Stage 5's settings, the weights read from a prepared dataset."""
+
+    prepared: str = setting(
+        help="the path or fsspec URL that `uv run -m mmdp.prepare --out URL` wrote to"
     )
-    add_data_args(parser)
-    add_loader_args(parser)
-    add_model_and_budget_args(parser, MODELS)
-    add_packing_args(parser)
-    return parser.parse_args()
+    data: DataSettings = DataSettings(num_rows=config.DEFAULT_NUM_ROWS)
+    loader: LoaderSettings = LoaderSettings()
+    model: ModelSettings = ModelSettings()
+    # the budgets not given are the prepared dataset's
+    packing: PackingConfig = setting(
+        PackingConfig(max_length=None),
+        shown={"max_length": PREPARED, "max_patches": PREPARED},
+    )
+    run: EpochSettings = EpochSettings()
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    settings = parse_flags(PackPreparedSettings, __doc__, argv)
     rank = start_ranks()
-    processor = model_processor(args)
+    processor = settings.model.load_processor(settings.loader.tokenizer)
     family = family_for(processor)
     # the budgets the prepared rows were checked against, where no flag gives one
-    manifest = read_manifest(args.prepared)
+    manifest = read_manifest(settings.prepared)
     budgets = {name: manifest[name] for name in ("max_length", "max_patches")}
-    packing = config_for(family, args, **budgets)
+    given = {k: v for k, v in settings.packing.settings().items() if v is not None}
+    packing = default_config(family, **{**budgets, **given})
     if rank == 0:
-        print_run_settings(args, packing, family.name)
+        print_run_settings(flag_values(settings), packing, family.name)
 
-    rows = settings_of(DataSettings, args).load()
-    packed = PackedDataset(VQADataset(rows, processor), config=packing, prepared=args.prepared)
-    packed.set_epoch(args.epoch)
+    rows = settings.data.load()
+    packed = PackedDataset(VQADataset(rows, processor), config=packing, prepared=settings.prepared)
+    packed.set_epoch(settings.run.epoch)
     if rank == 0:
         print_weighing(packed)
 
-    epoch = run_packed_epoch(packed, args.num_workers)
+    epoch = run_packed_epoch(packed, settings.loader.num_workers)
     if rank != 0:
         dist.destroy_process_group()
         return
     print_epoch_report(epoch, packing.budgets)
     print_rank_balance(epoch["rank_balance"])
-    write_outputs(epoch_metrics(epoch, weighing=epoch["weighing"]), epoch["first_batch"], args)
+    write_outputs(
+        epoch_metrics(epoch, weighing=epoch["weighing"]),
+        epoch["first_batch"],
+        flag_values(settings),
+    )
 
 
 if __name__ == "__main__":

@@ -135,6 +135,7 @@ BAD_ROWS = {
         ),
         drop_reasons.MEDIA_TAG_MISMATCH,
     ),
+    "audio_tag": (with_reply("<audio> What is said?", "Hello."), drop_reasons.AUDIO_REFUSED),
     # trained on, converted to RGB (counted by mode)
     "cmyk_jpeg": (
         with_images(encoded(Image.new("CMYK", (30, 30), (0, 50, 100, 0)), "JPEG")),

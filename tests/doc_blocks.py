@@ -63,6 +63,9 @@ CHECKED = {
         "test_stage_scripts.py (template: -m slow)"
     ),
     "uv run -m mmdp.prepare --out /tmp/prepared/synthetic": "test_prepared.py (template)",
+    "uv run --extra ray -m mmdp.prepare --engine ray --out /tmp/prepared/ray": (
+        "test_prepare_on_ray.py (template: -m slow)"
+    ),
     "uv run examples/pack_prepared.py --prepared /tmp/prepared/synthetic": (
         "test_prepared.py (template: -m slow)"
     ),
@@ -150,6 +153,7 @@ RUN = {
         "_ranks (-m slow; its step, in tests/torchrun_trainers.py's launch)"
     ),
     "bench/bench_bad_rows.py": SMOKE,
+    "bench/bench_prepare.py": SMOKE,
     "bench/bench_decode_floor.py": SMOKE,
     "bench/bench_decoders.py": SMOKE,
     "bench/bench_families.py": SMOKE,
@@ -191,6 +195,7 @@ RUN = {
 # Commands no test runs, and why: the network, a GPU, a server, minutes of a user's machine.
 S3 = "a user's S3 bucket"
 INSTALL = "an install: the network (uv.lock's packages)"
+RAY_CLUSTER = "a Ray cluster of several machines"
 NOT_RUN = {
     "uv run examples/pack_planned.py --processor Qwen/Qwen2.5-VL-7B-Instruct": (
         "the network: the Hub's processor (the offline one, `--model qwen2_5_vl`, is run)"
@@ -218,6 +223,16 @@ NOT_RUN = {
     "--prepared s3://my-bucket/prepared/synthetic --metrics-json /tmp/05-prepared.json": (
         "a server; the same test reads it on 2 ranks with tests/train_from_prepared.py (-m slow)"
     ),
+    "ray start --head --port 6379": RAY_CLUSTER,
+    "ray start --address HEAD_IP:6379": RAY_CLUSTER,
+    "ray job submit --address http://HEAD_IP:8265 --working-dir . -- uv run --extra ray --extra "
+    "s3 -m mmdp.prepare --engine ray --dataset /shared/rows --image-root s3://my-bucket/images "
+    "--model qwen2_5_vl --num-rows 100000000 --out s3://my-bucket/prepared/rows": (
+        RAY_CLUSTER + "; tests/test_prepare_on_ray.py prepares on a local instance of 2 CPUs, "
+        "from files on a disk and on a moto S3 server (-m slow)"
+    ),
+    "ray job logs --address http://HEAD_IP:8265 --follow JOB_ID": RAY_CLUSTER,
+    "uv sync --extra ray --extra s3": INSTALL,
     "uv run tools/image_costs.py": "a minute of every real family's processor, for numbers "
     "docs/real-vlms.md quotes; tests/test_families.py holds its default budgets to the code",
     "bash .ci/run": "CI itself: 9-16 min on 2 cores, the suite and the slow group (`pytest`: run)",
@@ -684,6 +699,8 @@ BUDGET_NAMES = {
     "LLaVA-OneVision": ("llava_onevision",),
     "Gemma 3": ("gemma3",),
     "SmolVLM": ("smolvlm",),
+    "Gemma 4": ("gemma4",),
+    "InternVL": ("internvl",),
 }
 
 

@@ -106,6 +106,12 @@ SMOKE_RUNS = [
         slow=True,
     ),
     Smoke(
+        "bench/bench_prepare.py",
+        "--rows 400 --cpus 1 --repeats 1",
+        rf"rows/s on 1 CPUs against 1: local {RATIO}, ray {RATIO}",
+        slow=True,
+    ),
+    Smoke(
         "bench/bench_remote.py",
         "--images 4 --repeats 1 --latency 0.001",
         rf"\| S3 \+ 1 ms a request, one at a time \(1 run\) \| {NUMBER} \| {RATIO} \| {NUMBER} "

@@ -167,21 +167,6 @@ def settings_flags(name: str, path: Path, only=None) -> set[str]:
     return flags
 
 
-def handed_on(name: str, path: Path) -> Path:
-    """Where the function `name` imported from `path` is: there, or in the module that the
-    module's __getattr__ (PEP 562) imports to hand it on."""
-    body = parsed(path).body
-    if any(isinstance(n, ast.FunctionDef) and n.name == name for n in body):
-        return path
-    for function in (n for n in body if isinstance(n, ast.FunctionDef)):
-        if function.name == "__getattr__":
-            for node in ast.walk(function):
-                if isinstance(node, ast.ImportFrom) and node.module.startswith("mmdp"):
-                    lazy = module_path(f"{node.module}.{node.names[0].name}")
-                    return lazy if lazy.exists() else path
-    return path
-
-
 def flags_in(body: ast.AST, path: Path, seen: set) -> set[str]:
     tree = parsed(path)
     local = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
@@ -212,7 +197,7 @@ def flags_in(body: ast.AST, path: Path, seen: set) -> set[str]:
             if called in local:
                 flags |= flags_in(local[called], path, seen)
             elif imported[called].exists():
-                where = handed_on(called, imported[called])
+                where = imported[called]
                 functions = {
                     n.name: n for n in parsed(where).body if isinstance(n, ast.FunctionDef)
                 }

@@ -259,14 +259,16 @@ def three_row_positions(batch: dict, inputs: dict, model) -> dict:
 
 
 def packs_tiles_swapped(batch: dict, inputs: dict, model) -> dict:
-    """SmolVLM and Idefics3: the second pack's tiles before the first's, as a collator that
-    gathers a batch's images in another order than its rows does. The model takes any order of
-    the right number of tiles (it fills the <image> runs of the flattened rows in turn), so it
+    """SmolVLM, Idefics3 and InternVL: the second pack's tiles before the first's, as a collator
+    that gathers a batch's images in another order than its rows does. The model takes any order
+    of the right number of tiles (it fills the image runs of the flattened rows in turn), so it
     raises nothing and gives each run another image's features."""
-    tiles = inputs["pixel_values"][0]  # [T, 3, M, M]; every tile the same patches
+    pixels = inputs["pixel_values"]  # [1, T, 3, M, M] (SmolVLM) or [T, 3, M, M] (InternVL)
+    tiles = pixels[0] if pixels.dim() == 5 else pixels  # every tile the same patches
     patches = batch["patches_per_pack"]
     first = len(tiles) * int(patches[0]) // int(patches.sum())
-    return {**inputs, "pixel_values": torch.cat([tiles[first:], tiles[:first]])[None]}
+    swapped = torch.cat([tiles[first:], tiles[:first]])
+    return {**inputs, "pixel_values": swapped[None] if pixels.dim() == 5 else swapped}
 
 
 def images_out_of_order(batch: dict, inputs: dict, model) -> dict:
@@ -298,24 +300,6 @@ def the_models_own_masks(batch: dict, inputs: dict, model) -> dict:
     return {key: value for key, value in inputs.items() if key != "attention_mask"}
 
 
-def images_numbered_per_sample(batch: dict, inputs: dict, model) -> dict:
-    """Gemma 3: image blocks numbered from 0 in each sample (as a collator that computes them per
-    sample would): blocks are matched by id across the row, so the images of different samples
-    attend to each other, both ways."""
-    from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_for_mask
-
-    from mmdp.models.gemma3_masks import masks_with_image_blocks
-
-    owner = sample_ids(batch)
-    blocks = torch.full_like(owner, -1)
-    for sample in owner.unique().tolist():
-        where = owner == sample
-        types = batch["token_type_ids"][where][None]
-        blocks[where] = get_block_sequence_ids_for_mask(types)[0]
-    masks = masks_with_image_blocks(model, batch["position_ids"], blocks)
-    return {**inputs, "attention_mask": masks}
-
-
 def no_seq_idx(batch: dict, inputs: dict, model) -> dict:
     """Qwen3.5: no seq_idx (a trainer that passes FlashAttention's bounds alone): the causal conv
     reads each sample's first 3 tokens with the last ones of the sample before it, and the
@@ -335,7 +319,9 @@ TRAPS = {
     "qwen3_vl": (three_row_positions,),
     "qwen3_5": (three_row_positions, no_seq_idx, no_cu_seqlens),
     "llava_onevision": (images_out_of_order,),
-    "gemma3": (the_models_own_masks, images_numbered_per_sample),
+    "gemma3": (the_models_own_masks,),
+    "gemma4": (the_models_own_masks,),
+    "internvl": (packs_tiles_swapped,),
     "smolvlm": (packs_tiles_swapped,),
 }
 

@@ -105,7 +105,8 @@ def test_a_familys_batch_carries_its_vision_keys_and_the_model_gets_them(name, m
     """The keys collate_vision makes are the ones the family declares, and model_inputs passes
     exactly those; only a family that declares a packed_mask gets mmdp's attention_mask."""
     built = []
-    monkeypatch.setitem(PACKED_MASKS, "gemma3", lambda batch, model: built.append(1) or {})
+    for name in PACKED_MASKS:
+        monkeypatch.setitem(PACKED_MASKS, name, lambda batch, model: built.append(1) or {})
     family = family_for(tiny_processor(name))
     batch = packed_batch(family)
     assert batch["model_family"] == family.name
@@ -153,7 +154,8 @@ def test_a_saved_batch_of_every_family_loads_with_weights_only(name, tmp_path, m
     tensors and plain values only. The family travels by name, so the batch loads and
     model_inputs finds its family again. The trap, shown: the same batch carrying the family's
     class (what mmdp saved before) is refused."""
-    monkeypatch.setitem(PACKED_MASKS, "gemma3", lambda batch, model: {})  # needs no model here
+    for mask in PACKED_MASKS:  # needs no model here
+        monkeypatch.setitem(PACKED_MASKS, mask, lambda batch, model: {})
     family = family_named(name)
     module = importlib.import_module(family.__module__)
     batch = packed_batch(

@@ -172,9 +172,8 @@ def test_each_data_and_packing_field_is_declared_in_one_settings_class(home):
     ]
 
 
-# mmdp.prepare is a CLI (and still adds a few flags itself until it takes parse_flags);
-# _old_flags is the flags layer's, until then too.
-CLIS = {"flags.py", "_old_flags.py", "prepare.py"}
+# the flags layer itself, and a CLI: `python -m mmdp.prepare`
+CLIS = {"flags.py", "prepare.py"}
 
 
 def reads_flags(source: str) -> list[str]:
@@ -227,6 +226,7 @@ SEEDED = [
     "06_packing_pays_off.py",
     "examples/group_by_length.py",
     "examples/pack_mixture.py",
+    "examples/pack_planned.py",
     "examples/pack_prepared.py",
     "examples/pack_streaming.py",
     "examples/trainer.py",

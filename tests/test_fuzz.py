@@ -76,7 +76,10 @@ settings.register_profile(FAST, max_examples=4, derandomize=True, **COMMON)
 settings.register_profile(DEEP, max_examples=60, **COMMON)
 PROFILES = [FAST, pytest.param(DEEP, marks=pytest.mark.slow)]
 
-FAMILIES = ("tiny", "qwen2_5_vl", "qwen3_vl", "smolvlm", "idefics3", "llava_onevision", "gemma3")
+FAMILIES = (
+    *("tiny", "qwen2_5_vl", "qwen3_vl", "smolvlm", "idefics3", "llava_onevision", "gemma3"),
+    *("gemma4", "internvl"),
+)
 TEXT = {"user": "What is in the picture?", "assistant": "A shape.", "source": "fuzz"}
 
 

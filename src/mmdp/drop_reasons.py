@@ -27,6 +27,9 @@ UNREACHABLE_FILE = "unreachable_file"
 # processor refuses it (Qwen3-VL: fewer frames than its temporal patch), or the family takes no video.
 UNDECODABLE_VIDEO = "undecodable_video"
 VIDEO_REFUSED = "video_refused"
+# A row with audio (an <audio> tag in a user turn: mmdp.data.conversation): Gemma 4 takes audio,
+# but mmdp packs images and videos only, so far.
+AUDIO_REFUSED = "audio_refused"
 
 # Over a budget (stages 3, 5 and 6).
 TOO_LONG = "too_long"  # more tokens than max_length
@@ -67,6 +70,7 @@ REASONS = (
     VIDEO_REFUSED,
     MEDIA_TAG_MISMATCH,
     UNREACHABLE_FILE,
+    AUDIO_REFUSED,
 )
 CODE = {reason: code for code, reason in enumerate(REASONS)}
 

@@ -257,13 +257,3 @@ class Figures:
     """Where a stage saves its figures."""
 
     out_dir: str = setting(str(config.ASSETS_DIR), "where figures go", shown="assets/")
-
-
-def __getattr__(name: str):
-    # Until mmdp.prepare and examples/pack_prepared.py take parse_flags (issue 60), the old
-    # entry points they import from here: mmdp._old_flags. Delete both then.
-    if not name.startswith(("add_", "settings_of", "model_processor", "config_for")):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from mmdp import _old_flags
-
-    return getattr(_old_flags, name)

@@ -31,13 +31,21 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from mmdp import config
-from mmdp.drop_reasons import EMPTY_REPLY, IMAGE_TOKEN_IN_TEXT, MEDIA_TAG_MISMATCH, NO_TEXTS, BadRow
+from mmdp.drop_reasons import (
+    AUDIO_REFUSED,
+    EMPTY_REPLY,
+    IMAGE_TOKEN_IN_TEXT,
+    MEDIA_TAG_MISMATCH,
+    NO_TEXTS,
+    BadRow,
+)
 from mmdp.errors import UserError
 
 # The tags that say where a file stands in a user turn (ms-swift's, LLaMA-Factory's and LLaVA's).
 IMAGE_TAG = "<image>"
 VIDEO_TAG = "<video>"
 TAGS = re.compile(f"({re.escape(IMAGE_TAG)}|{re.escape(VIDEO_TAG)})")
+AUDIO_TAG = "<audio>"  # a row with audio: dropped (AUDIO_REFUSED), mmdp packs no audio yet
 
 
 class BadConversation(BadRow):
@@ -140,9 +148,10 @@ def count_tokens(texts, num_images: int, tokenizer, image_token_length: int) -> 
 
 
 def chat_turns(texts, reserved: tuple[str, ...]) -> list[tuple[str, str]]:
-    """The (user, assistant) turns of a row, checked: a row with no turns, an empty reply, or a
-    `reserved` string (a model's image or turn tokens) in its text raises BadConversation. A user
-    turn's tags are not its text (they stand for files), the system prompt is."""
+    """The (user, assistant) turns of a row, checked: a row with no turns, an empty reply, audio (an
+    <audio> tag in a user turn), or a `reserved` string (a model's image or turn tokens) in its
+    text raises BadConversation. A user turn's tags are not its text (they stand for files), the
+    system prompt is."""
     turns = normalize_texts(texts)
     if not turns:
         raise BadConversation(NO_TEXTS, "the sample has no conversation")
@@ -152,6 +161,8 @@ def chat_turns(texts, reserved: tuple[str, ...]) -> list[tuple[str, str]]:
         user, assistant = turn.get("user") or "", turn.get("assistant") or ""
         if not assistant.strip():
             raise BadConversation(EMPTY_REPLY, f"empty reply to {user[:40]!r}")
+        if AUDIO_TAG in user:
+            raise BadConversation(AUDIO_REFUSED, "the row holds audio, which mmdp does not pack")
         for token in reserved:
             if token in TAGS.sub("", user) or token in assistant or token in system:
                 raise BadConversation(IMAGE_TOKEN_IN_TEXT, f"the text contains {token!r} itself")

@@ -34,7 +34,7 @@ MIN_TRANSFORMERS = "4.53.1"
 
 
 def gemma3_masks(batch: dict, model) -> dict:
-    """Gemma 3's masks for packed rows (imported when needed: transformers' Gemma 3)."""
+    """Gemma 3's and Gemma 4's masks for packed rows (imported when needed: transformers')."""
     from mmdp.models.gemma3_masks import packed_attention_masks
 
     return packed_attention_masks(batch, model)
@@ -55,7 +55,7 @@ LINEAR_ATTENTION_KERNELS = {
 # The attention masks mmdp builds for a family whose model cannot keep packed samples apart from
 # their position_ids alone, by the family's `packed_mask` (ModelFamily.packed_mask; a test checks
 # every registered family's is here).
-PACKED_MASKS = {"gemma3": gemma3_masks}
+PACKED_MASKS = {"gemma3": gemma3_masks, "gemma4": gemma3_masks}
 
 
 def model_inputs(batch: dict, model=None) -> dict:
@@ -70,7 +70,7 @@ def model_inputs(batch: dict, model=None) -> dict:
     `text_config.use_cache`, build a cache and mix the samples. A batch with images adds its
     image inputs, a batch with videos its video inputs (pixel_values_videos, video_grid_thw,
     Qwen2.5-VL's second_per_grid_ts); one without leaves them out (the models refuse empty pixel
-    tensors). Pass the model always: Gemma 3 batches need it (transformers 5.23 builds their
+    tensors). Pass the model always: Gemma 3 and 4 batches need it (transformers 5.23 builds their
     sliding-window mask wrong in packed rows, and mmdp builds both masks itself:
     mmdp.models.gemma3_masks), and so do hybrid models (Qwen3.5): their batch is laid out as one
     row with the bounds of every sample for every kind of layer (`one_row`).

@@ -52,7 +52,7 @@ from mmdp.weighing.cache import ARRAYS, checksum, weights_of
 from mmdp.weighing.weigh import WEIGHING_VERSION, Weighing
 
 # Bump when the layout under URL or the manifest's meaning changes.
-PREPARED_VERSION = 1
+PREPARED_VERSION = 2  # 2: the rows' digest hashes each row's own digest (what Ray's workers send)
 MANIFEST = "manifest.json"
 # Rows read to tell one dataset from another (spread over the dataset, texts and image bytes).
 ROWS_IN_DIGEST = 64
@@ -96,9 +96,9 @@ CHECKED = {
 # What the weights depend on --------------------------------------------------------------------
 
 
-def describe(rows: Dataset, family, config: PackingConfig) -> dict:
+def describe(family, config: PackingConfig, rows: int, rows_digest: str) -> dict:
     """Everything a prepared dataset must share with a run to be reused by it (see CHECKED): of
-    the config, the budgets."""
+    the config, the budgets; of the rows, how many and their digest (rows_digest)."""
     return {
         "format": PREPARED_VERSION,
         "weighing_version": WEIGHING_VERSION,
@@ -108,8 +108,8 @@ def describe(rows: Dataset, family, config: PackingConfig) -> dict:
         "image_rule": image_rule(family),
         "processor": digest(family.fingerprint()),
         **dataclasses.asdict(config.budgets),  # max_length, max_images, max_patches
-        "rows": len(rows),
-        "rows_digest": rows_digest(rows),
+        "rows": rows,
+        "rows_digest": rows_digest,
     }
 
 
@@ -128,17 +128,34 @@ def image_rule(family) -> str:
 
 
 def rows_digest(rows: Dataset) -> str:
-    """A digest of ROWS_IN_DIGEST rows spread over the dataset (texts, image and video bytes):
-    another dataset of the same length differs here, at the cost of reading a few rows."""
-    if len(rows) == 0:
-        return digest([])
-    picked = np.unique(np.linspace(0, len(rows) - 1, ROWS_IN_DIGEST).astype(int)).tolist()
-    sha = hashlib.sha256()
-    for row in rows.select(picked):
-        sha.update(json.dumps(row["texts"], sort_keys=True).encode())
-        for media in (row["images"] or []) + (row.get("videos") or []):
-            sha.update(media["bytes"] or str(media["path"]).encode())
-    return sha.hexdigest()[:16]
+    """A digest of ROWS_IN_DIGEST rows spread over the dataset: another dataset of the same length
+    differs here, at the cost of reading a few rows."""
+    return digest_of_rows([row_digest(row) for row in rows.select(picked_rows(len(rows)))])
+
+
+def picked_rows(count: int) -> list[int]:
+    """The rows, of `count`, whose digests make the rows' digest.
+
+    >>> picked_rows(3), len(picked_rows(2_000))
+    ([0, 1, 2], 64)
+    """
+    if count == 0:
+        return []
+    return np.unique(np.linspace(0, count - 1, ROWS_IN_DIGEST).astype(int)).tolist()
+
+
+def row_digest(row: dict) -> bytes:
+    """8 bytes of a row's sha256: its texts, image and video bytes (or paths)."""
+    sha = hashlib.sha256(json.dumps(row["texts"], sort_keys=True).encode())
+    for media in (row["images"] or []) + (row.get("videos") or []):
+        media = media or {}  # a null cell (undecodable: counted when weighed)
+        sha.update(media.get("bytes") or str(media.get("path")).encode())
+    return sha.digest()[:8]
+
+
+def digest_of_rows(row_digests) -> str:
+    """The rows' digest: of the picked rows' own digests, in order."""
+    return hashlib.sha256(b"".join(row_digests)).hexdigest()[:16]
 
 
 def digest(value) -> str:
@@ -252,7 +269,8 @@ def load_prepared(url: str, dataset, config: PackingConfig, *, pretokenize: bool
     after checking that it was prepared for this run. Nothing is weighed."""
     start = time.perf_counter()
     manifest = read_manifest(url)
-    run = describe(dataset.dataset, dataset.family, config)
+    rows = dataset.dataset
+    run = describe(dataset.family, config, len(rows), rows_digest(rows))
     check_matches(manifest, run, url)
     if pretokenize and "tokens.arrow" not in manifest["files"]:
         raise UserError(

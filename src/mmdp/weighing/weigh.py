@@ -74,6 +74,8 @@ from mmdp.weighing.cache import (
 WEIGHING_VERSION = 3  # 2: patch counts and the model family's rules; 3: a checked manifest
 # Below this many rows, starting processes costs more than it saves: weigh in this process.
 PARALLEL_FROM_ROWS = 20_000
+# Rows each call of weigh_batch weighs (a batch of datasets.map, or of Ray Data: on_ray)
+BATCH_ROWS = 256
 # How long the other ranks of a machine wait for local rank 0 to weigh (tens of millions of rows
 # on a small machine take a while), and how often they look.
 WAIT_FOR_WEIGHING = timedelta(hours=6)
@@ -298,7 +300,7 @@ def weigh(rows, family, pretokenize: bool, num_proc, scratch: Path | None):
         weighed = rows.select_columns(columns).map(
             weigh_batch,
             batched=True,
-            batch_size=256,
+            batch_size=BATCH_ROWS,
             with_indices=True,
             num_proc=num_proc if num_proc > 1 else None,
             fn_kwargs={"family": family, "pretokenize": pretokenize, "image_counts": image_counts},
@@ -355,7 +357,8 @@ def count_images(rows: Dataset, chunk_rows: int = 4096) -> np.ndarray:
 
 
 def weigh_batch(batch: dict, indices, family, pretokenize: bool, image_counts) -> dict:
-    """datasets.map's function: the weights (and, with pretokenize, the tokens) of a few rows.
+    """datasets.map's function (and Ray Data's: mmdp.weighing.on_ray): the weights (and, with
+    pretokenize, the tokens) of a few rows.
 
     `image_counts` (every row's, by index): all a family that needs no image sizes reads of the
     images, so their bytes stay on disk.

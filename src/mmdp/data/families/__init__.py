@@ -29,6 +29,8 @@ FAMILIES = {
     "Gemma3Processor": "mmdp.data.families.gemma3:Gemma3",
     "SmolVLMProcessor": "mmdp.data.families.smolvlm:SmolVLM",
     "Idefics3Processor": "mmdp.data.families.smolvlm:Idefics3",
+    "Gemma4Processor": "mmdp.data.families.gemma4:Gemma4",
+    "InternVLProcessor": "mmdp.data.families.internvl:InternVL",
 }
 # ...and a family whose processor is another's, told apart by its tokenizer: Qwen3.5's (and
 # Qwen3.5-MoE's) is a Qwen3VLProcessor whose tokenizer transformers loads as a Qwen3_5Tokenizer
@@ -42,6 +44,8 @@ OFFLINE = {
     "gemma3": "mmdp.data.families.gemma3:Gemma3",
     "smolvlm": "mmdp.data.families.smolvlm:SmolVLM",
     "qwen3_5": "mmdp.data.families.qwen_vl:Qwen3_5",
+    "gemma4": "mmdp.data.families.gemma4:Gemma4",
+    "internvl": "mmdp.data.families.internvl:InternVL",
 }
 MODELS = ("tiny", *OFFLINE)
 # By the family's own name (ModelFamily.name), the name a batch carries (`model_family`):

@@ -26,6 +26,7 @@ A family's weight for a row is the length `encode` returns, computed without dec
 the planned weight of every row is the length of the sample the processor builds.
 """
 
+import copy
 import hashlib
 import json
 import re
@@ -58,9 +59,16 @@ VISION_INPUTS = (
     "image_grid_thw",
     "image_sizes",
     "batch_num_images",
+    "image_position_ids",
 )
 # ...and for the videos: every family's `video_keys` (tests/test_video.py checks it)
-VIDEO_INPUTS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+VIDEO_INPUTS = (
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+    "video_position_ids",
+    "num_frames_per_video",
+)
 
 
 def concatenate_vision(samples: list[dict]) -> dict:
@@ -181,10 +189,20 @@ class ModelFamily:
         return dict(self.processor.image_processor(images=images, return_tensors="pt"))
 
     def video_frames(self, metadata) -> list[int]:
-        """The family's: which frames of a video (its VideoMetadata) the processor samples."""
+        """Which frames of a video (its VideoMetadata) the video processor samples, by its own
+        rule (all of them when it samples none). A video is refused (BadVideo) by a family that
+        takes none, or by the processor's rule (fewer frames than it samples)."""
         from mmdp.data.videos import BadVideo
 
-        raise BadVideo(VIDEO_REFUSED, f"{self.name or 'this'} family takes no video")
+        videos = getattr(self.processor, "video_processor", None)
+        if not self.video_token or videos is None:
+            raise BadVideo(VIDEO_REFUSED, f"{self.name or 'this'} family takes no video")
+        if not videos.do_sample_frames:
+            return list(range(metadata.total_num_frames))
+        try:
+            return [int(i) for i in videos.sample_frames(copy.copy(metadata))]
+        except (ValueError, ZeroDivisionError) as error:  # fewer frames than it samples
+            raise BadVideo(VIDEO_REFUSED, str(error)) from error
 
     def video_layout(self, metadata, frames: list[int]) -> ImageLayout:
         """The family's: what the processor makes of a video whose `frames` are sampled (BadVideo

@@ -51,7 +51,6 @@ packed_batch) is 2 rows of 2,860 tokens and eight 384 px crops with the real til
 262 tokens and 21 crops of 32 px with the tiny ones: the tiny model's tests run in seconds.
 """
 
-import copy
 import math
 
 import torch
@@ -61,8 +60,6 @@ from transformers.image_processing_utils import select_best_resolution
 
 from mmdp import config
 from mmdp.data.families.base import ImageLayout, ModelFamily, effective_settings
-from mmdp.data.videos import BadVideo
-from mmdp.drop_reasons import VIDEO_REFUSED
 from mmdp.errors import UserError
 
 # llava-hf/llava-onevision-qwen2-*-hf's chat_template.json, verbatim as transformers pins it
@@ -223,10 +220,7 @@ class LlavaOnevision(ModelFamily):
                 "LLaVA-OneVision takes a batch's videos as one tensor of as many frames each: set "
                 "the processor's video_processor.do_sample_frames=True and num_frames (e.g. 8)"
             )
-        try:
-            return [int(i) for i in videos.sample_frames(copy.copy(metadata))]
-        except ValueError as error:  # fewer frames than it samples
-            raise BadVideo(VIDEO_REFUSED, str(error)) from error
+        return super().video_frames(metadata)
 
     def video_layout(self, metadata, frames: list[int]) -> ImageLayout:
         """One run of <video> tokens, as many as the processor's replace_video_token writes for

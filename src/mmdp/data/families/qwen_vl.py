@@ -210,16 +210,6 @@ class QwenVL(ModelFamily):
             raise BadImage(IMAGE_SIZE_REFUSED, f"{width}x{height}: {error}") from error
         return ImageLayout(self.feature_token, (patches // self.merge_size**2,), patches)
 
-    def video_frames(self, metadata) -> list[int]:
-        """The frames the video processor samples (all of them when it samples none)."""
-        videos = self.processor.video_processor
-        if not videos.do_sample_frames:
-            return list(range(metadata.total_num_frames))
-        try:
-            return [int(i) for i in videos.sample_frames(copy.copy(metadata))]
-        except (ValueError, ZeroDivisionError) as error:  # fewer frames than it samples
-            raise BadVideo(VIDEO_REFUSED, str(error)) from error
-
     def video_layout(self, metadata, frames: list[int]) -> ImageLayout:
         """The video's patches by the processor's own rule, and its text by the processor's own
         replace_video_token, given a grid of the same size (no pixel needed)."""

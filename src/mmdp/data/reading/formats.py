@@ -39,7 +39,8 @@ A conversation becomes (user, reply) turns in order; nothing is dropped here, so
 is counted where rows are built: a user message without a reply becomes a turn with none
 (`empty_reply`), a reply without a question a turn with an empty one (as a null question in
 the_cauldron), and a role mmdp does not know (a tool's) leaves the row without turns
-(`no_texts`).
+(`no_texts`). Audio (an "audio" item, or an `audios` column without tags: ms-swift's) becomes an
+<audio> tag in the user's text, so that the row is counted (`audio_refused`).
 """
 
 import base64
@@ -144,6 +145,9 @@ def to_cauldron(row: dict, format: str, base: str | None, source: str | None) ->
         key = "image" if format == "llava" else "images"
         images = as_list(row.get(key)) + inline_images
         videos = as_list(row.get(key.replace("image", "video"))) + inline_videos
+    audios = len(as_list(row.get("audios")))
+    if audios and texts and not any("<audio>" in (turn["user"] or "") for turn in texts):
+        texts[0] = {**texts[0], "user": "<audio>" * audios + (texts[0]["user"] or "")}
     return {
         "images": [cell(file, base) for file in as_list(images)],
         "videos": [cell(file, base) for file in as_list(videos)],
@@ -190,6 +194,8 @@ def content_text(content, images: list, videos: list) -> str | None:
             named = next((item[key] for key in (kind, "url", "path") if item.get(key)), None)
             if named is not None:
                 (images if kind == "image" else videos).append(named)
+        elif kind == "audio":
+            pieces.append("<audio>")
     return "".join(pieces)
 
 

@@ -19,6 +19,8 @@ BUILDERS = {
     "gemma3": "mmdp.models.tiny.gemma3",
     "smolvlm": "mmdp.models.tiny.smolvlm",
     "idefics3": "mmdp.models.tiny.smolvlm",
+    "gemma4": "mmdp.models.tiny.gemma4",
+    "internvl": "mmdp.models.tiny.internvl",
 }
 
 
