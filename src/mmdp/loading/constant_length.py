@@ -142,7 +142,7 @@ class ConstantLengthDataset(IterableDataset):
             sample_labels[0] = IGNORE_INDEX
         positions = [s.get("position_ids", torch.arange(n)) for s, n in zip(samples, seq_lens)]
         positions.append(torch.arange(pad).expand(*family.position_rows, pad))  # Qwen-VL: [4, n]
-        vision = (*family.vision_keys, *family.video_keys, "image_count")
+        per_token = {"input_ids", "labels", "position_ids", *family.token_keys}  # vision: the rest
         return {
             "input_ids": torch.cat(
                 [*(s["input_ids"] for s in samples), torch.full((pad,), family.pad_token_id)]
@@ -156,7 +156,7 @@ class ConstantLengthDataset(IterableDataset):
             "real_token_mask": torch.arange(self.max_length) < self.max_length - pad,
             "seq_lens": seq_lens + ([pad] if pad else []),
             "sample_index": [s["row"] for s in samples],
-            "vision": [{key: s[key] for key in vision if key in s} for s in samples],
+            "vision": [{k: v for k, v in s.items() if k not in per_token} for s in samples],
             "patches": sum(s["patches"] for s in samples),
             "converted": sum((Counter(s["converted"]) for s in samples), Counter()),
             "dropped_rows": list(dropped),
