@@ -16,10 +16,13 @@ seconds); later runs load it.
 import dataclasses
 import random
 
-from mmdp import BadImage, DataSettings, config, decode_image, marked_turns, system_prompt
+from mmdp import config
+from mmdp.data.conversation import marked_turns, system_prompt
+from mmdp.data.images import BadImage, decode_image
+from mmdp.data.reading.settings import DataSettings
 from mmdp.errors import UserError, exit_on_user_error
 from mmdp.flags import Figures, parse_flags
-from mmdp.report import display_path, plot_sample, save_figure
+from mmdp.report.plots import display_path, plot_sample, save_figure
 
 
 @dataclasses.dataclass(frozen=True)

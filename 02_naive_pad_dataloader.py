@@ -4,7 +4,8 @@
     uv run 02_naive_pad_dataloader.py --batch-size 16 --metrics-json /tmp/02.json
 
 Prints the shapes of one batch and the waste over a whole epoch, and saves assets/02.png: each
-sample's content in blue, its padding in grey. The blog measured ~60% padding at this stage.
+sample's content in blue, its padding in grey. The batch shown is the first with a sample over
+512 tokens: the batch stage 3 shows, that sample dropped. The blog measured ~60% padding.
 """
 
 import dataclasses
@@ -12,20 +13,18 @@ import dataclasses
 import torch
 from torch.utils.data import DataLoader
 
-from mmdp import DataSettings, NaivePadCollator, VQADataset, config, get_tokenizer, real_token_mask
+from mmdp import config
+from mmdp.batch import real_token_mask
+from mmdp.data.padding import NaivePadCollator
+from mmdp.data.reading.settings import DataSettings
+from mmdp.data.tokenizer import get_tokenizer
+from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import exit_on_user_error
 from mmdp.flags import Figures, LoaderSettings, flag_values, parse_flags
-from mmdp.report import (
-    EpochReport,
-    display_path,
-    plot_padding,
-    print_batch,
-    print_settings,
-    run_epoch,
-    save_figure,
-    waste_title,
-    write_json,
-)
+from mmdp.report.epoch import run_epoch
+from mmdp.report.metrics import EpochReport, write_json
+from mmdp.report.plots import display_path, plot_padding, save_figure, waste_title
+from mmdp.report.printing import print_batch, print_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,9 +58,10 @@ def main(argv=None):
         collate_fn=NaivePadCollator(tokenizer.pad_token_id),
     )
 
-    # Go through one epoch; keep the first batch to show it
+    # Go through one epoch; keep the first batch with a sample over stage 3's max length (512)
     report = EpochReport()
-    first_batch, _ = run_epoch(loader, report)
+    longer = lambda batch: real_token_mask(batch).sum(dim=1).max() > config.MAX_LENGTH  # noqa: E731
+    first_batch, _ = run_epoch(loader, report, keep_batch=longer)
 
     print("\nOne batch:")
     print_batch(first_batch)
@@ -71,11 +71,14 @@ def main(argv=None):
             f"Wrote the epoch report to {display_path(write_json(report.as_dict(), args.metrics_json))}"
         )
 
-    # Visualize the padding of the first batch
+    # Visualize the padding of that batch
     lengths = real_token_mask(first_batch).sum(dim=1).tolist()
     width = first_batch["input_ids"].shape[1]
-    title = waste_title(f"Naive Padding: padded to the longest sample ({width})", lengths, width)
-    path = save_figure(plot_padding(lengths, width, title), args.out_dir, "02.png")
+    title = waste_title(
+        f"Naive Padding, one batch: padded to its longest ({width})", lengths, width
+    )
+    names = [f"sample {row:,}" for row in first_batch["sample_index"].tolist()]
+    path = save_figure(plot_padding(lengths, width, title, names=names), args.out_dir, "02.png")
     print(f"Saved the padding figure to {display_path(path)}")
 
 

@@ -4,7 +4,8 @@
     uv run 03_constrained_pad_dataloader.py --max-length 1024 --metrics-json /tmp/03.json
 
 Prints the shapes of one batch, how many samples were dropped, the waste over a whole epoch, and
-saves assets/03.png. Every batch is padded to max_length, whatever its content. For trainers
+saves assets/03.png: the first batch that drops a sample, stage 2's batch (02.png) at the fixed
+length. Every batch is padded to max_length, whatever its content. For trainers
 that cannot pack, the same max_length with batches grouped by modality and length:
 examples/group_by_length.py.
 """
@@ -14,27 +15,18 @@ import dataclasses
 import torch
 from torch.utils.data import DataLoader
 
-from mmdp import (
-    ConstrainedPadCollator,
-    DataSettings,
-    VQADataset,
-    config,
-    get_tokenizer,
-    real_token_mask,
-)
+from mmdp import config
+from mmdp.batch import real_token_mask
+from mmdp.data.padding import ConstrainedPadCollator
+from mmdp.data.reading.settings import DataSettings
+from mmdp.data.tokenizer import get_tokenizer
+from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import exit_on_user_error
 from mmdp.flags import Figures, LoaderSettings, flag_values, parse_flags
-from mmdp.report import (
-    EpochReport,
-    display_path,
-    plot_padding,
-    print_batch,
-    print_settings,
-    run_epoch,
-    save_figure,
-    waste_title,
-    write_json,
-)
+from mmdp.report.epoch import run_epoch
+from mmdp.report.metrics import EpochReport, write_json
+from mmdp.report.plots import display_path, plot_padding, save_figure, waste_title
+from mmdp.report.printing import print_batch, print_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +83,16 @@ def main(argv=None):
             f"Wrote the epoch report to {display_path(write_json(report.as_dict(), args.metrics_json))}"
         )
 
-    # Visualize the padding of that batch
+    # Visualize the padding of that batch, naming the samples dropped
     lengths = real_token_mask(shown).sum(dim=1).tolist()
+    dropped = ", ".join(f"sample {row:,} ({reason})" for row, reason in shown["dropped_rows"])
     title = waste_title(
-        f"Constrained Padding: padded to max length ({args.max_length})", lengths, args.max_length
+        f"Constrained Padding, one batch: padded to {args.max_length}, {dropped or 'none'} dropped",
+        lengths,
+        args.max_length,
     )
-    fig = plot_padding(lengths, args.max_length, title, limit=args.max_length)
+    names = [f"sample {row:,}" for row in shown["sample_index"].tolist()]
+    fig = plot_padding(lengths, args.max_length, title, limit=args.max_length, names=names)
     path = save_figure(fig, args.out_dir, "03.png")
     print(f"Saved the padding figure to {display_path(path)}")
 

@@ -6,19 +6,19 @@
 The items are the sequence lengths 1..24, a knapsack (pack) holds 100 tokens. A producer thread
 packs them and fills a queue while the main thread takes the packs out, with the blog's two
 loops (src/mmdp/packing/knapsack.py): greedy (in order) and binpack (first-fit decreasing).
-Prints the packs, checks that the library's fast packer (`mmdp.pack`, stage 5's) makes the same
-ones, and saves assets/04_greedy.png and assets/04_binpack.png.
+Prints the packs, checks that the library's fast packer (mmdp.packing.packers.pack) makes the
+same ones, and saves assets/04_greedy.png and assets/04_binpack.png.
 
 Differs from the blog: no DataLoader workers sharding the items (the blog's _get_data_range); a
-toy needs none, and stage 5 shards its packs across ranks and workers.
+toy needs none, and stage 5 shards its samples across ranks and workers.
 """
 
 import argparse
 
-import mmdp
-from mmdp import TOY_STRATEGIES, config, packs_in_background
+from mmdp.config import ASSETS_DIR
 from mmdp.flags import description, positive_int
-from mmdp.report import display_path, plot_packs, save_figure
+from mmdp.packing.knapsack import TOY_STRATEGIES, packs_in_background
+from mmdp.report.plots import display_path, plot_packs, save_figure
 
 
 def parse_args():
@@ -33,9 +33,7 @@ def parse_args():
     parser.add_argument(
         "--max-length", type=positive_int, default=100, help="token budget of a pack (default: 100)"
     )
-    parser.add_argument(
-        "--out-dir", default=display_path(config.ASSETS_DIR), help="default: assets/"
-    )
+    parser.add_argument("--out-dir", default=display_path(ASSETS_DIR), help="default: assets/")
     args = parser.parse_args()
     if args.start >= args.end:
         parser.error(f"--start ({args.start}) must be below --end ({args.end}): no items to pack")
@@ -48,31 +46,33 @@ def parse_args():
 
 
 def main():
+    from mmdp.packing.packers import pack  # the library's packer: numpy engines, loaded here only
+
     args = parse_args()
     items = list(range(args.start, args.end))
     strategies = list(TOY_STRATEGIES) if args.strategy == "both" else [args.strategy]
-    for strategy in strategies:
-        # The producer thread packs the items into a queue; we take the packs out as they come
-        packs = list(packs_in_background(items, args.max_length, strategy))
-
+    # The producer thread packs the items into a queue; we take the packs out as they come
+    packs_of = {s: list(packs_in_background(items, args.max_length, s)) for s in strategies}
+    rows = max(map(len, packs_of.values()))  # the figures, side by side, as high as each other
+    for strategy, packs in packs_of.items():
         # Show the packs and how full each one is
         print(f"=== Strategy: {strategy.upper()} ===")
-        for number, pack in enumerate(packs, start=1):
-            print(f"pack {number} ({sum(pack):>3}/{args.max_length}): {' '.join(map(str, pack))}")
+        for number, held in enumerate(packs, start=1):
+            print(f"pack {number} ({sum(held):>3}/{args.max_length}): {' '.join(map(str, held))}")
         full = sum(map(sum, packs)) / (len(packs) * args.max_length)
         print(f"{len(packs)} packs, {full:.0%} full")
 
-        # The library's packer (numpy engines, loaded here only) gives the same packs, as indices
-        packed = mmdp.pack(items, max_length=args.max_length, strategy=strategy)
-        fast = [[items[i] for i in pack] for pack in packed]
-        print(f"mmdp.pack(items, {args.max_length}, {strategy!r}): ", end="")
+        # The library's packer gives the same packs, as indices into the items
+        fast = pack(items, max_length=args.max_length, strategy=strategy)
+        fast = [[items[i] for i in indices] for indices in fast]
+        print(f"pack(items, max_length={args.max_length}, strategy={strategy!r}): ", end="")
         print("the same packs" if fast == packs else f"other packs: {fast}")
 
         title = (
             f"Knapsack toy, {strategy}: {len(packs)} packs of {args.max_length}, {full:.0%} full"
         )
         path = save_figure(
-            plot_packs(packs, args.max_length, title), args.out_dir, f"04_{strategy}.png"
+            plot_packs(packs, args.max_length, title, rows=rows), args.out_dir, f"04_{strategy}.png"
         )
         print(f"Saved the packs to {display_path(path)}\n")
 

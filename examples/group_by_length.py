@@ -16,6 +16,7 @@ import dataclasses
 
 import numpy as np
 import torch.distributed as dist
+from matplotlib.figure import Figure
 from torch.utils.data import DataLoader
 
 from mmdp import (
@@ -38,7 +39,6 @@ from mmdp.report import (
     EpochReport,
     display_path,
     nothing_to_do,
-    plot_grouped,
     print_batch,
     print_settings,
     rank_balance,
@@ -47,6 +47,8 @@ from mmdp.report import (
     waste_title,
     write_json,
 )
+from mmdp.report.model_plots import STRATEGY_COLOURS
+from mmdp.report.plots import PADDING_COLOUR, REAL_COLOUR, draw_padding, legend_below, subplots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +216,69 @@ def print_comparison(comparison: dict, world_size: int) -> None:
 
 def mean_max(spread: dict) -> str:
     return f"{spread['mean']:,.0f} / {spread['max']:,}"
+
+
+def plot_grouped(first_batch: dict, comparison: dict, title: str) -> Figure:
+    """assets/03_grouped.png, three panels one above the other: the first batch (the heaviest
+    of the epoch), real and padded tokens of the epoch for each way of batching, and the padded
+    tokens of every step in the order the loader yields them (a band: from the lightest rank's
+    batch to the heaviest's).
+
+    `first_batch`: draw_padding's arguments; `comparison`: training.strategies.compare_padding's.
+    """
+    rows = len(first_batch["lengths"])
+    fig, axes = subplots(
+        3,
+        1,
+        figsize=(10, 0.35 * rows + 9),
+        layout="constrained",
+        gridspec_kw={"height_ratios": [0.35 * rows + 0.6, 2.2, 3.6]},
+    )
+    draw_padding(axes[0], **first_batch)
+    names = list(comparison)
+    ax = axes[1]
+    real = np.array([comparison[n]["real_tokens"] for n in names])
+    padding = np.array([comparison[n]["computed_tokens"] for n in names]) - real
+    ax.barh(names, real, color=REAL_COLOUR, label="real tokens")
+    bars = ax.barh(names, padding, left=real, color=PADDING_COLOUR, label="padding")
+    ax.bar_label(bars, labels=[f" {p / (r + p):.1%} padding" for r, p in zip(real, padding)])
+    ax.invert_yaxis()
+    ax.set_xlim(0, (real + padding).max() * 1.3)
+    ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:,.0f}k")
+    ax.set_xlabel("tokens computed over the epoch")
+    ax.set_title("one epoch: real tokens and padding")
+    legend_below(ax, ncol=2)
+    ax = axes[2]
+    for name in names:
+        padded = np.asarray(comparison[name]["padded_tokens"])  # [step, rank]
+        steps = np.arange(1, len(padded) + 1)
+        heaviest = padded.max(axis=1)
+        colour = STRATEGY_COLOURS.get(name)
+        ax.plot(steps, heaviest, color=colour, linewidth=0.8, alpha=0.8, label=name)
+        if padded.shape[1] > 1:
+            ax.fill_between(steps, padded.min(axis=1), heaviest, color=colour, alpha=0.2)
+        top = int(np.argmax(heaviest))
+        ax.plot(
+            steps[top],
+            heaviest[top],
+            marker="v",
+            markersize=11,
+            markeredgecolor="black",
+            color=colour,
+            linestyle="none",
+            label=f"{name}'s heaviest: step {top + 1}",
+        )
+    ranks = np.asarray(comparison[names[0]]["padded_tokens"]).shape[1]
+    ax.set_xlabel("step, in the order the loader yields them")
+    ax.set_ylabel("padded tokens (rows x padded length)")
+    ax.set_ylim(0, None)
+    ax.set_title(
+        "every step: its heaviest batch"
+        + (f" (band: down to the lightest of {ranks} ranks)" if ranks > 1 else "")
+    )
+    legend_below(ax, ncol=3)
+    fig.suptitle(title)
+    return fig
 
 
 if __name__ == "__main__":

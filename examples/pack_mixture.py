@@ -7,7 +7,7 @@ offers one source per task, `synthetic:describe` ...), every rank given every so
         --mixture examples/mixture.json --metrics-json /tmp/mixture.json
 
 Prints one batch (with `loss_weights` when a source has a loss weight) and the epoch report of
-stage 5 (05_knapsack_multimodal.py), plus a line per source: rows, samples, tokens, the share
+examples/pack_planned.py, plus a line per source: rows, samples, tokens, the share
 asked vs realised (overall and per rank) and drops by reason, also under "mixture" in
 --metrics-json.
 """

@@ -10,7 +10,7 @@ weighed (mmdp.weighing.prepared).
 
 The rows are still loaded (their images are read from them): the same rows, model and budgets as
 the prepared ones, or the run is refused in one sentence. The budgets not given are the prepared
-dataset's. Prints one batch and the epoch report of stage 5 (05_knapsack_multimodal.py), and
+dataset's. Prints one batch and the epoch report of examples/pack_planned.py, and
 writes the same --metrics-json (weighing.rows_weighed_per_rank: [0, 0] under torchrun).
 """
 

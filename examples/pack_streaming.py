@@ -6,7 +6,7 @@ does (mmdp.loading.streaming).
     uv run torchrun --standalone --nproc_per_node 2 examples/pack_streaming.py
     uv run examples/pack_streaming.py --dataset data/ --model qwen2_5_vl   # parquet files, a real family
 
-Prints one batch and the epoch report of stage 5 (05_knapsack_multimodal.py), and writes the same
+Prints one batch and the epoch report of examples/pack_planned.py, and writes the same
 --metrics-json keys but the weighing (a stream is weighed as it arrives). Under torchrun every
 rank reads its shards and all stop at the same step: the rows a rank still held when another ran
 out are counted (held_when_ranks_stopped).

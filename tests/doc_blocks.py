@@ -57,7 +57,7 @@ CHECKED = {
     "uv run examples/pack_mixture.py --mixture examples/mixture.json": (
         "test_stage_scripts.py (exact: -m slow)"
     ),
-    "uv run torchrun --standalone --nproc_per_node 2 05_knapsack_multimodal.py --metrics-json "
+    "uv run torchrun --standalone --nproc_per_node 2 examples/pack_planned.py --metrics-json "
     "/tmp/05.json": "test_stage_scripts.py (template: -m slow)",
     "uv run torchrun --standalone --nproc_per_node 2 examples/group_by_length.py": (
         "test_stage_scripts.py (template: -m slow)"
@@ -75,15 +75,15 @@ CHECKED = {
     "uv run 01_check_dataset.py --dataset train.jsonl --row 0": (
         "test_formats.py::test_format_stage1_shows_a_users_row_with_each_images_place (exact)"
     ),
-    "uv run 05_knapsack_multimodal.py --dataset train.jsonl --model qwen2_5_vl": (
-        "test_formats.py::test_format_stage5_packs_a_users_rows_and_counts_every_drop_by_reason "
-        "(template: -m slow)"
+    "uv run examples/pack_planned.py --dataset train.jsonl --model qwen2_5_vl": (
+        "test_formats.py::test_format_the_planned_loader_packs_a_users_rows_and_counts_every_"
+        "drop_by_reason (template: -m slow)"
     ),
     "uv run 02_naive_pad_dataloader.py --dataset HuggingFaceM4/the_cauldron --subset ai2d": (
         "test_stage_scripts.py (exact, no name resolves)"
     ),
     # the commands of the figures (tools/figures.py --check: tests/test_figures.py, -m slow)
-    "uv run 05_knapsack_multimodal.py --model qwen2_5_vl": "test_figures.py (exact: -m slow)",
+    "uv run examples/pack_planned.py --model qwen2_5_vl": "test_figures.py (exact: -m slow)",
     "uv run 06_packing_pays_off.py": "test_figures.py (exact: -m slow)",
 }
 # Quoted outputs no test runs, and why.
@@ -131,12 +131,15 @@ RUN = {
         STAGES + "test_padding_stages_write_figure_and_consistent_metrics"
     ),
     "04_knapsack_toy.py": STAGES + "test_stage4_prints_the_blogs_packs_and_saves_both_figures",
-    "05_knapsack_multimodal.py": STAGES + "test_stage5_default_run_packs_at_least_98_percent",
+    "05_knapsack_multimodal.py": (
+        STAGES + "test_stage5_packs_with_the_blogs_dataset_and_checks_it_against_packed_dataset"
+    ),
     "06_packing_pays_off.py": (
         "tests/test_model_and_strategies.py::test_stage6_runs_and_reports (-m slow)"
     ),
-    "torchrun 05_knapsack_multimodal.py": (
-        STAGES + "test_stage5_under_torchrun_two_ranks_two_workers (-m slow)"
+    "examples/pack_planned.py": SMOKE,
+    "torchrun examples/pack_planned.py": (
+        STAGES + "test_the_planned_loader_under_torchrun_two_ranks_two_workers (-m slow)"
     ),
     "uv run 02_naive_pad_dataloader.py --dataset HuggingFaceM4/the_cauldron --subset ai2d": (
         STAGES + "test_without_a_network_a_hub_dataset_is_the_sentence_the_docs_quote "
@@ -194,7 +197,7 @@ S3 = "a user's S3 bucket"
 INSTALL = "an install: the network (uv.lock's packages)"
 RAY_CLUSTER = "a Ray cluster of several machines"
 NOT_RUN = {
-    "uv run 05_knapsack_multimodal.py --processor Qwen/Qwen2.5-VL-7B-Instruct": (
+    "uv run examples/pack_planned.py --processor Qwen/Qwen2.5-VL-7B-Instruct": (
         "the network: the Hub's processor (the offline one, `--model qwen2_5_vl`, is run)"
     ),
     "PYTHONPATH=src python3 bench/bench_loss.py --device cuda": "a GPU; the smoke run is on CPU",

@@ -145,6 +145,7 @@ SMOKE_RUNS = [
     Smoke(
         "examples/pack_streaming.py", "--num-rows 40 --num-workers 0", SAMPLES_PER_ROW, slow=True
     ),
+    Smoke("examples/pack_planned.py", "--num-rows 40 --num-workers 0", SAMPLES_PER_ROW, slow=True),
     Smoke("examples/trainer.py", TRAIN, FINAL_LOSS, slow=True),
     Smoke("examples/accelerate_loop.py", TRAIN, FINAL_LOSS, slow=True),
     Smoke("examples/torchrun.py", TRAIN, FINAL_LOSS, slow=True),

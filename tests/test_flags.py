@@ -226,6 +226,7 @@ SEEDED = [
     "06_packing_pays_off.py",
     "examples/group_by_length.py",
     "examples/pack_mixture.py",
+    "examples/pack_planned.py",
     "examples/pack_prepared.py",
     "examples/pack_streaming.py",
     "examples/trainer.py",

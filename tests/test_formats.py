@@ -372,12 +372,12 @@ def test_format_a_users_rows_pack_for_qwen2_5_vl_each_used_or_counted_by_reason(
 
 
 @pytest.mark.slow  # the script draws every family's costs: a processor each, 10-20 s
-def test_format_stage5_packs_a_users_rows_and_counts_every_drop_by_reason(
+def test_format_the_planned_loader_packs_a_users_rows_and_counts_every_drop_by_reason(
     run_main, held_out, tmp_path
 ):
     metrics = tmp_path / "05.json"
     status, out, err = run_main(
-        "05_knapsack_multimodal.py", "--dataset", str(held_out / "train.jsonl"),
+        "examples/pack_planned.py", "--dataset", str(held_out / "train.jsonl"),
         "--model", "qwen2_5_vl", "--num-workers", "0", "--packs-per-batch", "2",
         "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
     )  # fmt: skip
@@ -387,11 +387,11 @@ def test_format_stage5_packs_a_users_rows_and_counts_every_drop_by_reason(
     assert report["dropped"] == {MEDIA_TAG_MISMATCH: 1, UNDECODABLE_IMAGE: 2, EMPTY_REPLY: 1}
     assert report["samples"] + sum(report["dropped"].values()) == 8
     assert "Your rows" in out and "media_tag_mismatch" in out and "tokens per sample" in out
-    command = "uv run 05_knapsack_multimodal.py --dataset train.jsonl --model qwen2_5_vl"
+    command = "uv run examples/pack_planned.py --dataset train.jsonl --model qwen2_5_vl"
     # the file as the docs' command names it (from its folder); other paths in /tmp/users_data
     paths = {str(held_out / "train.jsonl"): "train.jsonl", str(held_out): "/tmp/users_data",
              str(tmp_path): "assets"}  # fmt: skip
-    check_output(command, ["05_knapsack_multimodal.py", "--num-workers", "0"], out, paths=paths)
+    check_output(command, ["examples/pack_planned.py", "--num-workers", "0"], out, paths=paths)
 
 
 def test_format_a_users_file_is_a_source_of_a_mixture(held_out):

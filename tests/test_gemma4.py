@@ -1,5 +1,6 @@
 """Gemma 4 (mmdp.data.families.gemma4): weights from image and video headers equal to what the
-real processor makes, the attention masks of packed rows, rows with audio counted, stage 5.
+real processor makes, the attention masks of packed rows, rows with audio counted, the planned
+loader (examples/pack_planned.py).
 
 Every family's packed batch (images and text in 2 packs, tests/test_families.py) already runs
 Gemma 4's tiny model under every attention implementation, with its trap. Here: the image sizes
@@ -327,18 +328,18 @@ def test_a_row_with_audio_is_counted_never_a_crash(tiny, tmp_path):
     assert loader.dataset.plan().dropped == {AUDIO_REFUSED: 3}
 
 
-# Stage 5 -----------------------------------------------------------------------------------------
+# The planned loader (examples/pack_planned.py) ---------------------------------------------------
 
 
 @pytest.mark.slow  # the script weighs every family's image costs for its figure: 30-60 s
 @pytest.mark.parametrize("name", ["gemma4", "internvl"])
-def test_stage5_runs_offline_for_the_family(run_main, tmp_path, name):
-    """`uv run 05_knapsack_multimodal.py --model gemma4 --num-rows 200` (and internvl): every row
+def test_the_planned_loader_runs_offline_for_the_family(run_main, tmp_path, name):
+    """`uv run examples/pack_planned.py --model gemma4 --num-rows 200` (and internvl): every row
     trained or counted. Gemma 4's checkpoints sample 32 frames a clip, so the synthetic clips
     (4-24 frames) are all refused; InternVL's offline processor samples 4 and packs them."""
     metrics = tmp_path / "m.json"
     status, _, err = run_main(
-        "05_knapsack_multimodal.py", "--model", name, "--num-rows", "200",
+        "examples/pack_planned.py", "--model", name, "--num-rows", "200",
         "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
     )  # fmt: skip
     assert status == 0, err

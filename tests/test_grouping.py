@@ -183,7 +183,9 @@ def test_sampler_shares_the_plan_between_ranks_and_the_naive_collator_pads_each_
 
 
 def test_plot_grouped_names_its_parts():
-    from mmdp.report.model_plots import plot_grouped
+    from test_plots import example
+
+    plot_grouped = example("group_by_length").plot_grouped
 
     result = compare_padding(random_weights(200, 0), max_length=400, batch_size=4, world_size=2)
     first = {"lengths": [30, 20], "width": 30, "limit": 400, "title": "first"}

@@ -1,10 +1,12 @@
 """Each stage reaches only what its blog section needs (issue 52): what executing a stage
 script's imports (not its main) loads of mmdp, in lines, and whether it loads torch, transformers,
-datasets or the fast packing engines; `import mmdp` alone loads none of the three; every stage
-takes its names from mmdp's faces, at most 4 mmdp modules."""
+datasets or the fast packing engines; `import mmdp` alone loads none of the three; stage 5's
+ConstantLengthDataset pulls at most 1,500 lines of mmdp and no datasets; every stage imports
+each name from the module where it lives, so that a reader finds its file in one step."""
 
 import ast
 import json
+import re
 import subprocess
 import sys
 
@@ -14,8 +16,9 @@ from conftest import REPO
 STAGES = sorted(path.name for path in REPO.glob("0[1-5]_*.py"))  # 06 trains: not measured
 HEAVY = ("torch", "transformers", "datasets")
 ENGINES = tuple(f"mmdp.packing.{name}" for name in ("_engines", "_best_fit", "_placements"))
-FACES = {"mmdp", "mmdp.flags", "mmdp.report", "mmdp.errors"}  # where a stage takes its names
 MAX_LINES = {"04_knapsack_toy.py": 800, **dict.fromkeys(STAGES[:3], 3_500)}
+BLOGS_DATASET = "mmdp.loading.constant_length"  # stage 5's ConstantLengthDataset
+DEFINITIONS = (ast.FunctionDef, ast.ClassDef)
 
 # One process for all: `import mmdp` first, then the stage without a heavy library (4), then the
 # others; before each, mmdp's modules are forgotten (pure Python: imported again, in full), so
@@ -37,13 +40,13 @@ def loaded():
             "engines": [e for e in ENGINES if e in sys.modules]}
 
 measured = {}
-import mmdp
-measured["import mmdp"] = loaded()
+__import__(FIRST)
+measured[FIRST] = loaded()
 for script in SCRIPTS:
     forget()
     runpy.run_path(script, run_name="imports only")
     measured[script] = loaded()
-import mmdp.report
+import mmdp, mmdp.report
 missing = [f"{face.__name__}.{name}" for face in (mmdp, mmdp.report) for name in face.__all__
            if not hasattr(face, name)]
 print(json.dumps({"measured": measured, "missing": missing}))
@@ -53,7 +56,12 @@ print(json.dumps({"measured": measured, "missing": missing}))
 @pytest.fixture(scope="module")
 def measured() -> dict:
     scripts = ["04_knapsack_toy.py", *(s for s in STAGES if s != "04_knapsack_toy.py")]
-    program = f"HEAVY, ENGINES, SCRIPTS = {HEAVY!r}, {ENGINES!r}, {scripts!r}\n{MEASURE}"
+    return measure(scripts)
+
+
+def measure(scripts: list[str], first: str = "mmdp") -> dict:
+    """MEASURE in a fresh process: `import first`, then each script's imports."""
+    program = f"HEAVY, ENGINES, SCRIPTS, FIRST = {(HEAVY, ENGINES, scripts, first)!r}\n{MEASURE}"
     done = subprocess.run(
         [sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=300
     )
@@ -67,7 +75,7 @@ def breakdown(loaded: dict) -> str:
 
 
 def test_import_mmdp_alone_loads_no_heavy_library(measured):
-    loaded = measured["measured"]["import mmdp"]
+    loaded = measured["measured"]["mmdp"]
     assert loaded["heavy"] == [] and loaded["engines"] == []
     assert set(loaded["lines"]) <= {"mmdp", "mmdp._lazy"}, breakdown(loaded)
 
@@ -91,15 +99,86 @@ def test_every_name_of_the_faces_resolves(measured):
     assert measured["missing"] == []
 
 
+def test_the_blogs_constant_length_dataset_pulls_little_of_mmdp_and_no_datasets():
+    loaded = measure([], first=BLOGS_DATASET)["measured"][BLOGS_DATASET]  # a process of its own
+    assert "datasets" not in loaded["heavy"] and loaded["engines"] == []
+    assert sum(loaded["lines"].values()) <= 1_500, breakdown(loaded)
+
+
+def defined_in(module: str) -> set[str]:
+    """The names a module of mmdp defines itself (functions, classes, assignments), not those it
+    imports: what `from MODULE import NAME` may take from it."""
+    tree = ast.parse(module_path(module).read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        for target in getattr(node, "targets", [getattr(node, "target", None)]):
+            names |= (
+                {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} if target else set()
+            )
+    return names
+
+
+def module_path(module: str):
+    path = REPO / "src" / module.replace(".", "/")
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
 @pytest.mark.parametrize("script", STAGES)
-def test_each_stage_takes_its_names_from_mmdps_faces(script):
+def test_each_stage_imports_each_name_from_the_module_where_it_lives(script):
+    """`from mmdp.data.vqa_dataset import VQADataset`, not `from mmdp import VQADataset`: the
+    import line is the file to open (README, "the stages share src/mmdp/")."""
     tree = ast.parse((REPO / script).read_text())
-    modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    modules |= {
-        alias.name
+    elsewhere = [
+        f"{node.module}.{alias.name}"
         for node in ast.walk(tree)
-        if isinstance(node, ast.Import)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mmdp")
         for alias in node.names
-    }
-    from_mmdp = {m for m in modules if m == "mmdp" or m.startswith("mmdp.")}
-    assert from_mmdp <= FACES and len(from_mmdp) <= 4, sorted(from_mmdp)
+        if alias.name not in defined_in(node.module)
+        and not module_path(f"{node.module}.{alias.name}").exists()  # a module: its own file
+    ]
+    bare = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+            for alias in node.names if alias.name.startswith("mmdp")]  # fmt: skip
+    assert elsewhere == [] and bare == [], f"imported from a face, not its file: {elsewhere + bare}"
+
+
+def test_the_import_check_names_a_name_taken_from_a_face():
+    """Negative control: mmdp's face defines none of the names it hands out."""
+    assert "VQADataset" not in defined_in("mmdp") and "VQADataset" in defined_in(
+        "mmdp.data.vqa_dataset"
+    )
+    assert "MAX_LENGTH" in defined_in("mmdp.config")
+
+
+def test_the_readme_links_the_blogs_dataset_with_each_piece_of_its_table():
+    """README stage 5: the module's link and true line count (at most 250), and the blog's table
+    row by row, each row linking the file that defines the function it names."""
+    readme = (REPO / "README.md").read_text()
+    module = module_path(BLOGS_DATASET).relative_to(REPO)
+    lines = len((REPO / module).read_text().splitlines())
+    assert lines <= 250 and f"[C]: {module}" in readme and f"[C] ({lines} lines)" in readme
+    table = readme.split("| Blog | Stage 5 | Here |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    rows = {line.split("|")[1].strip(): line.split("|")[3] for line in table}
+    assert list(rows) == ["Item", "Weight", "Knapsack", "Packing Strategy", "Producer-Consumer",
+                          "Sample Filtering", "Sharding", "Batching", "Output"]  # fmt: skip
+    for blog, cell in rows.items():
+        links = re.findall(r"\[([^\]]+)\](?:\(([^)#]+)[^)]*\)|\[C\])", cell)
+        code = [(name, path or str(module)) for text, path in links
+                for name in re.findall(r"`([\w.]+)", text)]  # fmt: skip
+        assert code, f"{blog}: links no function"
+        for name, path in code:
+            if path.endswith(".py"):
+                tree = ast.parse((REPO / path).read_text())
+                functions = {n.name for n in ast.walk(tree) if isinstance(n, DEFINITIONS)}
+                assert name.split(".")[-1] in functions, f"{blog}: {path} defines no {name}"
+
+
+def test_the_table_check_names_a_function_the_file_lacks(tmp_path):
+    """Negative control: the same parse on a made-up row names what the file does not define."""
+    cell = " [`_knapsack_of_the_blog`][C] "
+    links = re.findall(r"\[([^\]]+)\](?:\(([^)#]+)[^)]*\)|\[C\])", cell)
+    names = [name for text, _ in links for name in re.findall(r"`([\w.]+)", text)]
+    tree = ast.parse(module_path(BLOGS_DATASET).read_text())
+    assert names == ["_knapsack_of_the_blog"]
+    assert names[0] not in {n.name for n in ast.walk(tree) if isinstance(n, DEFINITIONS)}

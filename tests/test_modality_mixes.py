@@ -130,12 +130,12 @@ def test_stage5_with_tinyvlm_packs_every_mix_but_videos(run_main, tmp_path, mix_
         for mix in ("videos_only", "mixed")
     ],
 )
-def test_stage5_with_a_video_family_packs_and_draws_every_mix(
+def test_the_planned_loader_with_a_video_family_packs_and_draws_every_mix(
     run_main, tmp_path, mix_files, model, mix
 ):
     metrics = tmp_path / "m.json"
     status, out, err = run_main(
-        "05_knapsack_multimodal.py", "--dataset", mix_files[mix], "--model", model,
+        "examples/pack_planned.py", "--dataset", mix_files[mix], "--model", model,
         "--num-workers", "0", "--out-dir", str(tmp_path), "--metrics-json", str(metrics),
     )  # fmt: skip
     assert status == 0, err
@@ -148,10 +148,13 @@ def test_stage5_with_a_video_family_packs_and_draws_every_mix(
 
 
 def test_the_model_figure_of_rows_without_images_says_so():
-    """Stage 5 --model's figure of videos or text only: "no images", and one pack (a lone
-    dot) inside the axes, not under the legend."""
+    """examples/pack_planned.py --model's figure of videos or text only: "no images", and one
+    pack (a lone dot) inside the axes, not under the legend."""
+    from test_plots import example
+
     from mmdp.packing.weights import Budgets
-    from mmdp.report.model_plots import plot_model_budgets
+
+    plot_model_budgets = example("pack_planned").plot_model_budgets
 
     budgets = Budgets(max_length=2048, max_images=18, max_patches=8192)
     fig = plot_model_budgets({}, [975], [5300], model="qwen2_5_vl", budgets=budgets)
@@ -208,7 +211,7 @@ def test_videos_only_on_s3_run_stages_1_5_and_6(run_main, tmp_path, monkeypatch)
         assert "video 1: s3://mixes/media/1.mp4" in out
         metrics = tmp_path / "m.json"
         status, out, err = run_main(
-            "05_knapsack_multimodal.py", *dataset, "--model", "qwen2_5_vl", "--num-workers", "0",
+            "examples/pack_planned.py", *dataset, "--model", "qwen2_5_vl", "--num-workers", "0",
             "--metrics-json", str(metrics),
         )  # fmt: skip
         assert status == 0, err

@@ -228,17 +228,17 @@ def test_a_truncated_real_family_sample_packed_has_its_loss_alone(name, attentio
     assert packed == pytest.approx(alone, rel=1e-5)
 
 
-# Stage 5 ------------------------------------------------------------------------------------------
+# The planned loader (examples/pack_planned.py) ----------------------------------------------------
 
 
 @pytest.mark.slow
-def test_stage5_overflow_truncate_keeps_every_over_long_text_row(run_main, tmp_path):
+def test_planned_overflow_truncate_keeps_every_over_long_text_row(run_main, tmp_path):
     """`--overflow truncate` on the embedded rows: what `--overflow drop` counts too_long is kept,
     truncated, and the run says nothing of a budget (nothing was dropped)."""
     runs = {}
     for overflow in ("drop", "truncate"):
         metrics = tmp_path / f"{overflow}.json"
-        argv = ["05_knapsack_multimodal.py", "--num-rows", "400", "--overflow", overflow,
+        argv = ["examples/pack_planned.py", "--num-rows", "400", "--overflow", overflow,
                 "--out-dir", str(tmp_path), "--metrics-json", str(metrics)]  # fmt: skip
         status, out, err = run_main(*argv)
         assert status == 0, err

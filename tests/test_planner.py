@@ -18,7 +18,7 @@ from mmdp.planning.planner import (
     plan_epoch,
     ranges,
 )
-from mmdp.report.balance import rank_balance
+from mmdp.report.pack_report import rank_balance
 
 
 def test_filter_counts_every_row_it_leaves_out():

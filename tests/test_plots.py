@@ -1,18 +1,15 @@
 """Every figure helper on tiny fake inputs: its title, and what its legend (or its labels) lists."""
 
+import importlib.util
+
 import pytest
 import torch
+from conftest import REPO
 from PIL import Image
 
 from mmdp.batch import collate_packs, layout_pack
 from mmdp.packing.weights import Budgets
-from mmdp.report.model_plots import (
-    plot_grouped,
-    plot_learning_curves,
-    plot_model_budgets,
-    plot_pack_samples,
-    plot_strategies,
-)
+from mmdp.report.model_plots import plot_learning_curves, plot_pack_samples, plot_strategies
 from mmdp.report.plots import (
     plot_packs,
     plot_padding,
@@ -20,6 +17,16 @@ from mmdp.report.plots import (
     plot_sample,
     waste,
 )
+
+
+def example(name: str):
+    """An example script as a module (its main not run): the figure helpers of its one figure,
+    which live in it (examples/group_by_length.py's plot_grouped, pack_planned's
+    plot_model_budgets)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def legend_labels(ax) -> list[str]:
@@ -236,7 +243,7 @@ def test_every_figure_fits_the_readmes_width_and_labels_its_axes(figure):
         "strategies": lambda: plot_strategies(
             {n: {**row, "per_row": per_row} for n in ("naive", "binpack")}, "t"
         ),
-        "grouped": lambda: plot_grouped(
+        "grouped": lambda: example("group_by_length").plot_grouped(
             {"lengths": [3, 6], "width": 6, "title": "a", "limit": 8},
             {
                 name: {"real_tokens": 9, "computed_tokens": c, "padded_tokens": [[c // 2]] * 2}
@@ -244,7 +251,7 @@ def test_every_figure_fits_the_readmes_width_and_labels_its_axes(figure):
             },
             "t",
         ),
-        "model_budgets": lambda: plot_model_budgets(
+        "model_budgets": lambda: example("pack_planned").plot_model_budgets(
             {"tiny": [64], "qwen2_5_vl": [49, 256]},
             [500, 512],
             [900, 1000],

@@ -220,13 +220,13 @@ def test_transformers_resolves_the_kernels_when_it_imports_the_module():
         assert resolved["is_new_implementation"] and "seq_idx" in resolved["applicable_params"]
 
 
-# Stage 5 ---------------------------------------------------------------------------------------
+# The planned loader (examples/pack_planned.py) -------------------------------------------------
 
 
 @pytest.mark.slow  # the offline processors of every family (the image costs figure): ~45 s
-def test_stage5_packs_for_qwen3_5_offline(run_main, tmp_path):
+def test_the_planned_loader_packs_for_qwen3_5_offline(run_main, tmp_path):
     status, out, err = run_main(
-        "05_knapsack_multimodal.py",
+        "examples/pack_planned.py",
         *("--model", "qwen3_5", "--num-rows", "24", "--video-rows", "6", "--num-workers", "0"),
         *("--out-dir", str(tmp_path)),
     )

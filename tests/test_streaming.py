@@ -437,7 +437,7 @@ def test_streamed_batches_keep_samples_apart(attention, rows, tokenizer):
 
 def test_pack_streaming_has_the_planned_report_keys(run_main, tmp_path):
     reports = {}
-    for mode, script in (("planned", "05_knapsack_multimodal.py"), ("streaming", STREAMING)):
+    for mode, script in (("planned", "examples/pack_planned.py"), ("streaming", STREAMING)):
         metrics = tmp_path / f"{mode}.json"
         figures = ["--out-dir", str(tmp_path)] if mode == "planned" else []  # stage 5 draws
         status, out, err = run_main(

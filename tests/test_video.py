@@ -418,14 +418,16 @@ def test_a_video_counts_against_the_patch_budget_whole_and_a_broken_one_is_count
             assert video_tokens == int(grids.prod(-1).sum()) // tiny_family.merge_size**2
 
 
-# Stage 5 ---------------------------------------------------------------------------------------
+# The planned loader (examples/pack_planned.py) -------------------------------------------------
 
 
 @pytest.mark.slow  # 46 s on a busy 2-core machine: the offline processors of every family
-def test_stage5_packs_and_reports_the_videos_for_a_family_that_takes_them(run_main, tmp_path):
+def test_planned_loader_packs_and_reports_the_videos_for_a_family_that_takes_them(
+    run_main, tmp_path
+):
     metrics = tmp_path / "m.json"
     status, out, err = run_main(
-        "05_knapsack_multimodal.py",
+        "examples/pack_planned.py",
         *("--model", "qwen3_vl", "--num-rows", "24", "--video-rows", "6", "--num-workers", "0"),
         *("--out-dir", str(tmp_path), "--metrics-json", str(metrics)),
     )

@@ -60,7 +60,7 @@ FIGURES = {
     "05.png": "uv run 05_knapsack_multimodal.py",
     "05_vs_03.png": "uv run 05_knapsack_multimodal.py",
     "05_samples.png": "uv run 05_knapsack_multimodal.py",
-    "05_qwen2_5_vl.png": "uv run 05_knapsack_multimodal.py --model qwen2_5_vl",
+    "05_qwen2_5_vl.png": "uv run examples/pack_planned.py --model qwen2_5_vl",
     "06.png": "uv run 06_packing_pays_off.py",
     "strategies.png": "uv run 06_packing_pays_off.py",
 }

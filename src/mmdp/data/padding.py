@@ -10,6 +10,7 @@ Both take the list of dicts VQADataset returns and produce one dict of tensors:
     sample_of_image int64 [N]      which row of the batch each image belongs to
     sample_index    int64 [B]      the dataset row of each batch row
     dropped         {reason: count} rows left out of this batch, and why
+    dropped_rows    [(row, reason)]: which rows those were
     converted       {mode: count}  images converted to RGB
 """
 
@@ -24,7 +25,7 @@ from mmdp.drop_reasons import TOO_LONG
 
 def pad_batch(samples: list[dict], pad_token_id: int, length: int | None = None) -> dict:
     """Pad the usable samples to `length` (default: the longest of them) and stack them."""
-    dropped = Counter(s["drop_reason"] for s in samples if s["drop_reason"] is not None)
+    dropped_rows = [(s["row"], s["drop_reason"]) for s in samples if s["drop_reason"] is not None]
     samples = [s for s in samples if s["drop_reason"] is None]
     if length is None:
         length = max((len(s["input_ids"]) for s in samples), default=0)
@@ -51,7 +52,8 @@ def pad_batch(samples: list[dict], pad_token_id: int, length: int | None = None)
             [i for i, s in enumerate(samples) for _ in s["pixel_values"]], dtype=torch.long
         ),
         "sample_index": torch.tensor([s["row"] for s in samples], dtype=torch.long),
-        "dropped": dict(dropped),
+        "dropped": dict(Counter(reason for _, reason in dropped_rows)),
+        "dropped_rows": dropped_rows,
         "converted": dict(converted),
     }
 

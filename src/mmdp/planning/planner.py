@@ -510,7 +510,7 @@ def ranges(first: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 def batch_loads(plan: EpochPlan, weights: Weights) -> dict[str, np.ndarray]:
     """The tokens, images and patches of every rank's batch at every step: arrays [steps,
-    world_size] (for mmdp.report.balance.rank_balance)."""
+    world_size] (for mmdp.report.pack_report.rank_balance)."""
     pack_of_row = np.repeat(np.arange(len(plan.pack_starts) - 1), np.diff(plan.pack_starts))
     batch_of_pack = np.repeat(np.arange(len(plan.batch_starts) - 1), np.diff(plan.batch_starts))
     batch_of_row = batch_of_pack[pack_of_row]

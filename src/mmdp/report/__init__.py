@@ -6,11 +6,10 @@ used, so stage 4's figures do not pull torch.
 plots        the figures of stages 1-4 and what every figure shares (colours, save_figure)
 model_plots  the figures of stages 5-6
 printing     a batch, a table, the settings, an epoch's report
-rows         stage 5's rows: the videos packed, a user's rows used and dropped (--dataset)
 epoch        one epoch through a loader into a report; --metrics-json, --save-batch
 metrics      EpochReport: utilization and dropped samples over an epoch
-balance      rank_balance(): how evenly the ranks share each step
-pack_report  PackReport: stage 5's, per pack and per source; merged over ranks; the JSON
+pack_report  PackReport: stage 5's, per pack and per source; merged over ranks (rank_balance);
+             the JSON
 sources      source_report(): each source of a mixture, asked vs realised, and its drops
 """
 
@@ -31,10 +30,8 @@ __getattr__, __dir__, __all__ = lazy_face(
         ],
         "mmdp.report.model_plots": [
             "plot_pack_samples",
-            "plot_model_budgets",
             "plot_strategies",
             "plot_learning_curves",
-            "plot_grouped",
         ],
         "mmdp.report.printing": [
             "print_settings",
@@ -45,11 +42,14 @@ __getattr__, __dir__, __all__ = lazy_face(
             "print_epoch_report",
             "print_rank_balance",
         ],
-        "mmdp.report.rows": ["print_videos", "print_your_rows", "print_image_costs"],
         "mmdp.report.epoch": ["run_epoch", "run_packed_epoch", "nothing_to_do", "write_outputs"],
         "mmdp.report.metrics": ["EpochReport", "write_json"],
-        "mmdp.report.balance": ["rank_balance"],
-        "mmdp.report.pack_report": ["PackReport", "merge_over_ranks", "epoch_metrics"],
+        "mmdp.report.pack_report": [
+            "PackReport",
+            "merge_over_ranks",
+            "epoch_metrics",
+            "rank_balance",
+        ],
         "mmdp.report.sources": ["source_report", "format_source_report"],
     },
 )

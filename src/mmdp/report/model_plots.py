@@ -1,20 +1,15 @@
-"""The figures of stages 5-6: what a pack holds, the budgets, the strategies compared, the
-learning curves; and batches grouped by length. Colours and helpers: mmdp.report.plots."""
+"""The figures of stages 5-6: what a pack holds, the strategies compared, the learning curves
+(one colour per strategy, STRATEGY_COLOURS). Colours and helpers: mmdp.report.plots."""
 
 import matplotlib.lines
 import matplotlib.patches
 import numpy as np
 from matplotlib.figure import Figure
 
-from mmdp.packing.weights import Budgets
 from mmdp.report.metrics import row_of_image
 from mmdp.report.plots import (
-    CONTENT_HIGHLIGHT,
     ITEM_COLOURS,
-    LIMIT_COLOUR,
     PADDING_COLOUR,
-    REAL_COLOUR,
-    draw_padding,
     legend_below,
     runs,
     subplots,
@@ -198,121 +193,4 @@ def plot_strategies(results: dict, title: str) -> Figure:
     axes[-1].set_xticks(x, names)
     axes[-1].set_xlabel("strategy")
     fig.suptitle(title)
-    return fig
-
-
-def plot_grouped(first_batch: dict, comparison: dict, title: str) -> Figure:
-    """Stage 3 --group-by, three panels one above the other: the first batch (the heaviest of the
-    epoch), real and padded tokens of the epoch for each way of batching, and the padded tokens
-    of every step in the order the loader yields them (a band: from the lightest rank's batch to
-    the heaviest's).
-
-    `first_batch`: draw_padding's arguments; `comparison`: training.strategies.compare_padding's.
-    """
-    rows = len(first_batch["lengths"])
-    fig, axes = subplots(
-        3,
-        1,
-        figsize=(10, 0.35 * rows + 9),
-        layout="constrained",
-        gridspec_kw={"height_ratios": [0.35 * rows + 0.6, 2.2, 3.6]},
-    )
-    draw_padding(axes[0], **first_batch)
-    names = list(comparison)
-    ax = axes[1]
-    real = np.array([comparison[n]["real_tokens"] for n in names])
-    padding = np.array([comparison[n]["computed_tokens"] for n in names]) - real
-    ax.barh(names, real, color=REAL_COLOUR, label="real tokens")
-    bars = ax.barh(names, padding, left=real, color=PADDING_COLOUR, label="padding")
-    ax.bar_label(bars, labels=[f" {p / (r + p):.1%} padding" for r, p in zip(real, padding)])
-    ax.invert_yaxis()
-    ax.set_xlim(0, (real + padding).max() * 1.3)
-    ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:,.0f}k")
-    ax.set_xlabel("tokens computed over the epoch")
-    ax.set_title("one epoch: real tokens and padding")
-    legend_below(ax, ncol=2)
-    ax = axes[2]
-    for name in names:
-        padded = np.asarray(comparison[name]["padded_tokens"])  # [step, rank]
-        steps = np.arange(1, len(padded) + 1)
-        heaviest = padded.max(axis=1)
-        colour = STRATEGY_COLOURS.get(name)
-        ax.plot(steps, heaviest, color=colour, linewidth=0.8, alpha=0.8, label=name)
-        if padded.shape[1] > 1:
-            ax.fill_between(steps, padded.min(axis=1), heaviest, color=colour, alpha=0.2)
-        top = int(np.argmax(heaviest))
-        ax.plot(
-            steps[top],
-            heaviest[top],
-            marker="v",
-            markersize=11,
-            markeredgecolor="black",
-            color=colour,
-            linestyle="none",
-            label=f"{name}'s heaviest: step {top + 1}",
-        )
-    ranks = np.asarray(comparison[names[0]]["padded_tokens"]).shape[1]
-    ax.set_xlabel("step, in the order the loader yields them")
-    ax.set_ylabel("padded tokens (rows x padded length)")
-    ax.set_ylim(0, None)
-    ax.set_title(
-        "every step: its heaviest batch"
-        + (f" (band: down to the lightest of {ranks} ranks)" if ranks > 1 else "")
-    )
-    legend_below(ax, ncol=3)
-    fig.suptitle(title)
-    return fig
-
-
-def plot_model_budgets(
-    tokens_per_image: dict,
-    tokens_per_row: list,
-    patches_per_row: list,
-    *,
-    model: str,
-    budgets: Budgets,
-) -> Figure:
-    """Stage 5 --model, one panel above the other: what the same images cost each family (tokens
-    per image, one box per family, `model` highlighted; "no images" when `tokens_per_image` is
-    empty); how full each pack of the run is in tokens and in vision-encoder patches (the two
-    budgets)."""
-    fig, (costs, fill) = subplots(2, 1, figsize=(10, 8.5), layout="constrained")
-    names = list(tokens_per_image)
-    if not names:  # rows of videos or text only: no image to cost
-        costs.text(0.5, 0.5, "no images in these rows", ha="center", va="center")
-        costs.set_xticks([])
-        costs.set_yticks([])
-    else:
-        boxes = costs.boxplot(
-            [tokens_per_image[n] for n in names], tick_labels=names, showfliers=False,
-            patch_artist=True,
-        )  # fmt: skip
-        for name, box in zip(names, boxes["boxes"]):
-            box.set_facecolor(CONTENT_HIGHLIGHT if name == model else PADDING_COLOUR)
-        costs.set_yscale("log")
-    costs.set_xlabel("model family (--model)")
-    costs.set_ylabel("tokens per image (log scale)")
-    costs.set_title("What the same images cost each model family")
-    token_fill = np.asarray(tokens_per_row) / budgets.max_length
-    if budgets.max_patches:
-        patch_fill = np.asarray(patches_per_row) / budgets.max_patches
-        fill.scatter(
-            token_fill, patch_fill, s=12, alpha=0.6, color=CONTENT_HIGHLIGHT, label="a pack"
-        )
-        fill.axhline(
-            1, color=LIMIT_COLOUR, linestyle="--", label=f"patch budget ({budgets.max_patches:,})"
-        )
-        fill.set_ylabel("patches / patch budget")
-    else:
-        fill.hist(token_fill, bins=30, color=CONTENT_HIGHLIGHT, label="packs")
-        fill.set_ylabel("packs")
-    fill.axvline(
-        1, color=LIMIT_COLOUR, linestyle=":", label=f"token budget ({budgets.max_length:,})"
-    )
-    fill.set_xlabel("tokens / token budget")
-    fill.set_title(f"{model}: how full each pack is, in both budgets")
-    fill.set_xlim(0, 1.05)  # the budgets whole, the legend where packs seldom are: a lone pack
-    if budgets.max_patches:  # or text-only ones (0 patches) were hidden under it
-        fill.set_ylim(0, 1.05)
-    fill.legend(loc="upper left")
     return fig

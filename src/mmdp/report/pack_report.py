@@ -1,5 +1,6 @@
 """Stage 5's epoch report: PackReport (an EpochReport of packed batches: packs, samples and images
-per pack, each source of a mixture), merged over ranks, and the JSON of --metrics-json."""
+per pack, each source of a mixture), merged over ranks, how evenly the ranks share each step
+(rank_balance; the grouped padded batches report it too), and the JSON of --metrics-json."""
 
 import math
 from collections import Counter
@@ -9,7 +10,6 @@ import numpy as np
 from mmdp.batch import real_token_mask
 from mmdp.drop_reasons import TOO_LONG
 from mmdp.packing.weights import Budgets
-from mmdp.report.balance import rank_balance, spread
 from mmdp.report.metrics import EpochReport, row_of_image
 
 
@@ -167,6 +167,39 @@ class PackReport(EpochReport):
             used = sum(self.patches_per_row) / (len(self.patches_per_row) * patch_budget or 1)
             lines.append(f"{'patch budget:':<18}{used:.1%} used ({patch_budget:,} patches a row)")
         return "\n".join(lines)
+
+
+def spread(values) -> dict:
+    """min / max / mean / std of a list of numbers (zeros for an empty list)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return {"min": 0, "max": 0, "mean": 0.0, "std": 0.0}
+    return {
+        "min": int(values.min()) if float(values.min()).is_integer() else float(values.min()),
+        "max": int(values.max()) if float(values.max()).is_integer() else float(values.max()),
+        "mean": round(float(values.mean()), 3),
+        "std": round(float(values.std()), 3),
+    }
+
+
+def rank_balance(loads: dict, world_size: int) -> dict:
+    """How evenly each step's work is shared between ranks.
+
+    `loads[name][step][rank]`: what each rank's batch holds at each step, for name in tokens,
+    images and patches (the vision encoder's). Returns the batches per rank and, over the steps,
+    the spread (max - min over ranks) of each.
+
+    >>> loads = {"tokens": [[8, 8], [7, 6]], "images": [[2, 1], [0, 3]]}
+    >>> rank_balance(loads, world_size=2)["image_spread_per_step"]
+    {'min': 1, 'max': 3, 'mean': 2.0, 'std': 1.0}
+    """
+    balance = {"world_size": world_size}
+    for name, per_step in loads.items():
+        per_step = np.asarray(per_step, dtype=np.int64).reshape(-1, world_size)
+        balance["batches_per_rank"] = [len(per_step)] * world_size
+        spreads = per_step.max(axis=1) - per_step.min(axis=1)
+        balance[f"{name.removesuffix('s')}_spread_per_step"] = spread(spreads)
+    return balance
 
 
 LOADS = ("tokens", "images", "patches")  # what rank_balance compares between ranks, per step

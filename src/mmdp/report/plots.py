@@ -93,14 +93,16 @@ def plot_sample(images: list, texts: list[dict], title: str, system: str | None 
     return fig
 
 
-def plot_padding(lengths: list[int], width: int, title: str, limit: int | None = None) -> Figure:
+def plot_padding(
+    lengths: list[int], width: int, title: str, limit: int | None = None, names=None
+) -> Figure:
     """Stages 2, 3 and 5: one bar per row of the batch, real tokens in blue and padding in grey.
 
     `lengths` are the real tokens of each row, `width` the padded length of the batch; `limit`,
-    if given, draws the fixed max length as a dashed line.
+    if given, draws the fixed max length as a dashed line; `names`, the rows' (default: "row 1"...).
     """
     fig, ax = subplots(figsize=(10, 0.45 * len(lengths) + 2))
-    draw_padding(ax, lengths, width, title, limit)
+    draw_padding(ax, lengths, width, title, limit, names)
     return fig
 
 
@@ -119,14 +121,14 @@ def plot_padding_side_by_side(top: dict, bottom: dict, title: str) -> Figure:
     return fig
 
 
-def draw_padding(ax, lengths, width: int, title: str, limit: int | None = None) -> None:
+def draw_padding(ax, lengths, width: int, title: str, limit=None, names=None) -> None:
     lengths = np.asarray(lengths)
     rows = np.arange(len(lengths))
     ax.barh(rows, lengths, color=REAL_COLOUR, label="real tokens")
     ax.barh(rows, width - lengths, left=lengths, color=PADDING_COLOUR, label="padding")
     if limit is not None:
         ax.axvline(limit, color=LIMIT_COLOUR, linestyle="--", label=f"max length ({limit})")
-    ax.set_yticks(rows, [f"row {i + 1}" for i in rows])
+    ax.set_yticks(rows, names or [f"row {i + 1}" for i in rows])
     ax.invert_yaxis()
     ax.set_xlabel("token position")
     ax.set_xlim(0, max(width, limit or 0) * 1.02 or 1)
@@ -151,21 +153,30 @@ def waste_title(what: str, lengths, width: int) -> str:
     return f"{what}, {waste(lengths, width):.1%} padding"
 
 
-def plot_packs(packs: list[list[int]], max_length: int, title: str) -> Figure:
-    """Stage 4: one stacked bar per pack, each item a labelled segment, unused room in grey."""
-    fig, ax = subplots(figsize=(7, 0.6 * len(packs) + 1.8))  # the README shows two side by side
+def plot_packs(packs: list[list[int]], max_length: int, title: str, rows=None) -> Figure:
+    """Stage 4: one stacked bar per pack, each item a labelled segment, unused room in grey.
+    `rows`: the figure's height in packs (two figures side by side: the same). A label too wide
+    for its item goes outside the bar, above then below (narrow neighbours stay apart)."""
+    fig, ax = subplots(figsize=(7, 0.6 * (rows or len(packs)) + 1.8))
     colours = ITEM_COLOURS
     for row, items in enumerate(packs):
-        left = 0
+        left, outside = 0, 0
         for item in items:
-            ax.barh(row, item, left=left, color=colours[item % len(colours)], edgecolor="white")
-            ax.text(left + item / 2, row, str(item), ha="center", va="center", fontsize=8)
+            ax.barh(row, item, left=left, height=0.7, color=colours[item % len(colours)],
+                    edgecolor="white")  # fmt: skip
+            if item * 100 >= 3 * len(str(item)) * max_length:  # room for the label inside
+                ax.text(left + item / 2, row, str(item), ha="center", va="center", fontsize=8)
+            else:
+                ax.text(left + item / 2, row + (0.5 if outside % 2 else -0.5), str(item),
+                        ha="center", va="center", fontsize=8, zorder=3,
+                        bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})  # fmt: skip
+                outside += 1
             left += item
-        ax.barh(row, max_length - left, left=left, color=PADDING_COLOUR)
+        ax.barh(row, max_length - left, left=left, height=0.7, color=PADDING_COLOUR)
         ax.text(max_length + 1, row, f"{left / max_length:.0%} full", va="center", fontsize=9)
     ax.axvline(max_length, color=LIMIT_COLOUR, linestyle="--")
     ax.set_yticks(range(len(packs)), [f"pack {i + 1}" for i in range(len(packs))])
-    ax.invert_yaxis()
+    ax.set_ylim(len(packs) - 0.3, -0.8)  # top down, room for the labels above the first pack
     ax.set_xlim(0, max_length * 1.12)
     ax.set_xlabel("tokens")
     ax.set_title(title)

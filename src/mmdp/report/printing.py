@@ -6,8 +6,6 @@ from collections.abc import Sequence
 
 import torch
 
-from mmdp.packing.weights import Budgets
-
 
 def print_settings(args: argparse.Namespace, config=None) -> None:
     """The flags as parsed; with a PackingConfig, its values for the flags that name its fields
@@ -90,9 +88,10 @@ def print_weighing(packed) -> None:
     print(f"{how} in {weighing.seconds:.2f} s (cached in {display_path(weighing.path)})")
 
 
-def print_epoch_report(epoch: dict, budgets: Budgets) -> None:
+def print_epoch_report(epoch: dict, budgets) -> None:
     """The epoch merged over ranks (merge_over_ranks, with its first batch and seconds): one
-    batch's shapes, the report, and under torchrun how evenly the ranks shared each step."""
+    batch's shapes, the report under `budgets` (a PackingConfig's), and under torchrun how
+    evenly the ranks shared each step."""
     print("\nOne batch:")
     print_batch(epoch["first_batch"])
     report, seconds = epoch["report"], epoch["seconds"]

@@ -16,7 +16,7 @@ from mmdp.packing.packers import STRATEGIES as PACKING_STRATEGIES
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.planning.grouping import plan_batches, plan_grouped_epoch
 from mmdp.planning.planner import Weights, plan_epoch
-from mmdp.report.balance import rank_balance, spread
+from mmdp.report.pack_report import rank_balance, spread
 
 PADDING_STRATEGIES = ("naive", "constrained")
 
