@@ -22,6 +22,7 @@ class MissingExtra(UserError, ImportError):
 EXTRAS = {
     "accelerate": "accelerate>=1.10",  # MMDPTrainer (transformers' Trainer), the accelerate recipe
     "lora": "peft>=0.21.2",  # LoRA adapters (PEFT) on the models MMDPTrainer trains
+    "ray": "ray[data]>=2.50",  # python -m mmdp.prepare --engine ray (Ray Data)
     "s3": "s3fs>=2026.9.0",  # prepared datasets on S3 (fsspec's s3://)
     "video": "av>=14",  # rows with videos (PyAV decodes them)
 }

@@ -32,7 +32,7 @@ from datasets import Dataset, Features
 
 from mmdp.data.files import is_remote
 from mmdp.data.reading import column_maps, formats, sources
-from mmdp.errors import UserError
+from mmdp.errors import UserError, require_extra
 from mmdp.weighing import prepared, weigh
 from mmdp.weighing.cache import ARRAYS, weights_of
 
@@ -88,11 +88,8 @@ def start_ray(address: str | None, num_proc: int | None):
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:  # workers run this Python, not a fresh `uv run` environment each session
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    try:
-        import ray
-        import ray.data
-    except ImportError as error:
-        raise UserError(f"--engine ray needs Ray ({error}): uv sync --extra ray") from error
+    ray = require_extra("ray", "ray", "--engine ray")
+    require_extra("ray.data", "ray", "--engine ray")
     if address and num_proc:
         raise UserError("--num-proc sizes a local Ray instance; a cluster weighs on all its CPUs")
     if address and address != "auto":  # Ray itself tries for minutes before it gives up
