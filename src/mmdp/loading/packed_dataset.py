@@ -49,9 +49,9 @@ from mmdp.packing.packing_config import (
 from mmdp.planning.planner import EpochPlan, eval_split, plan_epoch
 from mmdp.ranks import rank_and_world_size
 from mmdp.weighing.overflow import fit_over_long, truncate_sample
-from mmdp.weighing.prepared import load_prepared
+from mmdp.weighing.prepared import weigh_dataset
 from mmdp.weighing.row_tokens import RowTokens
-from mmdp.weighing.weigh import Weighing, cache_key, weigh_rows
+from mmdp.weighing.weigh import Weighing, cache_key
 
 
 class PackedDataset(PackingSettings, IterableDataset):
@@ -126,26 +126,22 @@ class PackedDataset(PackingSettings, IterableDataset):
         # with the processor's settings as they are now (the weights' cache key names them)
         self.weighed_with = dataset.family.read_settings()
         self.prepared = prepared
-        if weighing is None and prepared is not None:
-            weighing = load_prepared(prepared, dataset, self.config, pretokenize=pretokenize)
-        elif weighing is None:
+        if weighing is None:
             # under torchrun every rank weighs a share, unless the caller chose the ranks: a
             # dataset then built on one rank only must not wait for the others
-            weighing = weigh_rows(
-                dataset.dataset,
-                dataset.family,
+            across_ranks = rank is None and world_size is None
+            weighing = weigh_dataset(
+                dataset,
+                self.config,
+                prepared=prepared,
                 pretokenize=pretokenize,
                 num_proc=num_proc,
-                across_ranks=rank is None and world_size is None,
+                across_ranks=across_ranks,
             )
         self.weighing = weighing
         # the weights planned from: with overflow="truncate", the over-long rows that can be cut
         # weigh their cut length, as the samples built from them will (mmdp.weighing.overflow)
-        self.weights, self.truncated_rows = weighing.weights, np.zeros(0, dtype=np.int64)
-        if self.config.overflow == "truncate":
-            self.weights, self.truncated_rows = fit_over_long(
-                weighing.weights, dataset.dataset, dataset.family, self.config.max_length
-            )
+        self.weights, self.truncated_rows = fit_over_long(weighing.weights, dataset, self.config)
         self.tokens = None if weighing.tokens is None else RowTokens(weighing.tokens)
         # with the tokens at hand, building a pack reads only the images (and videos) of its rows
         media = [name for name in ("images", "videos") if name in dataset.dataset.column_names]

@@ -49,7 +49,7 @@ from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Budgets, Weights
 from mmdp.planning.planner import filter_rows
 from mmdp.weighing.cache import ARRAYS, checksum, weights_of
-from mmdp.weighing.weigh import WEIGHING_VERSION, Weighing
+from mmdp.weighing.weigh import WEIGHING_VERSION, Weighing, weigh_rows
 
 # Bump when the layout under URL or the manifest's meaning changes.
 PREPARED_VERSION = 2  # 2: the rows' digest hashes each row's own digest (what Ray's workers send)
@@ -264,12 +264,18 @@ def open_url(url: str):
         raise UserError(f"reading {url} needs a package: {error} (uv sync --extra s3)") from error
 
 
-def load_prepared(url: str, dataset, config: PackingConfig, *, pretokenize: bool) -> Weighing:
-    """The weights (and tokens, when prepared with them) of `dataset`'s rows, read from `url`
-    after checking that it was prepared for this run. Nothing is weighed."""
-    start = time.perf_counter()
-    manifest = read_manifest(url)
+def weigh_dataset(
+    dataset, config: PackingConfig, *, prepared: str | None, pretokenize: bool, **weighing
+) -> Weighing:
+    """The weights (and, with `pretokenize`, the tokens) of a VQADataset's rows: weighed now or
+    read from the cache (weigh_rows, which takes `weighing`: num_proc, across_ranks), or read
+    from the URL `prepared` after checking that it was prepared for this run and `config`'s
+    budgets: nothing is weighed."""
     rows = dataset.dataset
+    if prepared is None:
+        return weigh_rows(rows, dataset.family, pretokenize=pretokenize, **weighing)
+    start, url = time.perf_counter(), prepared
+    manifest = read_manifest(url)
     run = describe(dataset.family, config, len(rows), rows_digest(rows))
     check_matches(manifest, run, url)
     if pretokenize and "tokens.arrow" not in manifest["files"]:
