@@ -262,12 +262,9 @@ class PackedDataset(PackingSettings, IterableDataset):
         }
 
     def state_dict(self) -> dict:
-        """Refused: the state is the loader's (PackedDataLoader.state_dict).
-
-        torchdata's StatefulDataLoader saves the state_dict of any dataset that has one, inside each
-        worker (try_to_serialize in torchdata.stateful_dataloader.worker, torchdata 0.11), where
-        batches_done never advances: it would resume at the start of the epoch. This raises instead.
-        """
+        """Refused: the state is the loader's (PackedDataLoader.state_dict). torchdata's
+        StatefulDataLoader would save this one inside each worker, where batches_done never
+        advances (mmdp.loading.guards)."""
         raise TypeError(STATEFUL_REFUSED)
 
     def load_state_dict(self, state: dict) -> None:
@@ -394,9 +391,8 @@ class PackedDataLoader(RefusesAcceleratePrepare, DataLoader):
             batches = super().__iter__()
         finally:
             self.dataset._loader_starting = False
-        pids = [worker.pid for worker in getattr(batches, "_workers", [])]
         where = lambda: (self.dataset.rank, self.dataset.batches_done)  # noqa: E731
-        for batch in name_failed_worker(batches, where, pids):
+        for batch in name_failed_worker(batches, where):
             self.dataset.batches_done = batch["batch_index"] + 1
             batch["epoch"] = self.dataset.epoch  # the batch's own, whatever is fetched ahead
             yield batch

@@ -321,15 +321,19 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
         # Collate here, while the producer thread builds the next packs (as a DataLoader does
         # with its batches in the worker's main thread).
         for item in produced:
-            yield item if "end_of_stream" in item else collate(item, self.family)
+            if "end_of_stream" not in item:  # a batch's packs, and its reader's state
+                state = item["reader_state"]
+                item = {**collate_packs(item["packs"], self.family), "reader_state": state}
+            yield item
 
     def produce(self, worker: int, num_workers: int, resume: ReaderState | None):
         """Steps 1-4 for one reader: the packs of each batch with the reader's state, then an
-        end-of-stream item with the rows dropped after its last batch. `resume`: the state of
-        the last batch yielded before a restart (None: the start of the epoch)."""
+        end-of-stream item with its ended state and the rows dropped after its last batch.
+        `resume`: the state of the last batch yielded before a restart (None: the epoch's start)."""
         resume = resume or ReaderState(worker)
+        ended = ReaderState(worker, ended=True)  # the state its end-of-stream item carries
         if resume.ended:
-            yield {"end_of_stream": True, "worker": worker, "dropped": Counter()}
+            yield {"end_of_stream": True, "reader_state": ended, "dropped": Counter()}
             return
         reader = self.rank * num_workers + worker
         stream = ReaderStream(self.rows, reader, self.world_size * num_workers, resume.buffer_start)
@@ -354,7 +358,7 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
                 buffer = ReaderState(worker, stream.state_dict(), buffer.buffer + 1)
             if packs:  # the reader's last, short batch
                 yield {"packs": packs, "reader_state": state}
-            yield {"end_of_stream": True, "worker": worker, "dropped": not_reported}
+            yield {"end_of_stream": True, "reader_state": ended, "dropped": not_reported}
         finally:
             stream.close()
 
@@ -383,11 +387,6 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
             batch_index=-1,
             family=self.family,
         )
-
-
-def collate(item: dict, family) -> dict:
-    """A reader's packs, collated into a batch that carries its reader's state."""
-    return {**collate_packs(item["packs"], family), "reader_state": item["reader_state"]}
 
 
 # The loader: order, reader states, ranks that stop together ---------------------------------
@@ -469,9 +468,8 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
         # Where each worker resumes from: travels to the workers with the dataset.
         self.dataset.resume_states = list(self.reader_states)
         loaded = super().__iter__()
-        pids = [worker.pid for worker in getattr(loaded, "_workers", [])]
         where = lambda: (self.dataset.rank, self.batches_done)  # noqa: E731
-        items = in_turns(name_failed_worker(loaded, where, pids), self.readers, self.next_worker)
+        items = in_turns(name_failed_worker(loaded, where), self.readers, self.next_worker)
         batches = self.follow(items)
         try:
             while True:
@@ -495,12 +493,11 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
     def follow(self, items):
         """The batches of `items`, keeping each worker's reader state and the drops at the end."""
         for item in items:
-            worker = worker_of(item)
+            worker = item["reader_state"].worker
+            self.reader_states[worker] = item["reader_state"]
             if "end_of_stream" in item:
-                self.reader_states[worker] = ReaderState(worker, ended=True)
                 self.dropped_at_end.update(item["dropped"])
                 continue
-            self.reader_states[worker] = item["reader_state"]
             self.next_worker = (worker + 1) % self.readers
             item["batch_index"] = self.batches_done
             self.batches_done += 1
@@ -575,7 +572,7 @@ def in_turns(items, readers: int, first: int):
     active = [True] * readers
     turn = first
     for item in items:
-        waiting[worker_of(item)].append(item)
+        waiting[item["reader_state"].worker].append(item)
         while active[turn] and waiting[turn]:
             item = waiting[turn].popleft()
             if "end_of_stream" in item:
@@ -584,11 +581,6 @@ def in_turns(items, readers: int, first: int):
             turn = next_active(turn, active)
     if any(waiting):
         raise RuntimeError("a worker's batches came after its end of stream")
-
-
-def worker_of(item: dict) -> int:
-    """The worker that produced a batch or an end-of-stream item."""
-    return item["worker"] if "end_of_stream" in item else item["reader_state"].worker
 
 
 def next_active(turn: int, active: list[bool]) -> int:

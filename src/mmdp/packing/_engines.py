@@ -2,10 +2,8 @@
 
 Private: call `pack` or `pack_flat` (mmdp.packing.packers). They check the items, choose the order
 the items go in, and call an engine here; every engine returns (items, starts) as `pack_flat`
-does, and the tests hold each to a loop that places one item at a time
-(tests/packing_oracles.py) on thousands of random inputs. A Python call costs about as much as a
-step of these loops, so each engine's hot loop is one method over all the items (or runs), its
-steps written out.
+does. A Python call costs about as much as a step of these loops, so each engine's hot loop is
+one method over all the items (or runs), its steps written out.
 
 Any budgets: greedy (`next_fit`), a pack at a time: a bisection of the running totals finds
 where each pack ends.

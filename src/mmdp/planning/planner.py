@@ -370,7 +370,7 @@ def deal_equal_steps(
 
 def plan_epoch(
     weights: Weights,
-    config: PackingConfig | None = None,
+    config: PackingConfig,
     *,
     world_size: int = 1,
     epoch: int = 0,
@@ -378,7 +378,7 @@ def plan_epoch(
     split: np.ndarray | None = None,
 ) -> EpochPlan:
     """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed, packed and
-    batched as `config` says (None: PackingConfig()).
+    batched as `config` says.
 
     `mixture` (a mmdp.planning.source_shares.MixturePlan): the rows come from several
     sources, each with its share; after step 1 it chooses the epoch's rows (some left out, some
@@ -388,7 +388,6 @@ def plan_epoch(
     `split` (bool per row, `eval_split`): the epoch takes only the rows it marks (a training or
     an evaluation split); the others are neither planned nor counted.
     """
-    config = PackingConfig() if config is None else config
     rows, dropped = filter_rows(weights, config.budgets, split)
     if mixture is not None:
         usable = rows
@@ -463,9 +462,7 @@ def shuffle_and_pack(
 
 
 def pack_buffer(
-    weights: Weights,
-    rng: np.random.Generator,
-    config: PackingConfig | None = None,
+    weights: Weights, rng: np.random.Generator, config: PackingConfig
 ) -> tuple[list[np.ndarray], Counter]:
     """Steps 1-2 for one buffer of a stream (mmdp.loading.streaming): its packs (positions in the
     buffer) and its drops, by reason.
@@ -475,7 +472,6 @@ def pack_buffer(
     "binpack": row 1 is too long; FFD takes 6, 5, 3, 2 and makes the packs [2, 3] (6 + 2) and
     [4, 0] (5 + 3), in a shuffled order; dropped {"too_long": 1}.
     """
-    config = PackingConfig() if config is None else config
     rows, dropped = filter_rows(weights, config.budgets)
     whole_buffer = replace(config, buffer_size=max(len(weights), 1))
     packed_rows, pack_starts, order = shuffle_and_pack(rows, weights, rng, whole_buffer)

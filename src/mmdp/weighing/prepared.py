@@ -215,10 +215,7 @@ def commit(fs, root: str, manifest: dict) -> None:
 
 def stage_parts(folder: Path, weights: Weights, tokens: Dataset | None) -> dict:
     """Write the parts into a local folder; their names and sha256, for the manifest."""
-    arrays = dict(
-        zip(ARRAYS, (weights.lengths, weights.image_counts, weights.patch_counts, weights.reasons))
-    )
-    np.savez(folder / "weights.npz", **arrays)
+    np.savez(folder / "weights.npz", **{name: getattr(weights, name) for name in ARRAYS})
     if tokens is not None:
         table = tokens.flatten_indices().with_format("arrow")[:]
         with pa.OSFile(str(folder / "tokens.arrow"), "wb") as sink:

@@ -82,6 +82,7 @@ WAIT_FOR_WEIGHING = timedelta(hours=6)
 WHILE_WEIGHING = "while the ranks weighed the rows together"
 POLL_SECONDS = 0.5
 
+# A row's weight as weigh_batch writes it, in the order of its arrays (mmdp.weighing.cache.ARRAYS)
 WEIGHT_FEATURES = {
     "length": Value("int32"),
     "image_count": Value("int32"),
@@ -313,12 +314,7 @@ def weigh(rows, family, pretokenize: bool, num_proc, scratch: Path | None):
     # one read of whole columns: indexing a formatted column row by row would take longer than
     # tokenizing (bench/bench_scale.py measured it)
     columns = weighed.select_columns(list(WEIGHT_FEATURES)).with_format("numpy")[:]
-    arrays = {
-        "lengths": columns["length"],
-        "image_counts": columns["image_count"],
-        "patch_counts": columns["patches"],
-        "reasons": columns["reason"],
-    }
+    arrays = {name: columns[feature] for name, feature in zip(ARRAYS, WEIGHT_FEATURES)}
     tokens = weighed.select_columns(list(TOKEN_FEATURES)) if pretokenize else None
     return arrays, tokens
 
