@@ -129,14 +129,13 @@ class PackedDataset(PackingSettings, IterableDataset):
         if weighing is None:
             # under torchrun every rank weighs a share, unless the caller chose the ranks: a
             # dataset then built on one rank only must not wait for the others
-            across_ranks = rank is None and world_size is None
             weighing = weigh_dataset(
                 dataset,
                 self.config,
                 prepared=prepared,
                 pretokenize=pretokenize,
                 num_proc=num_proc,
-                across_ranks=across_ranks,
+                across_ranks=rank is None and world_size is None,
             )
         self.weighing = weighing
         # the weights planned from: with overflow="truncate", the over-long rows that can be cut

@@ -11,8 +11,7 @@ strategies, same two budgets, the same filter and packing steps as the planner
 Every DataLoader worker of every rank is a *reader* with its own share of the stream. A reader:
 
 1. Fills a buffer with the next `buffer_size` rows of its share and weighs them without decoding
-   an image, by its model family's rules (mmdp.data.families.base: TinyVLM's 64 tokens per image, or
-   a real processor's tokens and patches from each image's header).
+   an image, by its model family's rules (as mmdp.weighing.weigh weighs a dataset on disk).
 2. Skips, and counts by reason, the rows that are too long for `max_length`, have more images
    than `max_images`, or have no usable conversation.
 3. Shuffles the buffer, packs it under both budgets and shuffles the packs: the buffer is the
@@ -412,9 +411,8 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
     all-reduce within `answer_timeout` (it died or hangs) makes the others raise
     RanksStoppedAnswering, naming it.
 
-    `len()` is not known ahead: a trainer needs a number of steps. It owns its dataset: another
-    DataLoader that iterates the dataset (accelerate's, torchdata's) gets one sentence saying what
-    to do instead, and so does `accelerator.prepare(loader)` (mmdp.loading.guards).
+    `len()` is not known ahead: a trainer needs a number of steps. It owns its dataset, as
+    PackedDataLoader does (mmdp.loading.guards).
     """
 
     def __init__(
@@ -448,9 +446,8 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
         self.batches_done = 0
 
     def set_epoch(self, epoch: int) -> None:
-        """A new shuffle for a new epoch. The epoch it is already in keeps its position:
-        trainers call set_epoch before every pass (Trainer._run_epoch, transformers 5.23), and right
-        after a resume that call must not restart the epoch."""
+        """A new shuffle for a new epoch; the epoch it is already in keeps its position (a resume
+        followed by a trainer's set_epoch: PackedDataset.set_epoch)."""
         if epoch != self.dataset.epoch:
             self.dataset.set_epoch(epoch)
             self.start_epoch()

@@ -14,12 +14,11 @@ single image. Tokenizing the text of millions of rows takes minutes, so it is do
 3. Save the result under the cache folder (MMDP_CACHE), keyed by everything it depends on: the
    dataset's fingerprint, the family's fingerprint (tokenizer, chat template, the processor's
    settings that change a count), and this module's version. A second run, another rank or a
-   restart loads it. The save is atomic (written beside, then renamed) and checked when loaded
-   (a manifest holds the rows and a checksum): a truncated or edited cache is weighed again,
-   never planned from. Weights with a remote file that did not answer (`unreachable_file`) are
-   not saved when no other process waits for them: the network failed, not the file, and the
-   next run reads it again (under torchrun, where the machine's other ranks wait for the cache,
-   they are saved, and a warning names the folder to delete to read those files again).
+   restart loads it (mmdp.weighing.cache: saved atomically, checked when loaded: a truncated or
+   edited cache is weighed again). Weights with a remote file that did not answer
+   (`unreachable_file`) are not saved when no other process waits for them: the network failed,
+   not the file, and the next run reads it again (under torchrun, where the machine's other ranks
+   wait for the cache, they are saved, and a warning names the folder to delete to read them).
 
 Two ways under torchrun:
 - `across_ranks=True` (PackedDataset's choice when its ranks come from torch.distributed): every
@@ -28,8 +27,6 @@ Two ways under torchrun:
   whose cache is warm weighs nothing and only takes part in the gathers.
 - otherwise (a dataset built on one rank only, say): local rank 0 of each machine weighs all the
   rows, and the other local ranks wait for its cache, with no collective call.
-
-The cache on disk is mmdp.weighing.cache.
 """
 
 import contextlib
