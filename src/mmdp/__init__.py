@@ -4,10 +4,10 @@ The face below holds what a user's trainer needs, grouped by what it does: read 
 pack, load for training, feed a model, the loss, train in your own loop, ranks. Each name is
 listed under the module that defines it, and a module is its file: `from mmdp import
 PackedDataset` and `from mmdp.loading.packed_dataset import PackedDataset` are the same class,
-the second naming src/mmdp/loading/packed_dataset.py. The stages and examples import from the
-module, so that the import line is the file to open. `import mmdp` alone loads none of torch,
-transformers or datasets (a name's module is imported the first time the name is used).
-Everything else is imported from its module. The house, one room per job:
+the second naming src/mmdp/loading/packed_dataset.py (the stages import that way: the import line
+is the file to open). Everything else is imported from its module. `import mmdp` alone loads none
+of torch, transformers or datasets (a name's module is imported the first time it is used). The
+house, one room per job:
 
     data/       stages 1-3: rows (reading/: your files, streams; synthetic/: the default), the
                 tokenizer and chat template, images, videos, VQADataset, the padding collators;
