@@ -2,9 +2,8 @@
 
 How an epoch is made, in the blog's terms:
 
-1. Weigh every item without decoding it: a sample weighs its tokens (text + 64 per image) and
-   carries its image count. Done once per dataset and machine, in parallel, and cached
-   (mmdp.weighing.weigh).
+1. Weigh every item without decoding it: its tokens, images and patches. Done once per dataset,
+   in parallel, and cached, or read from a prepared dataset (mmdp.weighing).
 2-4. Plan the epoch from the weights alone (mmdp.planning.planner): filter and count
    what cannot be packed, shuffle with (seed, epoch), pack buffer by buffer under a token budget
    and an image budget, shuffle the packs and deal them to ranks so that every rank gets the same
@@ -340,11 +339,7 @@ class PackedDataset(PackingSettings, IterableDataset):
         videos = media.get("videos") or [None] * len(rows)
         samples = []
         for row, row_images, row_videos in zip(rows, media["images"], videos):
-            input_ids, labels = self.tokens[row]
-            tokenized = (
-                torch.tensor(input_ids, dtype=torch.long),
-                torch.tensor(labels, dtype=torch.long),
-            )
+            tokenized = tuple(torch.tensor(t, dtype=torch.long) for t in self.tokens[row])
             media_of_row = {"images": row_images, "videos": row_videos}
             samples.append(self.dataset.sample(media_of_row, row, tokenized=tokenized))
         return samples

@@ -84,8 +84,6 @@ from mmdp.ranks import ANSWER_TIMEOUT, all_ranks_have_a_batch, rank_and_world_si
 
 # 1. A reader's share of the stream, and where it is (what a resume starts from) ----------------
 
-END = object()  # the end of a plain iterable
-
 
 class ReaderStream:
     """One reader's rows, as (row id, row) pairs, and where it is in the stream.
@@ -122,26 +120,20 @@ class ReaderStream:
                     taken.append((self.rows_taken * self.readers + self.reader, row))
                     self.rows_taken += 1
             except Exception as error:  # a damaged or vanished file: say which, in one sentence
-                raise UserError(self.unreadable(error)) from error
+                named = first_unreadable(stream_files(self.stream))  # else the error itself
+                raise UserError(
+                    named
+                    or f"the stream failed after {self.rows_taken:,} rows of reader {self.reader} "
+                    f"({error.__class__.__name__}: {first_line(error)})"
+                ) from error
             return taken
-        while len(taken) < n:  # a plain iterable: keep 1 row in `readers`
-            row = next(self.iterator, END)
-            if row is END:
-                break
+        for row in self.iterator:  # a plain iterable: keep 1 row in `readers`
             if self.rows_taken % self.readers == self.reader:
                 taken.append((self.rows_taken, row))
             self.rows_taken += 1
+            if len(taken) == n:
+                break
         return taken
-
-    def unreadable(self, error: Exception) -> str:
-        """Why the stream stopped: the data file at fault when one is, else the error itself."""
-        named = first_unreadable(stream_files(self.stream))
-        if named is not None:
-            return named
-        return (
-            f"the stream failed after {self.rows_taken:,} rows of reader {self.reader} "
-            f"({error.__class__.__name__}: {first_line(error)})"
-        )
 
     def state_dict(self) -> dict:
         """Where this reader is: rows taken, and the datasets stream's own state."""

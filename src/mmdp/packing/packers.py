@@ -103,14 +103,8 @@ def pack(
     A budget left out (None) never binds. Packs come in the order they were opened; within a
     pack, items come in the order they were placed.
     """
-    items, starts = pack_flat(
-        lengths,
-        max_length=max_length,
-        strategy=strategy,
-        image_counts=image_counts,
-        max_images=max_images,
-        patch_counts=patch_counts,
-        max_patches=max_patches,
+    items, starts = pack_checked(
+        lengths, Budgets(max_length, max_images, max_patches), strategy, image_counts, patch_counts
     )
     return [items[a:b].tolist() for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
 

@@ -511,11 +511,7 @@ def batch_loads(plan: EpochPlan, weights: Weights) -> dict[str, np.ndarray]:
     batch_of_pack = np.repeat(np.arange(len(plan.batch_starts) - 1), np.diff(plan.batch_starts))
     batch_of_row = batch_of_pack[pack_of_row]
     num_batches = len(plan.batch_starts) - 1
-    loads = {
-        "tokens": weights.lengths,
-        "images": weights.image_counts,
-        "patches": weights.patch_counts,
-    }
+    loads = dict(zip(("tokens", "images", "patches"), weights.columns()))
     return {
         name: np.bincount(batch_of_row, per_row[plan.rows], minlength=num_batches)
         .astype(np.int64)

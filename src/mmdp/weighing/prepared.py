@@ -3,8 +3,8 @@
 `uv run -m mmdp.prepare --out URL` weighs every row of a dataset (mmdp.weighing.weigh; with
 --pretokenize it keeps each sample's input_ids and labels too) and writes the result to a local
 folder or any fsspec URL (s3://, gs://, hf://, ...), with a manifest of everything the weights
-depend on. Training reads it from there on every rank and node (PackedDataset.from_prepared) and
-weighs nothing. What lies under URL:
+depend on. Training reads it from there on every rank and node and weighs nothing (`weigh_dataset`,
+which PackedDataset calls: without a URL, it weighs the rows). What lies under URL:
 
     manifest.json              written last: until it exists, URL holds no prepared dataset
     parts-<id>/weights.npz     each row's tokens, images, patches and drop reason

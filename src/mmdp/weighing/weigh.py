@@ -166,9 +166,8 @@ def weigh_on_this_machine(rows, family, pretokenize: bool, num_proc, path: Path)
         scratch = scratch_path(path)
         arrays, tokens = weigh(rows, family, pretokenize, num_proc, scratch)
         alone = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) == 1  # no local rank waits for it
-        if unreachable(arrays, None if alone else path):
-            if alone:
-                return weights_of(arrays), tokens, len(rows)
+        if unreachable(arrays, None if alone else path) and alone:
+            return weights_of(arrays), tokens, len(rows)
         save(path, arrays, tokens)
     finally:
         weigher.unlink(missing_ok=True)
@@ -360,14 +359,8 @@ def weigh_batch(batch: dict, indices, family, pretokenize: bool, image_counts) -
     videos = batch.get("videos") or [None] * len(images)
     if not pretokenize:
         lengths, counts, patches, reasons = family.weigh(batch["texts"], images, videos)
-        return {
-            "length": lengths,
-            "image_count": counts,
-            "patches": patches,
-            "reason": [CODE[reason] for reason in reasons],
-        }
-    keys = ("length", "image_count", "patches", "reason", "input_ids", "labels")
-    out = {key: [] for key in keys}
+        return dict(zip(WEIGHT_FEATURES, (lengths, counts, patches, [CODE[r] for r in reasons])))
+    out = {key: [] for key in (*WEIGHT_FEATURES, *TOKEN_FEATURES)}
     family.read_settings()  # once for the batch: tokenize reads what it found
     for texts, row_images, row_videos in zip(batch["texts"], images, videos):
         try:
@@ -377,10 +370,8 @@ def weigh_batch(batch: dict, indices, family, pretokenize: bool, image_counts) -
             input_ids = labels = torch.zeros(0, dtype=torch.long)
             count = row_images if isinstance(row_images, int) else len(row_images or [])
             patches, reason = 0, error.reason
-        out["length"].append(len(input_ids))
-        out["image_count"].append(count)
-        out["patches"].append(patches)
-        out["reason"].append(CODE[reason])
-        out["input_ids"].append(input_ids.numpy().astype(np.int32))
-        out["labels"].append(labels.numpy().astype(np.int32))
+        input_ids, labels = (tokens.numpy().astype(np.int32) for tokens in (input_ids, labels))
+        row = (len(input_ids), count, patches, CODE[reason], input_ids, labels)  # out's columns
+        for column, value in zip(out.values(), row):
+            column.append(value)
     return out
