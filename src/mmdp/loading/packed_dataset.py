@@ -33,18 +33,9 @@ from mmdp.batch import build_pack, collate_packs
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
 from mmdp.loading.background import iterate_in_background
-from mmdp.loading.guards import (
-    STATEFUL_REFUSED,
-    RefusesAcceleratePrepare,
-    iterated_elsewhere,
-)
+from mmdp.loading.guards import STATEFUL_REFUSED, RefusesAcceleratePrepare, iterated_elsewhere
 from mmdp.loading.workers import check_temp_folder, name_failed_worker
-from mmdp.packing.packing_config import (
-    PackingConfig,
-    PackingSettings,
-    check_resume,
-    default_config,
-)
+from mmdp.packing.packing_config import PackingConfig, PackingSettings, check_resume, default_config
 from mmdp.planning.planner import EpochPlan, eval_split, plan_epoch
 from mmdp.ranks import rank_and_world_size
 from mmdp.weighing.overflow import fit_over_long, truncate_sample

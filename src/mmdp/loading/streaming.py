@@ -72,12 +72,7 @@ from mmdp.errors import UserError
 from mmdp.loading.background import iterate_in_background
 from mmdp.loading.guards import RefusesAcceleratePrepare, iterated_elsewhere
 from mmdp.loading.workers import check_temp_folder, name_failed_worker
-from mmdp.packing.packing_config import (
-    PackingConfig,
-    PackingSettings,
-    check_resume,
-    default_config,
-)
+from mmdp.packing.packing_config import PackingConfig, PackingSettings, check_resume, default_config
 from mmdp.packing.weights import Weights
 from mmdp.planning.planner import pack_buffer
 from mmdp.ranks import ANSWER_TIMEOUT, all_ranks_have_a_batch, rank_and_world_size
