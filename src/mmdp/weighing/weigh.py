@@ -178,8 +178,7 @@ def wait_for(path: Path, local_rank: int) -> None:
     """Wait until local rank 0 of this machine has saved the weights under `path`, with no
     collective call; raise at once if it stopped while weighing (its process is gone), or after
     WAIT_FOR_WEIGHING, looking every POLL_SECONDS."""
-    timeout = WAIT_FOR_WEIGHING
-    deadline = time.monotonic() + timeout.total_seconds()
+    deadline = time.monotonic() + WAIT_FOR_WEIGHING.total_seconds()
     if not is_complete(path):
         print(f"local rank {local_rank}: waiting for local rank 0 to weigh the rows", flush=True)
     while not is_complete(path):
@@ -191,7 +190,7 @@ def wait_for(path: Path, local_rank: int) -> None:
             )
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"local rank {local_rank} waited {timeout} for local rank 0 to weigh "
+                f"local rank {local_rank} waited {WAIT_FOR_WEIGHING} for local rank 0 to weigh "
                 f"the rows into {path}; did local rank 0 build the same dataset?"
             )
         time.sleep(POLL_SECONDS)
