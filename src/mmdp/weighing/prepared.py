@@ -46,8 +46,7 @@ from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.reading.sources import cache_dir
 from mmdp.errors import UserError
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.weights import Budgets, Weights
-from mmdp.planning.planner import filter_rows
+from mmdp.packing.weights import Weights
 from mmdp.weighing.cache import ARRAYS, checksum, weights_of
 from mmdp.weighing.weigh import WEIGHING_VERSION, Weighing, weigh_rows
 
@@ -177,13 +176,6 @@ def check_matches(manifest: dict, run: dict, url: str) -> None:
 
 def versions() -> dict:
     return {"mmdp": version("mmdp"), "transformers": transformers.__version__}
-
-
-def budget_report(weights: Weights, run: dict) -> dict:
-    """The rows usable under the run's budgets, and the others by reason (what prepare prints)."""
-    budgets = Budgets(run["max_length"], run["max_images"], run["max_patches"])
-    usable, dropped = filter_rows(weights, budgets)
-    return {"usable": len(usable), "dropped": dict(sorted(dropped.items()))}
 
 
 # Writing ----------------------------------------------------------------------------------------
