@@ -168,10 +168,9 @@ class PackedDataset(PackingSettings, IterableDataset):
 
     @classmethod
     def from_prepared(cls, url: str, dataset: VQADataset, **settings) -> "PackedDataset":
-        """A PackedDataset that weighs nothing: the weights (and tokens, if prepared with them) of
-        `dataset`'s rows are read from a prepared dataset at `url`, a path or any fsspec URL
-        (`uv run -m mmdp.prepare`; mmdp.weighing.prepared). It is refused in one sentence (a
-        UserError) when prepared for another model, processor, budget or rows."""
+        """A PackedDataset that weighs nothing (`prepared=url`, a path or any fsspec URL: see
+        Args); refused in one sentence (a UserError) when prepared for another model, processor,
+        budget or rows."""
         return cls(dataset, prepared=url, **settings)
 
     # 2-4. Plan the epoch ------------------------------------------------------------------------
