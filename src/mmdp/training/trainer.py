@@ -90,30 +90,27 @@ weights as MMDPTrainer.
 """
 
 import contextlib
+import math
 import os
 import time
 import warnings
 
 import transformers.trainer as hf_trainer
-from transformers import PreTrainedModel, Trainer
+from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from mmdp.batch import filler_batch
 from mmdp.errors import require_extra
 from mmdp.loading.packed_dataset import PackedDataLoader
 from mmdp.models.inputs import model_inputs as packed_model_inputs
 from mmdp.training import evaluation
 from mmdp.training.loss import batch_loss, summed_weighted_loss
 from mmdp.training.recipes import (
+    batches_forever,
     check_launched_processes,
     load_loader_state,
     save_loader_state,
     touch_every_parameter,
-)
-from mmdp.training.trainer_epochs import (
-    LoaderEpoch,
-    LoaderForTrainer,
-    epoch_steps,
-    planned_max_steps,
 )
 
 # Trainer needs accelerate, which only an extra installs; without it transformers fails later, in
@@ -209,6 +206,113 @@ def load_model_weights(model, checkpoint: str) -> bool:
     return True
 
 
+# Epochs (item 2): what Trainer iterates instead of the loader, and the loader's epochs as Trainer's
+
+
+def epoch_steps(dataset, epoch: int, grad_accum: int) -> int:
+    """The optimizer steps of a planned epoch (the same on every rank): its last one may hold
+    fewer real batches."""
+    return math.ceil(dataset.plan(epoch).num_steps() / grad_accum)
+
+
+def planned_max_steps(loader, args) -> int:
+    """The optimizer steps of args.num_train_epochs whole planned epochs (each epoch's own
+    count: its last step may be short), or args.max_steps when it is set."""
+    if args.max_steps > 0:
+        return args.max_steps
+    if not hasattr(loader.dataset, "num_batches"):
+        raise ValueError("a stream has no length: set TrainingArguments.max_steps")
+    epochs = range(int(args.num_train_epochs))
+    return sum(epoch_steps(loader.dataset, e, args.gradient_accumulation_steps) for e in epochs)
+
+
+class LoaderForTrainer:
+    """What Trainer iterates: the mmdp loader itself, as one endless pass with no len() (item 2).
+    A planned loader's epochs end with `filler` micro-batches (mmdp.batch.filler_batch) up to a
+    whole step of `grad_accum`; a stream runs as one endless pass of full steps
+    (mmdp.training.recipes.batches_forever).
+    """
+
+    def __init__(self, loader, grad_accum: int = 1):
+        self.loader = loader
+        self.grad_accum = grad_accum
+        self.planned = hasattr(loader.dataset, "num_batches")  # PackedDataset
+
+    @property
+    def dataset(self):
+        return self.loader.dataset
+
+    def __len__(self) -> int:
+        raise TypeError("MMDPTrainer runs its loader as one pass of max_steps optimizer steps")
+
+    def __iter__(self):
+        return self.epochs_in_whole_steps() if self.planned else batches_forever(self.loader)
+
+    def epochs_in_whole_steps(self):
+        """The loader's batches epoch after epoch, each epoch padded with fillers to a multiple
+        of grad_accum. The loader moves to its next epoch before the fillers are yielded, so a
+        checkpoint taken after the step says where the next batch comes from. Ends after two
+        passes in a row without a batch (as batches_forever)."""
+        empty_passes = 0
+        while empty_passes < 2:
+            empty_passes += 1
+            planned, last = len(self.loader), None
+            for last in self.loader:
+                empty_passes = 0
+                yield last
+            self.loader.set_epoch(self.dataset.epoch + 1)
+            if last is not None:
+                fillers = -planned % self.grad_accum
+                for i in range(fillers):
+                    # only the step's last micro-batch syncs (DDP's all-reduce): the fillers
+                    # before it need no forward (MMDPTrainer.filler_loss)
+                    yield {**filler_batch(last), "forward": i == fillers - 1}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Trainer's epoch is always 0 here (one pass): the loader keeps its own epochs."""
+
+    def batches_before(self, epoch: int, batches_done: int) -> int:
+        """The micro-batches (fillers included) yielded before this position: Trainer's
+        global_step x grad_accum at a checkpoint."""
+        earlier = sum(epoch_steps(self.dataset, e, self.grad_accum) for e in range(epoch))
+        return earlier * self.grad_accum + batches_done
+
+
+class LoaderEpoch(TrainerCallback):
+    """Trainer's `epoch` is the loader's, and its epoch strategies follow the loader's epochs.
+
+    Trainer, running one pass, would log the fraction of the run as `epoch` (in Trainer._run_epoch,
+    transformers 5.23, set just before on_step_end) and save, log or evaluate "per epoch" only at
+    the end of that pass. Here the step that ends a loader epoch asks for them; at the end of the
+    pass Trainer's own "epoch" evaluation is dropped when that step has just evaluated
+    (DefaultFlowCallback.on_epoch_end asks again at the same step).
+    """
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.epochs_done = 0
+        self.evaluated_at = None  # the global step of the last evaluation
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.epochs_done = math.floor(state.epoch or 0)  # a resumed run's, from its checkpoint
+
+    def on_step_end(self, args, state, control, **kwargs):
+        dataset = self.loader.dataset
+        state.epoch = dataset.epoch + dataset.batches_done / max(len(self.loader), 1)
+        if state.epoch == int(state.epoch) and state.epoch > self.epochs_done:
+            self.epochs_done = int(state.epoch)  # this step ended an epoch
+            control.should_save |= args.save_strategy == "epoch"
+            control.should_log |= args.logging_strategy == "epoch"
+            control.should_evaluate |= args.eval_strategy == "epoch"
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.evaluated_at = state.global_step
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.evaluated_at == state.global_step:  # after DefaultFlowCallback's: not twice
+            control.should_evaluate = False
+
+
 class MMDPTrainerMixin:
     """Trainer on an mmdp loader: put it before Trainer (or a Trainer subclass) in the bases.
 
@@ -287,9 +391,8 @@ class MMDPTrainerMixin:
         return metrics
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The batch's loss (packed_loss); under DDP, with every trainable parameter in its
-        backward (mmdp.training.recipes.touch_every_parameter: a micro-batch without images
-        leaves the vision tower unused, and DDP would wait for its gradients)."""
+        """The batch's loss (packed_loss); under DDP with every trainable parameter in its
+        backward (item 6: touch_every_parameter)."""
         result = self.packed_loss(model, inputs, return_outputs, num_items_in_batch)
         if return_outputs:
             return touch_every_parameter(result[0], model), result[1]
@@ -310,13 +413,12 @@ class MMDPTrainerMixin:
         return self.model_loss(model, model_inputs, return_outputs, num_items_in_batch)
 
     def token_loss(self, model, model_inputs, batch, return_outputs, num_items_in_batch):
-        """token_loss over the trained positions only: one forward (batch_loss), the micro-batch's
-        summed (weighted) token loss and router term over `num_items_in_batch`, the step's label
-        tokens on every rank (BatchLoss.over), times the processes as Trainer.compute_loss does
-        with average_tokens_across_devices (transformers 5.23), since DDP averages gradients.
-        Trainer takes it as scaled for gradient accumulation: compute_loss_func is set. One
-        forward, whatever Trainer subclass comes next (TRL's SFTTrainer.compute_loss would run a
-        second one, without gradient, for its entropy and accuracy metrics: trl 1.16)."""
+        """token_loss over the trained positions only, in one forward whatever Trainer subclass
+        comes next (batch_loss): the micro-batch's summed (weighted) token loss and router term
+        over `num_items_in_batch`, the step's label tokens on every rank (BatchLoss.over), times
+        the processes as Trainer.compute_loss does with average_tokens_across_devices
+        (transformers 5.23), since DDP averages gradients. Trainer takes it as scaled for
+        gradient accumulation: compute_loss_func is set."""
         if num_items_in_batch is None:
             raise ValueError("Trainer counted no label tokens: the batches need a 'labels' key")
         parts = batch_loss(model, model_inputs, batch)
@@ -348,10 +450,7 @@ class MMDPTrainerMixin:
         return (loss, parts.outputs) if return_outputs else loss
 
     def set_initial_training_values(self, args, dataloader):
-        """Trainer's figures for its logs, in samples rather than packs: "Num examples" is the
-        samples of the first planned epoch (all ranks), and the samples behind samples/s are those
-        of the planned steps (Trainer.set_initial_training_values, transformers 5.23, counts
-        packs)."""
+        """Trainer's "Num examples" and samples/s in samples rather than packs (item 7)."""
         values = list(super().set_initial_training_values(args, dataloader))
         if self.loader_for_trainer.planned:
             values[2], values[3] = self.planned_samples(values[6])
@@ -366,10 +465,8 @@ class MMDPTrainerMixin:
         return samples, round(samples * max_steps / steps)
 
     def _track_num_input_tokens(self, inputs):
-        """Tokens seen, counted on real tokens: with include_num_input_tokens_seen="non_padding"
-        Trainer counts tokens that are not the pad id (Trainer._track_num_input_tokens,
-        transformers 5.23), and our pad id is <|im_end|>, which ends every turn. A filler counts
-        none."""
+        """Tokens seen, counted on real tokens, not on tokens other than the pad id (item 7). A
+        filler counts none."""
         name = getattr(self.model, "main_input_name", "input_ids")
         real = inputs.get("real_token_mask", inputs.get("attention_mask"))
         if real is None:
@@ -379,10 +476,9 @@ class MMDPTrainerMixin:
 
     def _save_checkpoint(self, model, trial):
         """Every rank writes its loader state into the checkpoint folder first, then Trainer
-        saves the rest. Trainer deletes older checkpoints at the end of its save
-        (rotate_checkpoints in Trainer._save_checkpoint, transformers 5.23) and runs on_save only
-        after that: a state written in on_save would leave a kill in between with a newest
-        checkpoint that cannot resume, and the previous one deleted."""
+        saves the rest (item 4): a state written in on_save, which runs after Trainer's
+        rotate_checkpoints, would leave a kill in between with a newest checkpoint that cannot
+        resume, and the previous one deleted."""
         folder = os.path.join(
             self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         )
