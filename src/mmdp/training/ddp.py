@@ -24,7 +24,6 @@ one step both ways (and the usual per-rank mean: the model's own loss, divided b
 micro-steps) on stage 5's packed batches, and compares each gradient with one process's.
 """
 
-import contextlib
 import copy
 import dataclasses
 import json
@@ -46,7 +45,12 @@ from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.metrics import write_json
 from mmdp.training.loss import label_tokens, summed_loss
-from mmdp.training.recipes import all_reduced, collective_device, touch_every_parameter
+from mmdp.training.recipes import (
+    collective_device,
+    gradient_sync,
+    step_label_tokens,
+    touch_every_parameter,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +83,10 @@ def ddp_gradient(model, batches: list[dict], normalisation: str) -> torch.Tensor
     "global_tokens" (the recipe above) or "per_rank_mean" (each micro-batch's own mean over its
     label tokens, divided by the micro-steps: what a hand-written loop usually does)."""
     world_size = dist.get_world_size()
-    tokens = torch.tensor(float(sum(label_tokens(b["labels"]) for b in batches)))
-    tokens = all_reduced(tokens)  # on the backend's device: NCCL reduces GPU tensors only
+    tokens = step_label_tokens(batches)  # every rank's, all-reduced
     model.zero_grad(set_to_none=True)
     for i, batch in enumerate(batches):
-        sync = i == len(batches) - 1
-        with contextlib.nullcontext() if sync else model.no_sync():
+        with gradient_sync(model, i == len(batches) - 1):
             output = model(**vlm_inputs(batch))
             if normalisation == "global_tokens":
                 loss = summed_loss(output.logits, batch["labels"]) * world_size / tokens

@@ -18,7 +18,6 @@ seed user's run (Qwen3-VL-MoE, LoRA, images and videos, 3 epochs, 2 ranks) is on
 import dataclasses
 import hashlib
 import json
-import math
 import os
 
 import numpy as np
@@ -40,6 +39,7 @@ from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.packing_config import PackingConfig, default_config
+from mmdp.training.recipes import epoch_steps
 
 IMAGE_SIZE = 32  # small images keep a CPU step short; 32 / 4-pixel patches = 64 image tokens
 PATCH_SIZE = 4
@@ -117,12 +117,7 @@ def make_processor(settings: TrainingSettings):
         return load_processor(settings.model_path, hint=MODEL_PATH_HINT)
     if settings.model == "tiny_vlm":
         return get_tokenizer()
-    return tiny_processor(family_of(settings.model))
-
-
-def family_of(model: str) -> str:
-    """The family (mmdp.data.families) whose processor a --model uses."""
-    return model.removesuffix("_moe")
+    return tiny_processor(settings.model.removesuffix("_moe"))  # a MoE: its dense family's
 
 
 def make_loader(
@@ -176,17 +171,12 @@ def video_rows(loader) -> set[int]:
 
 
 def training_steps(settings: TrainingSettings, loader) -> int:
-    """--max-steps, or the optimizer steps of --num-train-epochs whole epochs on this loader:
-    each epoch's batches for this rank (each epoch is planned anew, so their counts differ),
-    --grad-accum a step, an epoch's last step short (mmdp.training.recipes.optimizer_steps)."""
+    """--max-steps, or the optimizer steps of --num-train-epochs whole epochs on this loader
+    (each epoch is planned anew, so their counts differ)."""
     if settings.max_steps is not None:
         return settings.max_steps
-    dataset = loader.dataset
-    batches = [
-        dataset.plan(epoch).for_rank(dataset.rank).num_steps()
-        for epoch in range(settings.num_train_epochs)
-    ]
-    return sum(math.ceil(n / settings.grad_accum) for n in batches)
+    epochs = range(settings.num_train_epochs)
+    return sum(epoch_steps(loader.dataset, e, settings.grad_accum) for e in epochs)
 
 
 def tiny_vlm(tokenizer, seed: int):

@@ -33,10 +33,9 @@ from mmdp.models.attention import flash_attention_on_cpu, use_attention
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Weights
-from mmdp.planning.planner import EpochPlan, filter_rows, plan_epoch
+from mmdp.planning.planner import filter_rows, plan_epoch
 from mmdp.report.epoch import nothing_to_do
 from mmdp.training.loop import (
-    PARTS,
     median_time_per_part,
     speed_of_run,
     time_logits_per_position,
@@ -114,9 +113,17 @@ def load_data(settings: ExperimentSettings) -> StageData:
     tokenizer = get_tokenizer(settings.tokenizer)
     rows = settings.data.load()
     weights = weigh_rows(rows, tokenizer).weights
-    fits = rows_that_fit(weights, settings)
+    # the usable rows within --max-length and --max-images, in dataset order (the planner's own
+    # filter, step 1)
+    fits, dropped = filter_rows(weights, settings.packing.budgets)
+    if not len(fits):
+        hint = f"raise --max-length ({settings.packing.max_length} tokens a pack)"
+        raise nothing_to_do(len(weights), dropped, hint)
+    fits = fits.tolist()
     held_out, pool = hold_out(fits, weights.reasons, settings)
-    num_packs = len(plan_whole_epoch(weights, settings).pack_starts) - 1
+    # stage 5's plan of one epoch of every row, on one rank (where no pack is left out)
+    whole_epoch = dataclasses.replace(settings.packing, packs_per_batch=1, seed=settings.seed)
+    num_packs = len(plan_epoch(weights, whole_epoch).pack_starts) - 1
     return StageData(
         tokenizer=tokenizer,
         rows=rows,
@@ -134,19 +141,6 @@ def load_data(settings: ExperimentSettings) -> StageData:
         packs_per_batch=max(1, round(settings.batch_size * num_packs / len(fits))),
         device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     )
-
-
-def rows_that_fit(weights: Weights, settings: ExperimentSettings) -> list[int]:
-    """The usable rows within --max-length and --max-images, in dataset order (the planner's
-    own filter, step 1)."""
-    fits, dropped = filter_rows(weights, settings.packing.budgets)
-    if not len(fits):
-        raise nothing_to_do(
-            len(weights),
-            dropped,
-            f"raise --max-length ({settings.packing.max_length} tokens a pack)",
-        )
-    return fits.tolist()
 
 
 def hold_out(fits: list[int], reasons, settings: ExperimentSettings) -> tuple[list[int], list[int]]:
@@ -170,21 +164,11 @@ def hold_out(fits: list[int], reasons, settings: ExperimentSettings) -> tuple[li
     return held_out, pool
 
 
-# Stage 5's loader: the only place stage 6 builds a PackedDataset.
-
-
-def plan_whole_epoch(weights: Weights, settings: ExperimentSettings) -> EpochPlan:
-    """Stage 5's plan of one epoch of every row, packed with --strategy, on one rank (its packs
-    are what counts: on one rank no pack is left out, however many packs a batch holds)."""
-    return plan_epoch(
-        weights, dataclasses.replace(settings.packing, packs_per_batch=1, seed=settings.seed)
-    )
-
-
 def packed_batches(
     data: StageData, rows: list[int], settings: ExperimentSettings, *, seed: int, epoch=0
 ) -> list[dict]:
-    """Stage 5's batches of `rows`: all of one epoch, packed with --strategy.
+    """Stage 5's batches of `rows`: all of one epoch, packed with --strategy (the only place
+    stage 6 builds a PackedDataset).
 
     PackedDataset weighs the selected rows again, as a dataset of their own: a few rows, weighed
     in a moment, so without datasets' progress bars, which would only clutter the output.
@@ -212,18 +196,13 @@ def strategy_batches(
     data: StageData, names, rows: list[int], settings: ExperimentSettings, seed: int, epoch=0
 ) -> dict:
     """The same rows as naive padding, constrained padding and packing batch them."""
-    naive, constrained, packed = names
     pad_id = data.tokenizer.pad_token_id
-    return {
-        naive: padded_batches(data.samples, rows, NaivePadCollator(pad_id), settings.batch_size),
-        constrained: padded_batches(
-            data.samples,
-            rows,
-            ConstrainedPadCollator(pad_id, settings.packing.max_length),
-            settings.batch_size,
-        ),
-        packed: packed_batches(data, rows, settings, seed=seed, epoch=epoch),
+    pads = (NaivePadCollator(pad_id), ConstrainedPadCollator(pad_id, settings.packing.max_length))
+    batches = {
+        name: padded_batches(data.samples, rows, collate, settings.batch_size)
+        for name, collate in zip(names[:2], pads)
     }
+    return {**batches, names[2]: packed_batches(data, rows, settings, seed=seed, epoch=epoch)}
 
 
 # 1. Same loss ----------------------------------------------------------------------------------
@@ -468,16 +447,6 @@ def ratio_of_medians(numerator: list[float], denominator: list[float]) -> dict:
     median = statistics.median(numerator) / statistics.median(denominator)
     per_seed = [p / q for p, q in zip(numerator, denominator)]
     return {"ratio_of_medians": round(median, 3), "per_seed": [round(r, 3) for r in per_seed]}
-
-
-def time_per_part_columns(speed: dict, names) -> dict[str, list[float]]:
-    """Where the time goes, a row per part of a step (then the total and the computed tokens),
-    a value per strategy: seconds over a run, median over the seeds."""
-    seconds, computed = speed["time_per_part"], speed["computed_tokens"]
-    columns = {part: [seconds[n][part] for n in names] for part in PARTS}
-    columns["total"] = [sum(seconds[n].values()) for n in names]
-    columns["computed tokens"] = [computed[n] for n in names]
-    return columns
 
 
 # 5. Every strategy on one epoch, from the weights -----------------------------------------------

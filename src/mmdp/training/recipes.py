@@ -25,6 +25,7 @@ model itself: it computes the logits of the trained positions only (mmdp.trainin
 """
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 
@@ -78,6 +79,12 @@ def optimizer_steps(loader, grad_accum: int) -> Iterator[list[dict]]:
         if micro_batches and (len(micro_batches) == grad_accum or item is EPOCH_END):
             yield micro_batches
             micro_batches = []
+
+
+def epoch_steps(dataset, epoch: int, grad_accum: int) -> int:
+    """The optimizer steps of a planned epoch (a PackedDataset's, the same on every rank), as
+    optimizer_steps groups its batches: the last step may hold fewer."""
+    return math.ceil(dataset.plan(epoch).num_steps() / grad_accum)
 
 
 def step_label_tokens(micro_batches: list[dict], *, device=None, group=None) -> torch.Tensor:

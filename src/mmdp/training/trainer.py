@@ -108,6 +108,7 @@ from mmdp.training.loss import batch_loss, summed_weighted_loss
 from mmdp.training.recipes import (
     batches_forever,
     check_launched_processes,
+    epoch_steps,
     load_loader_state,
     save_loader_state,
     touch_every_parameter,
@@ -207,12 +208,6 @@ def load_model_weights(model, checkpoint: str) -> bool:
 
 
 # Epochs (item 2): what Trainer iterates instead of the loader, and the loader's epochs as Trainer's
-
-
-def epoch_steps(dataset, epoch: int, grad_accum: int) -> int:
-    """The optimizer steps of a planned epoch (the same on every rank): its last one may hold
-    fewer real batches."""
-    return math.ceil(dataset.plan(epoch).num_steps() / grad_accum)
 
 
 def planned_max_steps(loader, args) -> int:
