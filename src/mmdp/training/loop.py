@@ -16,7 +16,8 @@ One optimizer step, in the order it runs, and the name each part is timed under:
     optimizer                 AdamW's step
 
 The backward is cut in two at the hidden states (a detached copy that requires grad); the
-gradient is the same as that of one loss.backward().
+gradient is the same as that of one loss.backward(). On a GPU in bf16 (mixed_precision), on a
+CPU in float32.
 """
 
 import statistics
@@ -28,6 +29,7 @@ from mmdp import config
 from mmdp.batch import real_token_mask
 from mmdp.models.tiny_vlm import TinyVLM, vlm_inputs
 from mmdp.training.loss import batch_loss, head_loss, label_tokens
+from mmdp.training.recipes import mixed_precision
 
 PARTS = (
     "vision + embeddings",
@@ -41,11 +43,6 @@ PARTS = (
 
 def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-def autocast(device: torch.device):
-    """bf16 autocast on a GPU; float32 on a CPU."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
 class PartTimer:
@@ -70,7 +67,7 @@ def train_step(model: TinyVLM, batch: dict, optimizer) -> tuple[float, dict]:
     device = next(model.parameters()).device
     inputs = vlm_inputs(to_device(batch, device))
     timer = PartTimer(device)
-    with autocast(device):
+    with mixed_precision(device, device.type == "cuda"):
         embeds = model.embed(inputs.pop("input_ids"), inputs.pop("pixel_values"))
         timer.lap("vision + embeddings")
         labels = inputs.pop("labels")
@@ -99,7 +96,7 @@ def evaluate(model: TinyVLM, batches: list[dict]) -> float:
     total, tokens = 0.0, 0
     for batch in batches:
         batch = to_device(batch, device)
-        with autocast(device):
+        with mixed_precision(device, device.type == "cuda"):
             parts = batch_loss(model, vlm_inputs(batch), batch)  # label positions only
         total += float(parts.summed)
         tokens += parts.label_tokens
@@ -192,7 +189,7 @@ def time_logits_per_position(
             labels[:, ::3] = config.IGNORE_INDEX
             hidden = hidden.to(device).requires_grad_()
             timer = PartTimer(device)
-            with autocast(device):
+            with mixed_precision(device, device.type == "cuda"):
                 summed, _ = head_loss(model.get_output_embeddings(), hidden, labels.to(device))
             (summed / label_tokens(labels)).backward()
             timer.lap("logits + loss")

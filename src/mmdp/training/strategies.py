@@ -177,10 +177,22 @@ def compare_padding(
 
 
 def padded_summary(batches, widths, dropped, *, weights: Weights, world_size: int) -> dict:
+    """The summary of padded batches, and the real tokens, images and padded tokens of each
+    step's batches, [steps, world_size]: batch b is rank b % world_size's at step
+    b // world_size. A last step that not every rank has is left out (DDP could not run it)."""
     lengths = weights.lengths.astype(np.int64)
     real = sum(int(lengths[batch].sum()) for batch in batches)
     computed = sum(width * len(batch) for batch, width in zip(batches, widths))
-    loads = padded_step_loads(batches, widths, weights, world_size)
+    steps = len(batches) // world_size
+    ran = list(zip(batches, widths))[: steps * world_size]
+    per_batch = {
+        "tokens": [int(lengths[batch].sum()) for batch, _ in ran],
+        "images": [int(weights.image_counts[batch].sum()) for batch, _ in ran],
+        "padded_tokens": [width * len(batch) for batch, width in ran],
+    }
+    loads = {
+        k: np.asarray(v, dtype=np.int64).reshape(steps, world_size) for k, v in per_batch.items()
+    }
     return {
         "utilization": round(real / computed, 6) if computed else 0.0,
         "real_tokens": real,
@@ -189,21 +201,4 @@ def padded_summary(batches, widths, dropped, *, weights: Weights, world_size: in
         "dropped": dict(sorted(dropped.items())),
         "rank_balance": rank_balance(loads, world_size),
         "padded_tokens": loads["padded_tokens"].tolist(),  # [step][rank]
-    }
-
-
-def padded_step_loads(batches, widths, weights: Weights, world_size: int) -> dict:
-    """Real tokens, images and padded tokens of every batch, as arrays [steps, world_size]:
-    batch b is rank b % world_size's at step b // world_size. A last step that not every rank
-    has is left out (DDP could not run it)."""
-    steps = len(batches) // world_size
-    batches, widths = batches[: steps * world_size], widths[: steps * world_size]
-    per_batch = {
-        "tokens": [int(weights.lengths[batch].sum()) for batch in batches],
-        "images": [int(weights.image_counts[batch].sum()) for batch in batches],
-        "padded_tokens": [width * len(batch) for batch, width in zip(batches, widths)],
-    }
-    return {
-        name: np.asarray(values, dtype=np.int64).reshape(steps, world_size)
-        for name, values in per_batch.items()
     }
