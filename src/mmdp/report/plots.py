@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import matplotlib
-import matplotlib.artist
 import matplotlib.lines
 import matplotlib.patches
 import numpy as np

@@ -73,30 +73,15 @@ def padding_epoch(
     )
 
 
-def packing_epoch(
-    weights: Weights,
-    strategy: str,
-    *,
-    max_length: int,
-    max_images: int,
-    packs_per_batch: int,
-    seed: int,
-) -> dict:
+def packing_epoch(weights: Weights, config: PackingConfig) -> dict:
     """Stage 5's plan with one strategy: one row per pack."""
-    config = PackingConfig(
-        max_length=max_length,
-        max_images=max_images,
-        packs_per_batch=packs_per_batch,
-        strategy=strategy,
-        seed=seed,
-    )
     plan = plan_epoch(weights, config)
     pack_of_row = np.repeat(np.arange(len(plan.pack_starts) - 1), np.diff(plan.pack_starts))
     tokens = np.bincount(pack_of_row, weights.lengths[plan.rows]).astype(np.int64)
     images = np.bincount(pack_of_row, weights.image_counts[plan.rows]).astype(np.int64)
     return summarize(
         int(tokens.sum()),
-        len(tokens) * max_length,
+        len(tokens) * config.max_length,
         len(plan.batch_starts) - 1,
         plan.dropped,
         tokens=tokens,
@@ -136,14 +121,14 @@ def compare_strategies(
         for name in PADDING_STRATEGIES
     }
     for name in PACKING_STRATEGIES:
-        results[name] = packing_epoch(
-            weights,
-            name,
+        config = PackingConfig(
             max_length=max_length,
             max_images=max_images,
             packs_per_batch=packs_per_batch,
+            strategy=name,
             seed=seed,
         )
+        results[name] = packing_epoch(weights, config)
     return results
 
 
