@@ -1,18 +1,12 @@
 """What the three training examples share (examples/trainer.py, examples/accelerate_loop.py,
-examples/torchrun.py): their settings (TrainingSettings: their flags), the data (the embedded rows, or your own: --dataset) in a
-planned loader (and its eval split), the model (and its LoRA adapters), and the --log-samples
-file that shows a resumed run trains exactly what an uninterrupted one does.
+examples/torchrun.py): their settings (TrainingSettings: their flags), the data (the embedded
+rows, or your own: --dataset) in a planned loader (and its eval split), the model (and its LoRA
+adapters), and the --log-samples file that shows a resumed run trains exactly what an
+uninterrupted one does.
 
 Everything runs offline on a CPU by default: the embedded synthetic rows, and TinyVLM (32-pixel
 images) or, with `--model FAMILY`, a tiny random model of that family's real transformers class
-with its processor built in code. `--model-path` trains a real checkpoint (the Hub, or a local
-folder) instead. `--videos N` mixes N synthetic clips into the rows, `--eval-ratio R` holds R of
-the rows out for an exact eval_loss, `--lora` trains peft adapters instead of every weight: the
-seed user's run (Qwen3-VL-MoE, LoRA, images and videos, 3 epochs, 2 ranks) is one command:
-
-    uv run torchrun --nproc-per-node 2 examples/trainer.py --model qwen3_vl_moe --lora \
-        --videos 24 --num-rows 120 --num-train-epochs 3 --grad-accum 16 --eval-ratio 0.1 \
-        --output-dir /tmp/seed --log-samples /tmp/seed/samples.jsonl
+with its processor built in code (the seed user's run: examples/trainer.py's docstring).
 """
 
 import dataclasses

@@ -330,9 +330,9 @@ def train_over_seeds(
 def train_one_run(
     data: StageData, names, settings: ExperimentSettings, rows, initial, seed, order, held_out
 ) -> dict:
-    """Every strategy from the `initial` weights on the same rows, one step of each in turn (all
-    three meet the same load on a shared machine); order 0 takes the rows as drawn, another a
-    seeded shuffle of them. Returns {name: training log} (mmdp.training.loop.train_in_turns)."""
+    """Every strategy from the `initial` weights on the same rows, one step of each in turn
+    (mmdp.training.loop.train_in_turns: {name: training log}); order 0 takes the rows as drawn,
+    another a seeded shuffle of them."""
     if order:
         rows = [rows[i] for i in np.random.default_rng([seed, order]).permutation(len(rows))]
     batches = strategy_batches(data, names, rows, settings, seed=seed, epoch=order)

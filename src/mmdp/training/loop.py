@@ -138,7 +138,7 @@ def train_in_turns(runs: dict, *, lr: float, checkpoints, evaluate_on) -> dict:
 
 
 def steps(model, batches, log: dict, lr: float, checkpoints: list, evaluate_on):
-    """Train `model` on `batches`, filling `log`; yields True after every step (see train)."""
+    """Train `model` on `batches`, filling `log`; yields True after every step (train_in_turns)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
 

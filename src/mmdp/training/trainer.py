@@ -62,9 +62,8 @@ methods of transformers' Trainer):
    dataset) replaces Trainer's eval set. evaluate(), eval_strategy and load_best_model_at_end
    work as usual, but `eval_loss` is mmdp.training.evaluation's: every eval token's summed loss
    over every eval label token, all ranks together, plus `eval_SOURCE_loss` per source of a
-   mixture. Trainer's own evaluation_loop would average each batch's mean (prediction_step) over
-   batches it builds itself. With eval_strategy="epoch", the step that ends a loader epoch
-   evaluates (LoaderEpoch).
+   mixture (not Trainer's evaluation_loop: why in mmdp.training.evaluation). With
+   eval_strategy="epoch", the step that ends a loader epoch evaluates (LoaderEpoch).
 9. It refuses, in one sentence: ignore_data_skip=True (the epoch would restart),
    average_tokens_across_devices=False with several ranks (the token count would be this
    rank's only), one process on several GPUs (Trainer's nn.DataParallel, 2672, splits
@@ -140,7 +139,6 @@ def token_loss(outputs, labels, num_items_in_batch=None, loss_weights=None):
     accumulation steps (Trainer.training_step).
     It counts `labels[..., 1:] != -100` or `labels != -100` depending on the model; mmdp batches
     give both the same count, since every sample's first label is -100 (mmdp.batch).
-    MMDPTrainer passes `loss_weights` from the batch (Trainer itself passes only the labels).
     """
     if num_items_in_batch is None:
         raise ValueError("Trainer counted no label tokens: the batches need a 'labels' key")
@@ -521,8 +519,7 @@ class MMDPTrainerMixin:
             hf_trainer.skip_first_batches = accelerate_skip
 
     def restore_loader(self, checkpoint: str, batches_trained: int) -> None:
-        """Load this rank's loader state; a planned loader must be where Trainer resumes it
-        (Trainer's global_step x gradient_accumulation_steps micro-batches, fillers included)."""
+        """Load this rank's loader state; check a planned one is where Trainer resumes (item 3)."""
         load_loader_state(self.train_loader, checkpoint, self.args.process_index)
         if self.loader_for_trainer.planned:
             dataset = self.train_loader.dataset
