@@ -20,8 +20,8 @@ and divide by the label tokens of the whole step, all-reduced over ranks and mic
 
 Then the gradient is d/dw [sum of every token loss of the step / every label token of the
 step], exactly what one process computes on the union of the same batches. This module runs
-one step both ways (and the usual per-rank mean: the model's own loss, divided by the number of
-micro-steps) on stage 5's packed batches, and compares each gradient with one process's.
+one step this way and the usual way (ddp_gradient) on stage 5's packed batches, and compares
+each gradient with one process's.
 """
 
 import copy
@@ -92,9 +92,7 @@ def ddp_gradient(model, batches: list[dict], normalisation: str) -> torch.Tensor
                 loss = summed_loss(output.logits, batch["labels"]) * world_size / tokens
             else:
                 loss = output.loss / len(batches)
-            # every parameter in every backward: a text-only micro-batch leaves the vision
-            # encoder unused, and DDP (without find_unused_parameters) waits for it
-            touch_every_parameter(loss, model).backward()
+            touch_every_parameter(loss, model).backward()  # a text-only batch: no vision
     return flat_gradient(model.module)
 
 
@@ -134,9 +132,7 @@ def compare_gradients(settings: DdpSettings) -> dict | None:
     vlm_config = TinyVLMConfig(vocab_size=len(tokenizer), image_token_id=tokenizer.image_token_id)
     model = TinyVLM(vlm_config).train()
     reference = copy.deepcopy(model)
-    # no find_unused_parameters (it warns whenever a step uses every parameter): every loss
-    # touches every parameter instead (ddp_gradient)
-    ddp_model = DistributedDataParallel(model)
+    ddp_model = DistributedDataParallel(model)  # unused parameters: touch_every_parameter
 
     mine = rank_batches(samples, settings, rank, world_size)
     gradients = {

@@ -245,10 +245,7 @@ def check_same_loss(data: StageData, names, settings: ExperimentSettings) -> dic
         for batch in batches[names[2]]:
             shifted = {**vlm_inputs(batch), "pixel_values": batch["pixel_values"].roll(1, dims=0)}
             wrong += float(summed_loss(model(**shifted).logits, batch["labels"]))
-    summed, over_tokens, over_samples = (
-        {name: losses[name][reduction] for name in names}
-        for reduction in ("summed", "mean_over_tokens", "mean_over_samples")
-    )
+    summed, over_tokens, over_samples = ({n: losses[n][i] for n in names} for i in range(3))
     reference = summed[names[0]]
     return {
         **summed,
@@ -261,8 +258,8 @@ def check_same_loss(data: StageData, names, settings: ExperimentSettings) -> dic
     }
 
 
-def losses_of(model: TinyVLM, batches: list[dict]) -> dict:
-    """The summed loss of the batches, and its mean over label tokens and over samples: each
+def losses_of(model: TinyVLM, batches: list[dict]) -> tuple[float, float, float]:
+    """(The summed loss of the batches, its mean over label tokens, its mean over samples): each
     mean over all the batches at once (add up its parts over the batches, then divide)."""
     summed = sample_sum = 0.0
     tokens = samples = 0
@@ -273,11 +270,7 @@ def losses_of(model: TinyVLM, batches: list[dict]) -> dict:
         batch_sum, batch_samples = summed_sample_means(logits, batch)
         sample_sum += float(batch_sum)
         samples += batch_samples
-    return {
-        "summed": summed,
-        "mean_over_tokens": summed / tokens,
-        "mean_over_samples": sample_sum / samples,
-    }
+    return summed, summed / tokens, sample_sum / samples
 
 
 def max_rel_diff(values: dict) -> float:
@@ -383,9 +376,6 @@ def summarize_learning(runs, names, settings: ExperimentSettings) -> dict:
 
 
 # 3. Real tokens per second, and where the time goes ---------------------------------------------
-# Every ratio of two strategies (or two counts) is a ratio of their medians over the seeds, the
-# medians the printed tables show, so a reader can recompute it (medians of 4,000 and 3,200 real
-# tokens per second: 1.25x); the ratio seed by seed comes with it, for the spread.
 
 
 def summarize_speed(runs, names, data: StageData, settings: ExperimentSettings) -> dict:
@@ -439,7 +429,9 @@ def strategy_speed(per_seed: list[dict], steps_per_epoch: int) -> dict:
 
 
 def ratio_of_medians(numerator: list[float], denominator: list[float]) -> dict:
-    """The ratio of two medians over the seeds, and the ratio seed by seed (the spread).
+    """The ratio of two medians over the seeds, and the ratio seed by seed (the spread). Every
+    ratio of two strategies (or two counts) is one of these: of the medians the printed tables
+    show, so a reader can recompute it.
 
     >>> ratio_of_medians([4.0, 2.0, 9.0], [2.0, 2.0, 3.0])
     {'ratio_of_medians': 2.0, 'per_seed': [2.0, 1.0, 3.0]}

@@ -6,11 +6,10 @@ One optimizer step, in the order it runs, and the name each part is timed under:
     vision + embeddings       TinyVLM.embed: the vision encoder on every image, the projector,
                               the token embeddings
     language model            TinyVLM.hidden_states: the transformer layers
-    logits + loss             the output layer on the label positions only (the positions
-                              whose next label is trained) and the mean over label tokens, a
-                              chunk of positions at a time, with its gradient computed in the
-                              same pass (mmdp.training.loss.head_loss); the 49,153-wide logits
-                              of padding and prompt positions are never computed
+    logits + loss             the output layer and the mean over label tokens, on the label
+                              positions only, a chunk at a time, with its gradient in the same
+                              pass (mmdp.training.loss.head_loss): no 49,153-wide logits of
+                              padding or prompt positions
     backward: logits + loss   that gradient, scaled, down to the hidden states
     backward: the rest        on through the language model, projector and vision encoder
     optimizer                 AdamW's step

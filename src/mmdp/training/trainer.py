@@ -50,10 +50,9 @@ methods of transformers' Trainer):
    MoE model's router term when it returns router logits (output_router_logits=True); a
    compute_loss_func of your own gets the full logits.
 6. DDP: a micro-batch without images leaves the vision tower unused, and DDP waits for every
-   gradient. Trainer's cure for a PreTrainedModel is find_unused_parameters=True, which walks
-   the autograd graph at every step and warns when a step used every parameter; MMDPTrainer
-   leaves it False (ddp_find_unused_parameters unset) and adds 0 x every trainable parameter to
-   the loss (mmdp.training.recipes.touch_every_parameter): the same gradient, no warning.
+   gradient. Instead of Trainer's find_unused_parameters=True for a PreTrainedModel, MMDPTrainer
+   adds 0 x every trainable parameter to the loss (mmdp.training.recipes.touch_every_parameter
+   says why) and leaves ddp_find_unused_parameters False when it is unset.
 7. Trainer's logs count samples and real tokens: "Num examples" and samples/s from the planned
    samples of epoch 0 (Trainer's count packs: set_initial_training_values), tokens seen from
    `real_token_mask` (include_num_input_tokens_seen="non_padding" counts tokens other than the pad
@@ -326,9 +325,7 @@ class MMDPTrainerMixin:
         if eval_loader is None and args_given is not None and args_given.eval_strategy != "no":
             raise ValueError(NO_EVAL_LOADER)
         if args_given is not None and args_given.ddp_find_unused_parameters is None:
-            # Trainer's default for a PreTrainedModel is True; every loss here touches every
-            # parameter instead (compute_loss), and DDP neither walks the graph nor warns
-            args_given.ddp_find_unused_parameters = False
+            args_given.ddp_find_unused_parameters = False  # item 6
         if eval_loader is not None:
             # Trainer requires an eval set when eval_strategy is set; only evaluate() reads it
             kwargs["eval_dataset"] = self.eval_placeholder(eval_loader)
