@@ -189,19 +189,9 @@ def run_torchrun(*args: str, nproc_per_node: int = 2, timeout: int = 600) -> dic
     """
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/ddp.json"
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            str(nproc_per_node),
-            "-m",
-            "mmdp.training.ddp",
-            *args,
-            "--metrics-json",
-            out,
-        ]
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        module = ["--nproc_per_node", str(nproc_per_node), "-m", "mmdp.training.ddp", *args]
+        command = [*launcher, *module, "--metrics-json", out]
         # torchrun writes its own log folder (torchelastic_*) under the temp folder: this one
         env = {**os.environ, "TMPDIR": tmp}
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)

@@ -184,22 +184,17 @@ def packed_batches(
     return list(PackedDataLoader(dataset, num_workers=0))
 
 
-def padded_batches(samples, rows: list[int], collate, batch_size: int) -> list[dict]:
-    """Stages 2 and 3: consecutive rows, batch_size at a time, padded by `collate`."""
-    return [
-        collate([samples[r] for r in rows[i : i + batch_size]])
-        for i in range(0, len(rows), batch_size)
-    ]
-
-
 def strategy_batches(
     data: StageData, names, rows: list[int], settings: ExperimentSettings, seed: int, epoch=0
 ) -> dict:
-    """The same rows as naive padding, constrained padding and packing batch them."""
+    """The same rows as naive padding, constrained padding and packing batch them (padded as
+    stages 2 and 3 do: consecutive rows, --batch-size at a time)."""
     pad_id = data.tokenizer.pad_token_id
     pads = (NaivePadCollator(pad_id), ConstrainedPadCollator(pad_id, settings.packing.max_length))
+    size = settings.batch_size
+    groups = [rows[i : i + size] for i in range(0, len(rows), size)]
     batches = {
-        name: padded_batches(data.samples, rows, collate, settings.batch_size)
+        name: [collate([data.samples[r] for r in group]) for group in groups]
         for name, collate in zip(names[:2], pads)
     }
     return {**batches, names[2]: packed_batches(data, rows, settings, seed=seed, epoch=epoch)}
@@ -299,7 +294,6 @@ def train_over_seeds(
     runs = {
         "seeds": seeds,
         "runs": [],
-        "checkpoints": checkpoints(settings),
         "logs": {name: [] for name in names},
         "load_average": [os.getloadavg()[0]],
     }
@@ -360,7 +354,7 @@ def summarize_learning(runs, names, settings: ExperimentSettings) -> dict:
         "seeds": runs["seeds"],
         "orders": settings.orders,
         "runs": runs["runs"],  # one per seed (and order): the rows of every per-run list below
-        "samples_seen": runs["checkpoints"],
+        "samples_seen": checkpoints(settings),
         "eval_samples": settings.eval_samples,
         "eval_loss": {n: [log["eval_loss"] for log in logs[n]] for n in names},
         # a packed step may pass a checkpoint by a few samples: where each evaluation really was

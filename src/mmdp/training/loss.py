@@ -348,10 +348,9 @@ def unwrapped_model(model) -> nn.Module:
 
 def final_logit_softcap(model) -> float | None:
     """The cap a model applies to its logits after its output layer (cap x tanh(logits / cap)),
-    None if it applies none: its text config's `final_logit_softcapping`, which transformers'
-    Gemma 2, Gemma 3 (text), Gemma 4 and PaliGemma read, except in the classes that ignore it
-    (SOFTCAP_IGNORED_BY). None in the released Gemma 3 checkpoints, and in every other family
-    mmdp packs for."""
+    None if it applies none: its text config's `final_logit_softcapping`, unless its class
+    ignores it (SOFTCAP_IGNORED_BY). None in the released Gemma 3 checkpoints, and in every
+    other family mmdp packs for."""
     model = unwrapped_model(model)
     if not hasattr(model, "config") or type(model).__name__ in SOFTCAP_IGNORED_BY:
         return None

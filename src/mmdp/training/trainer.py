@@ -80,11 +80,10 @@ optional) is `class MMDPSFTTrainer(MMDPTrainerMixin, SFTTrainer)`, with the same
 `processing_class` (your tokenizer or processor: without it SFTTrainer downloads one). SFTTrainer
 insists on a datasets.Dataset and reads its first row (trl 1.16, SFTTrainer.__init__):
 MMDPSFTTrainer passes a one-row placeholder, which nothing trains on. Its loss is MMDPTrainer's,
-computed by Trainer.compute_loss in one forward (MMDPTrainerMixin.model_loss): SFTTrainer's own
-compute_loss would run the model a second time, without gradient, for its entropy and token
-accuracy (sft_trainer.py, trl 1.16), which MMDPSFTTrainer therefore does not log. Tested on a
-tiny Llama (tests/test_trainer_exact.py): one forward per micro-batch, and the same steps and
-weights as MMDPTrainer.
+in one forward (MMDPTrainerMixin.compute_loss): SFTTrainer's own compute_loss would run the model
+a second time, without gradient, for its entropy and token accuracy (sft_trainer.py, trl 1.16),
+which MMDPSFTTrainer therefore does not log. Tested on a tiny Llama (tests/test_trainer_exact.py):
+one forward per micro-batch, and the same steps and weights as MMDPTrainer.
 """
 
 import contextlib
@@ -381,34 +380,37 @@ class MMDPTrainerMixin:
         return metrics
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The batch's loss (packed_loss); under DDP with every trainable parameter in its
-        backward (item 6: touch_every_parameter)."""
-        result = self.packed_loss(model, inputs, return_outputs, num_items_in_batch)
-        if return_outputs:
-            return touch_every_parameter(result[0], model), result[1]
-        return touch_every_parameter(result, model)
-
-    def packed_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The batch's loss in one forward, whatever Trainer subclass comes next (not SFTTrainer's
+        second one): a filler's, token_loss's, or that of a compute_loss_func of your own
+        (Trainer.compute_loss itself: the full logits); under DDP with every trainable parameter
+        in its backward (item 6: touch_every_parameter)."""
         model_inputs = self.model_inputs(inputs, self.model)  # unwrapped: Gemma 3 reads its config
         if inputs.get("filler"):
             forward = inputs.get("forward", True)
-            return self.filler_loss(model, model_inputs, inputs, return_outputs, forward)
-        if self.compute_loss_func is token_loss:
-            return self.token_loss(model, model_inputs, inputs, return_outputs, num_items_in_batch)
-        if inputs.get("loss_weights") is not None:
+            result = self.filler_loss(model, model_inputs, inputs, return_outputs, forward)
+        elif self.compute_loss_func is token_loss:
+            result = self.token_loss(
+                model, model_inputs, inputs, return_outputs, num_items_in_batch
+            )
+        elif inputs.get("loss_weights") is not None:
             raise ValueError(
                 "the batch carries a mixture's loss_weights, which only "
                 "mmdp.training.trainer.token_loss applies: leave compute_loss_func unset"
             )
-        return self.model_loss(model, model_inputs, return_outputs, num_items_in_batch)
+        else:
+            result = Trainer.compute_loss(
+                self, model, model_inputs, return_outputs, num_items_in_batch
+            )
+        if return_outputs:
+            return touch_every_parameter(result[0], model), result[1]
+        return touch_every_parameter(result, model)
 
     def token_loss(self, model, model_inputs, batch, return_outputs, num_items_in_batch):
-        """token_loss over the trained positions only, in one forward whatever Trainer subclass
-        comes next (batch_loss): the micro-batch's summed (weighted) token loss and router term
-        over `num_items_in_batch`, the step's label tokens on every rank (BatchLoss.over), times
-        the processes as Trainer.compute_loss does with average_tokens_across_devices
-        (transformers 5.23), since DDP averages gradients. Trainer takes it as scaled for
-        gradient accumulation: compute_loss_func is set."""
+        """token_loss over the trained positions only (batch_loss): the micro-batch's summed
+        (weighted) token loss and router term over `num_items_in_batch`, the step's label tokens
+        on every rank (BatchLoss.over), times the processes as Trainer.compute_loss does with
+        average_tokens_across_devices (transformers 5.23), since DDP averages gradients. Trainer
+        takes it as scaled for gradient accumulation: compute_loss_func is set."""
         if num_items_in_batch is None:
             raise ValueError("Trainer counted no label tokens: the batches need a 'labels' key")
         parts = batch_loss(model, model_inputs, batch)
@@ -416,12 +418,6 @@ class MMDPTrainerMixin:
         if self.args.average_tokens_across_devices:
             loss = loss * (self.accelerator.num_processes // self.get_tp_size())
         return (loss, parts.outputs) if return_outputs else loss
-
-    def model_loss(self, model, model_inputs, return_outputs=False, num_items_in_batch=None):
-        """A compute_loss_func of your own: Trainer.compute_loss itself (one forward, the full
-        logits, then compute_loss_func), whatever Trainer subclass comes next (not SFTTrainer's
-        second forward)."""
-        return Trainer.compute_loss(self, model, model_inputs, return_outputs, num_items_in_batch)
 
     def filler_loss(self, model, model_inputs, batch, return_outputs=False, forward=True):
         """A filler's loss: exactly 0, with a gradient of exactly 0 for every parameter the
@@ -548,7 +544,7 @@ def __getattr__(name: str):
             # SFTTrainer requires a dataset and looks at its first row; the batches are the loader's
             kwargs.setdefault("train_dataset", Dataset.from_dict({"input_ids": [[0]]}))
             with warnings.catch_warnings():
-                # TRL warns that compute_loss_func costs a second forward: not here (model_loss)
+                # TRL warns that compute_loss_func costs a second forward: not here (compute_loss)
                 warnings.filterwarnings(
                     "ignore", "`compute_loss_func` is deprecated", FutureWarning
                 )
