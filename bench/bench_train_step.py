@@ -106,14 +106,13 @@ from mmdp import (
     PackedDataset,
     PackingConfig,
     VQADataset,
-    collate_packs,
     load_vqa_dataset,
     micro_batch_loss,
     model_inputs,
     real_token_mask,
     step_label_tokens,
 )
-from mmdp.batch import layout_pack
+from mmdp.batch import collate_packs, layout_pack
 from mmdp.data.families import offline_processor
 
 REPO = Path(__file__).resolve().parents[1]

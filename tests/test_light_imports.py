@@ -182,3 +182,19 @@ def test_the_table_check_names_a_function_the_file_lacks(tmp_path):
     tree = ast.parse(module_path(BLOGS_DATASET).read_text())
     assert names == ["_knapsack_of_the_blog"]
     assert names[0] not in {n.name for n in ast.walk(tree) if isinstance(n, DEFINITIONS)}
+
+
+FACE_NAMES = 40  # issue 60: a face a user reads in one go, grouped by what they do
+
+
+def test_mmdps_face_is_small_and_lists_each_name_under_the_file_that_defines_it():
+    """mmdp/__init__.py's table, {module: [names]}: at most 40 names, each defined in the module
+    it is listed under (not imported there), so that the table gives each name's file."""
+    tree = ast.parse(module_path("mmdp").read_text())
+    table = next(n.args[1] for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args[1:])
+    listed = {name.value: module.value for module, names in zip(table.keys, table.values)
+              for name in names.elts}  # fmt: skip
+    assert len(listed) <= FACE_NAMES, sorted(listed)
+    elsewhere = [f"{module}.{name}" for name, module in listed.items()
+                 if name not in defined_in(module)]  # fmt: skip
+    assert elsewhere == [], f"listed under a module that does not define them: {elsewhere}"
