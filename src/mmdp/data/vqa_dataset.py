@@ -4,8 +4,6 @@ from torch.utils.data import Dataset
 
 from mmdp import config
 from mmdp.data.families import family_for
-from mmdp.data.families.base import ModelFamily
-from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.images import undecoded
 
 
@@ -47,10 +45,10 @@ class VQADataset(Dataset):
         # a mmdp.data.mixture.MixedRows: each row's source sets its labels and loss weight
         self.sources = None if mixture is None else mixture.mixture.sources
         self.source_of_row = None if mixture is None else mixture.source_of_row
-        if hasattr(processor, "image_processor") or isinstance(processor, ModelFamily):
-            self.family = family_for(processor)  # a real model's processor (or a family)
-        else:  # the blog's tokenizer: mmdp's TinyVLM, 64 <|image|> tokens an image
-            self.family = TinyFamily(processor, image_size, image_token_length)
+        # a real model's processor (or a family), or the blog's tokenizer: mmdp's TinyVLM
+        self.family = family_for(
+            processor, image_size=image_size, image_token_length=image_token_length
+        )
         self.tokenizer = self.family.tokenizer
 
     def __len__(self):

@@ -104,10 +104,6 @@ class InternVL(ModelFamily):
     default_max_length = 8192
     default_max_patches = 8192 * PATCHES_PER_TOKEN
 
-    def __init__(self, processor):
-        super().__init__(processor)
-        self.read_settings()
-
     def read_settings(self) -> dict:
         """The image processor's effective tile size and tile counts (as its preprocess resolves
         them; crop_to_patches is always the processor's), and the processor's tokens a tile."""
