@@ -21,8 +21,23 @@ from mmdp.errors import UserError, first_sentence
 # The real families, as "module:class", imported when first asked for: a real family imports
 # transformers' image processors, and they import torchvision and torch._dynamo (20 s on a busy
 # 2-core machine), which the TinyVLM path never needs.
-# By the family's own name (ModelFamily.name), the name a batch carries (`model_family`):
-NAMED = {
+# By the class name of their transformers processor:
+FAMILIES = {
+    "Qwen2_5_VLProcessor": "mmdp.data.families.qwen_vl:Qwen2_5_VL",
+    "Qwen3VLProcessor": "mmdp.data.families.qwen_vl:Qwen3VL",
+    "LlavaOnevisionProcessor": "mmdp.data.families.llava_onevision:LlavaOnevision",
+    "Gemma3Processor": "mmdp.data.families.gemma3:Gemma3",
+    "SmolVLMProcessor": "mmdp.data.families.smolvlm:SmolVLM",
+    "Idefics3Processor": "mmdp.data.families.smolvlm:Idefics3",
+    "Gemma4Processor": "mmdp.data.families.gemma4:Gemma4",
+    "InternVLProcessor": "mmdp.data.families.internvl:InternVL",
+}
+# ...and a family whose processor is another's, told apart by its tokenizer: Qwen3.5's (and
+# Qwen3.5-MoE's) is a Qwen3VLProcessor whose tokenizer transformers loads as a Qwen3_5Tokenizer
+# (model types qwen3_5 and qwen3_5_moe: models/auto/tokenization_auto.py, transformers 5.23)
+BY_TOKENIZER = {("Qwen3VLProcessor", "Qwen3_5Tokenizer"): "mmdp.data.families.qwen_vl:Qwen3_5"}
+# By stage 5's --model name:
+OFFLINE = {
     "qwen2_5_vl": "mmdp.data.families.qwen_vl:Qwen2_5_VL",
     "qwen3_vl": "mmdp.data.families.qwen_vl:Qwen3VL",
     "llava_onevision": "mmdp.data.families.llava_onevision:LlavaOnevision",
@@ -31,26 +46,10 @@ NAMED = {
     "qwen3_5": "mmdp.data.families.qwen_vl:Qwen3_5",
     "gemma4": "mmdp.data.families.gemma4:Gemma4",
     "internvl": "mmdp.data.families.internvl:InternVL",
-    "idefics3": "mmdp.data.families.smolvlm:Idefics3",
 }
-# By stage 5's --model name: every family but Idefics3 (SmolVLM's rules, another model class)
-OFFLINE = {name: where for name, where in NAMED.items() if name != "idefics3"}
 MODELS = ("tiny", *OFFLINE)
-# By the class name of their transformers processor:
-FAMILIES = {
-    "Qwen2_5_VLProcessor": NAMED["qwen2_5_vl"],
-    "Qwen3VLProcessor": NAMED["qwen3_vl"],
-    "LlavaOnevisionProcessor": NAMED["llava_onevision"],
-    "Gemma3Processor": NAMED["gemma3"],
-    "SmolVLMProcessor": NAMED["smolvlm"],
-    "Idefics3Processor": NAMED["idefics3"],
-    "Gemma4Processor": NAMED["gemma4"],
-    "InternVLProcessor": NAMED["internvl"],
-}
-# ...and a family whose processor is another's, told apart by its tokenizer: Qwen3.5's (and
-# Qwen3.5-MoE's) is a Qwen3VLProcessor whose tokenizer transformers loads as a Qwen3_5Tokenizer
-# (model types qwen3_5 and qwen3_5_moe: models/auto/tokenization_auto.py, transformers 5.23)
-BY_TOKENIZER = {("Qwen3VLProcessor", "Qwen3_5Tokenizer"): NAMED["qwen3_5"]}
+# By the family's own name (ModelFamily.name), the name a batch carries (`model_family`):
+NAMED = {**OFFLINE, "idefics3": "mmdp.data.families.smolvlm:Idefics3"}
 
 
 def family_class(where: str) -> type[ModelFamily]:
