@@ -215,8 +215,20 @@ class ModelFamily:
         raise BadVideo(VIDEO_REFUSED, f"{self.name or 'this'} family takes no video")
 
     def video_inputs(self, videos: list, metadata: list) -> dict:
-        """The family's video processor on one sample's sampled frames ([T, H, W, 3] each)."""
-        raise NotImplementedError
+        """The family's video processor on one sample's sampled frames: its `video_keys` (those
+        the processor makes; the family adds any other)."""
+        out = self.processed_videos(videos, metadata)
+        return {key: out[key] for key in self.video_keys if key in out}
+
+    def processed_videos(self, videos: list, metadata: list):
+        """The video processor's outputs for videos whose frames ([T, H, W, 3] each) mmdp sampled
+        by its rule (video_frames), so that it samples no more."""
+        return self.processor.video_processor(
+            videos=list(videos),
+            video_metadata=list(metadata),
+            do_sample_frames=False,
+            return_tensors="pt",
+        )
 
     def check_vision(self, vision: dict, layouts: list[ImageLayout]) -> None:
         """The family's: raise if the image processor made other features than weighed."""

@@ -144,13 +144,8 @@ class Gemma4(ModelFamily):
         return {key: out[key] for key in (*self.vision_keys, "num_soft_tokens_per_image")}
 
     def video_inputs(self, videos: list, metadata: list) -> dict:
-        """The video processor on the frames mmdp sampled by its rule (so it samples no more)."""
-        out = self.processor.video_processor(
-            videos=list(videos),
-            video_metadata=list(metadata),
-            do_sample_frames=False,
-            return_tensors="pt",
-        )
+        """...and each video's soft tokens a frame (check_vision)."""
+        out = self.processed_videos(videos, metadata)
         vision = {key: out[key] for key in self.video_keys}
         return {**vision, "num_soft_tokens_per_frame": out["num_soft_tokens_per_video"]}
 

@@ -231,14 +231,6 @@ class LlavaOnevision(ModelFamily):
         patches = len(frames) * self.processor.num_image_tokens
         return ImageLayout(self.video_token, (features,), patches, video=True)
 
-    def video_inputs(self, videos: list, metadata: list) -> dict:
-        """The video processor on the frames mmdp sampled by its rule (so it samples no more):
-        pixel_values_videos [videos, frames, 3, tile, tile]."""
-        out = self.processor.video_processor(
-            videos=list(videos), do_sample_frames=False, return_tensors="pt"
-        )
-        return {"pixel_values_videos": out["pixel_values_videos"]}
-
 
 def offline_processor(family: type[LlavaOnevision] = LlavaOnevision):
     """The processor of llava-hf/llava-onevision-qwen2-*-ov-hf built with no network: the real

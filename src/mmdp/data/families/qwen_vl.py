@@ -251,16 +251,6 @@ class QwenVL(ModelFamily):
             **{name: video[name] for name in names},
         }
 
-    def video_inputs(self, videos: list, metadata: list) -> dict:
-        """The video processor on the frames mmdp sampled by its rule (so it samples no more)."""
-        out = self.processor.video_processor(
-            videos=list(videos),
-            video_metadata=list(metadata),
-            do_sample_frames=False,
-            return_tensors="pt",
-        )
-        return {key: out[key] for key in ("pixel_values_videos", "video_grid_thw")}
-
     def check_vision(self, vision: dict, layouts: list[ImageLayout]) -> None:
         for key, video in (("image_grid_thw", False), ("video_grid_thw", True)):
             grid = vision.get(key)

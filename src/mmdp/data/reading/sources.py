@@ -118,8 +118,7 @@ def load_vqa_dataset(
         rows = load_hub(name_or_path, subset, split)
         dataset = as_cauldron(rows, format, image_root, name_or_path, renames)
     check_schema(dataset, name_or_path)
-    if dataset.features["images"] != UNDECODED_IMAGES:
-        dataset = dataset.cast_column("images", UNDECODED_IMAGES)
+    dataset = with_undecoded_images(dataset)
     if name_or_path is not None:
         for name in remote_protocols(dataset):
             require_protocol(name)
@@ -488,12 +487,12 @@ def load_hub(
         ) from error
 
 
-def with_undecoded_images(stream: datasets.IterableDataset) -> datasets.IterableDataset:
-    """A stream whose images stay encoded bytes, as the loaders above give them."""
-    features = stream.features
+def with_undecoded_images(rows):
+    """Rows (a Dataset, or a stream) whose images stay encoded bytes (`UNDECODED_IMAGES`)."""
+    features = rows.features
     if features is not None and features.get("images") not in (None, UNDECODED_IMAGES):
-        stream = stream.cast_column("images", UNDECODED_IMAGES)
-    return stream
+        rows = rows.cast_column("images", UNDECODED_IMAGES)
+    return rows
 
 
 def check_schema(dataset: Dataset, source: str | None) -> None:
