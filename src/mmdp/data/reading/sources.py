@@ -158,11 +158,18 @@ def data_files(name_or_path: str, image_root: str | None) -> DataFiles | None:
     if not path.exists():
         return None
     path = path.resolve()
-    if json := json_files(path):
-        return DataFiles("json", json, image_root, None)
-    refuse_entries_folder(path)
+    saved = (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+    if path.is_file():
+        json = [str(path)] if path.suffix in JSON_SUFFIXES else []
+    else:  # a folder's, unless save_to_disk wrote it (its JSON files describe it)
+        json = [] if saved else [str(f) for s in JSON_SUFFIXES for f in path.glob(f"**/*{s}")]
+    if json:
+        return DataFiles("json", sorted(json), image_root, None)
+    info = path / column_maps.INFO_FILE
+    if path.is_dir() and column_maps.looks_like_entries(info):  # LLaMA-Factory's data folder:
+        column_maps.read_entry(str(info), None)  # one sentence naming how to read its datasets
     base = image_root or str(path if path.is_dir() else path.parent)
-    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+    if saved:
         return DataFiles("saved", [str(path)], base, path.name)
     parquet = [path] if path.suffix == ".parquet" else sorted(path.glob("**/*.parquet"))
     if not parquet:
@@ -208,24 +215,6 @@ def read_table(found: DataFiles, split: str) -> Dataset:
             raise UserError(f"{found.files[0]} has no split {split!r} (it has {', '.join(loaded)})")
         loaded = loaded[split]
     return loaded
-
-
-def json_files(path: Path) -> list[str]:
-    """The JSON and JSON Lines files of a dataset at `path` (a file, or a folder of them, not a
-    save_to_disk folder, whose JSON files describe it): none when it is not one."""
-    if path.is_file():
-        return [str(path)] if path.suffix in JSON_SUFFIXES else []
-    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
-        return []
-    return sorted(str(f) for suffix in JSON_SUFFIXES for f in path.glob(f"**/*{suffix}"))
-
-
-def refuse_entries_folder(path: Path) -> None:
-    """A LLaMA-Factory data folder (its dataset_info.json names datasets) is no save_to_disk
-    folder: one sentence naming how to read one of its entries."""
-    info = path / column_maps.INFO_FILE
-    if path.is_dir() and column_maps.looks_like_entries(info):
-        column_maps.read_entry(str(info), None)  # raises, naming its datasets
 
 
 def load_entry(

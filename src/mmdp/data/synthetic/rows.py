@@ -292,14 +292,10 @@ def task_chart(rng):
     if kind == "value":
         i = rng.randrange(len(labels))
         turn = (f"What is the value for {labels[i]} in this chart?", str(values[i]))
-    elif kind == "max":
-        top_value = max(values)
-        names = [label for label, v in zip(labels, values) if v == top_value]
-        turn = ("Which category has the highest value?", " and ".join(names))
-    elif kind == "min":
-        low_value = min(values)
-        names = [label for label, v in zip(labels, values) if v == low_value]
-        turn = ("Which category has the lowest value?", " and ".join(names))
+    elif kind in ("max", "min"):
+        extreme = max(values) if kind == "max" else min(values)
+        names = " and ".join(label for label, v in zip(labels, values) if v == extreme)
+        turn = (f"Which category has the {'highest' if kind == 'max' else 'lowest'} value?", names)
     else:
         listing = " + ".join(map(str, values))
         turn = (
