@@ -10,7 +10,7 @@ turns' tags stand for files; a reply's or a system prompt's text is text.
 Two ways to find the replies, the tokens that get labels:
 - mmdp's own ChatML template (TinyVLM, the default) marks them with {% generation %}, and
   `tokenize_conversation` reads transformers' assistant mask;
-- a real model's template (Qwen-VL, SmolVLM, LLaVA-OneVision, Gemma 3) has no such markers, and
+- a real model's template (every family of mmdp.data.families) has no such markers, and
   `reply_spans` finds them by rendering the conversation a turn at a time (see there).
 
 Example (SmolLM2 tokenizer, one image, image_token_length=2 to keep it short):

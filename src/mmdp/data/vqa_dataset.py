@@ -11,9 +11,8 @@ class VQADataset(Dataset):
     """Wraps a dataset in the_cauldron's schema (see mmdp.data.reading.sources) for training.
 
     `processor`: the tokenizer of mmdp's TinyVLM (the blog's path: 64 <|image|> tokens per image,
-    images resized to `image_size` squares), or a transformers processor of a supported
-    vision-language model (Qwen2.5-VL, Qwen3-VL, SmolVLM, Idefics3, LLaVA-OneVision, Gemma 3:
-    mmdp.data.families), whose own rules then make the samples.
+    images resized to `image_size` squares), or a transformers processor of a model family mmdp
+    packs for (mmdp.data.families.FAMILIES), whose own rules then make the samples.
 
     `dataset[i]` returns a dict:
         row          the index i in the wrapped dataset (stays attached through collation)

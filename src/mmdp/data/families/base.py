@@ -1,7 +1,7 @@
 """What a model family needs from the data: its image tokens, its labels, its vision inputs.
 
-A vision-language model family (Qwen-VL, SmolVLM, LLaVA-OneVision, Gemma 3, or mmdp's TinyVLM) is
-one `ModelFamily`, wrapping the model's own processor. Every family answers the same questions,
+A vision-language model family (each of mmdp.data.families.FAMILIES, or mmdp's TinyVLM) is one
+`ModelFamily`, wrapping the model's own processor. Every family answers the same questions,
 and the loaders ask only these:
 
     weigh(texts, images)   each row's tokens, images and vision-encoder patches, from the image
@@ -209,10 +209,8 @@ class ModelFamily:
 
     def video_layout(self, metadata, frames: list[int]) -> ImageLayout:
         """The family's: what the processor makes of a video whose `frames` are sampled (BadVideo
-        if it refuses it)."""
-        from mmdp.data.videos import BadVideo
-
-        raise BadVideo(VIDEO_REFUSED, f"{self.name or 'this'} family takes no video")
+        if it refuses it). A family that takes none refuses its videos in video_frames."""
+        raise NotImplementedError
 
     def video_inputs(self, videos: list, metadata: list) -> dict:
         """The family's video processor on one sample's sampled frames: its `video_keys` (those
