@@ -264,9 +264,7 @@ def marked_turns(
 
     if tagged:
         return [(TAGS.sub(lambda m: mark(m.group()), user), reply) for user, reply in turns], None
-    marks = [mark(IMAGE_TAG) for _ in range(num_images)] + [
-        mark(VIDEO_TAG) for _ in range(num_videos)
-    ]
+    marks = [mark(tag) for tag in [IMAGE_TAG] * num_images + [VIDEO_TAG] * num_videos]
     first_user, first_reply = turns[0]
     return [(" ".join([*marks, first_user]), first_reply), *turns[1:]], None
 

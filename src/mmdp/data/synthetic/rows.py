@@ -241,13 +241,10 @@ def task_multiturn(rng):
             turns.append((f"Where is the {item['colour']} {item['shape']}?", answer))
         else:
             turns.append(("How many shapes are there in total?", str(len(scene))))
-    asked = set()
-    unique_turns = []
+    first = {}
     for question, answer in turns:  # the same question twice reads oddly: keep the first
-        if question not in asked:
-            asked.add(question)
-            unique_turns.append((question, answer))
-    return [scene_image(rng, scene)], unique_turns
+        first.setdefault(question, answer)
+    return [scene_image(rng, scene)], list(first.items())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -24,14 +24,8 @@ def tiny_model(processor, **kwargs):
     attn_implementation=; moe=True for Qwen3-VL's or Qwen3.5's mixture-of-experts class), built
     by the module of mmdp.models.tiny named as the family's (mmdp.data.families.qwen_vl:
     mmdp.models.tiny.qwen_vl), which imports its transformers model classes when first asked."""
-    return importlib.import_module(builder(type(family_for(processor)))).tiny_model(
-        processor, **kwargs
-    )
-
-
-def builder(family: type) -> str:
-    """The module that builds a family's tiny model."""
-    return "mmdp.models.tiny." + family.__module__.rsplit(".", 1)[-1]
+    module = type(family_for(processor)).__module__.rsplit(".", 1)[-1]
+    return importlib.import_module(f"mmdp.models.tiny.{module}").tiny_model(processor, **kwargs)
 
 
 def text_config(tokenizer, **settings) -> dict:
