@@ -140,7 +140,7 @@ class DataFiles(NamedTuple):
 
     kind: str  # "json" (JSON and JSON Lines), "parquet" or "saved" (a save_to_disk folder)
     files: list[str]  # the files; a save_to_disk folder's path
-    base: str | None  # where relative paths are (json: None, beside each file)
+    base: str | None  # where relative paths are (json: image_root; None: beside each file)
     source: str | None  # the texts' source (parquet, saved): the file's or folder's name
 
 
