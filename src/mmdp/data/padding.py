@@ -15,7 +15,6 @@ Both take the list of dicts VQADataset returns and produce one dict of tensors:
 """
 
 from collections import Counter
-from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader
@@ -59,22 +58,22 @@ def pad_batch(samples: list[dict], pad_token_id: int, length: int | None = None)
     }
 
 
-@dataclass
 class NaivePadCollator:
     """Stage 2: pad every sample to the longest sample of its batch."""
 
-    pad_token_id: int
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = pad_token_id
 
     def __call__(self, samples: list[dict]) -> dict:
         return pad_batch(samples, self.pad_token_id)
 
 
-@dataclass
 class ConstrainedPadCollator:
     """Stage 3: drop samples longer than max_length (counted as "too_long"), pad to max_length."""
 
-    pad_token_id: int
-    max_length: int
+    def __init__(self, pad_token_id: int, max_length: int):
+        self.pad_token_id = pad_token_id
+        self.max_length = max_length
 
     def __call__(self, samples: list[dict]) -> dict:
         samples = [
