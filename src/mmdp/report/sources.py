@@ -76,7 +76,7 @@ def source_report(
         report.append(
             {
                 "source": source.name,
-                "dataset": source.dataset,
+                "dataset": source.data.dataset,
                 "rows": int(mine.sum()),
                 "dropped": {k: v for k, v in sorted(dropped.items()) if v},
                 "samples": int(mine[every].sum()),
