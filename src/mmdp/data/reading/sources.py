@@ -15,6 +15,7 @@ broken file becomes a counted skip instead of a crash.
 """
 
 import contextlib
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -206,8 +207,17 @@ def load_files(
 def read_table(found: DataFiles, split: str) -> Dataset:
     """The rows of parquet files or a save_to_disk folder, as they are stored."""
     if found.kind == "parquet":
+        # datasets keys its own cache of a remote file by the file's name alone: a parquet file
+        # replaced on S3 would be read as it was (tests/test_remote.py). Ours, beside the JSON
+        # files', is keyed by the files' stamps too.
+        stamps = hashlib.sha256(repr([file_stamp(name) for name in found.files]).encode())
         with unreadable_files_named(found.files):
-            return load_dataset("parquet", data_files=found.files, split="train")
+            return load_dataset(
+                "parquet",
+                data_files=found.files,
+                split="train",
+                cache_dir=str(cache_dir() / "rows" / f"parquet-{stamps.hexdigest()[:16]}"),
+            )
     with unreadable_files_named(sorted(Path(found.files[0]).glob("**/*.arrow"))):
         loaded = load_from_disk(found.files[0])
     if isinstance(loaded, datasets.DatasetDict):
