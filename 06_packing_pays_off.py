@@ -51,7 +51,6 @@ from mmdp.training.experiments import (
     load_data,
     summarize_learning,
     summarize_speed,
-    time_per_part_columns,
     train_over_seeds,
 )
 
@@ -264,8 +263,14 @@ def print_speed(speed, names, settings) -> None:
 
 def print_where_the_time_goes(speed, names) -> None:
     packed = names[2]
+    # a row per part of a step (mmdp.training.loop.PARTS), then the total and the computed tokens,
+    # a value per strategy
+    seconds, computed = speed["time_per_part"], speed["computed_tokens"]
+    columns = {part: [seconds[n][part] for n in names] for part in seconds[names[0]]}
+    columns["total"] = [sum(seconds[n].values()) for n in names]
+    columns["computed tokens"] = [computed[n] for n in names]
     rows = []
-    for label, values in time_per_part_columns(speed, names).items():
+    for label, values in columns.items():
         spec = ",.0f" if label == "computed tokens" else ".2f"
         ratio = values[0] / values[2] if values[2] else float("nan")
         rows.append([label, *(f"{v:{spec}}" for v in values), f"{ratio:.2f}x"])

@@ -24,19 +24,16 @@ def test_rows_are_deterministic_by_seed_and_index():
 
 
 def test_mixture_has_many_tasks_and_a_long_tail(tokenizer):
-    from mmdp.data.conversation import count_tokens
+    from mmdp.data.conversation import count_tokens_batch
 
     rows = [generate_row(i) for i in range(400)]
     sources = {turn["source"] for row in rows for turn in row["texts"]}
     assert {"count", "colour", "chart", "diagram", "describe", "compare", "multiturn"} <= sources
     assert {len(row["images"]) for row in rows} >= {0, 1, 2, 3}
     assert max(len(row["texts"]) for row in rows) >= 4
-    lengths = np.array(
-        [
-            count_tokens(r["texts"], len(r["images"]), tokenizer, config.IMAGE_TOKEN_LENGTH)
-            for r in rows
-        ]
-    )
+    texts, images = [r["texts"] for r in rows], [len(r["images"]) for r in rows]
+    lengths, _ = count_tokens_batch(texts, images, tokenizer, config.IMAGE_TOKEN_LENGTH)
+    lengths = np.array(lengths)
     # long-tailed: the longest rows are several times the median, so naive padding wastes a lot
     assert np.percentile(lengths, 99) > 3 * np.median(lengths)
     batches = lengths[:400].reshape(-1, 8)

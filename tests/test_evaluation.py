@@ -13,6 +13,7 @@ from torchrun_matrix import family_case
 from transformers import TrainingArguments
 
 from mmdp.data.mixture import MixedRows, Mixture, Source
+from mmdp.data.reading.settings import DataSettings
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
@@ -32,7 +33,7 @@ def case():
     a quarter of them held out for evaluation, and the tiny model."""
     matrix = family_case("qwen2_5_vl")
     rows = matrix.samples.dataset
-    mixture = Mixture(tuple(Source(name, "synthetic:count", 0.5) for name in SOURCES))
+    mixture = Mixture(tuple(Source(name, DataSettings("synthetic:count"), 0.5) for name in SOURCES))
     mixed = MixedRows(rows, np.arange(len(rows), dtype=np.int16) % 2, mixture)
     samples = VQADataset(rows, matrix.samples.family.processor, mixture=mixed)
     config = PackingConfig(max_length=matrix.max_length, packs_per_batch=2)

@@ -16,6 +16,7 @@ from mmdp.data.mixture import (
     last_turn_labels,
     mixture_from_dict,
 )
+from mmdp.data.reading.settings import DataSettings
 from mmdp.errors import UserError
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Weights
@@ -114,9 +115,9 @@ def test_last_turn_keeps_only_the_last_reply():
     one_reply = torch.tensor([-100, 5, 2])
     assert last_turn_labels(one_reply).tolist() == [-100, 5, 2]
     sample = {"labels": labels, "drop_reason": None}
-    every = apply_source_rules(sample, Source("a", "x", 1.0, loss_weight=0.5))
+    every = apply_source_rules(sample, Source("a", DataSettings("x"), 1.0, loss_weight=0.5))
     assert every["labels"].tolist() == labels.tolist() and every["loss_weight"] == 0.5
-    last = apply_source_rules(sample, Source("b", "x", 1.0, labels="last_turn"))
+    last = apply_source_rules(sample, Source("b", DataSettings("x"), 1.0, labels="last_turn"))
     assert last["labels"].tolist() == [-100] * 7 + [8, 9, 2]
 
 

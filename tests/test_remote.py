@@ -190,3 +190,22 @@ def test_remote_weights_with_an_unreachable_file_are_weighed_again_next_run(buck
     reachable = rows.select([k for k in range(len(rows)) if k != 6])  # the closed port's row
     weigh_rows(reachable, family)
     assert weigh_rows(reachable, family).rows_weighed_here == 0  # the control: cached
+
+
+def test_a_parquet_file_replaced_on_s3_is_read_anew(bucket, tmp_path, monkeypatch):
+    """datasets keys its cache of a remote parquet file by the file's name alone (datasets 5.2:
+    the second read gives the first file's rows, the control below); mmdp keys its own by the
+    file's stamp (mmdp.data.reading.sources.read_table), so a replaced file is read again."""
+    from datasets import load_dataset
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    fs, url = fsspec.filesystem("s3"), "s3://users-data/rows.parquet"
+    seen, stale = [], []
+    for num_rows in (4, 3):
+        load_vqa_dataset(num_rows=num_rows).to_parquet(tmp_path / "rows.parquet")
+        fs.put(str(tmp_path / "rows.parquet"), url)
+        fs.invalidate_cache()
+        seen.append(len(load_vqa_dataset(url)))
+        stale.append(len(load_dataset("parquet", data_files=[url], split="train")))
+    assert seen == [4, 3]
+    assert stale == [4, 4]  # the trap: datasets' own cache

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from mmdp import config
-from mmdp.data.conversation import BadConversation, count_tokens, tokenize_conversation
+from mmdp.data.conversation import BadConversation, count_tokens_batch, tokenize_conversation
 from mmdp.data.tokenizer import get_tokenizer
 from mmdp.drop_reasons import EMPTY_REPLY, IMAGE_TOKEN_IN_TEXT, NO_TEXTS
 from mmdp.errors import UserError
@@ -55,7 +55,8 @@ def test_every_image_gets_its_image_tokens(tokenizer, num_images):
     if num_images:
         assert positions.tolist() == list(range(positions[0], positions[0] + len(positions)))
     assert (labels[is_image] == config.IGNORE_INDEX).all()
-    assert len(input_ids) == count_tokens(texts, num_images, tokenizer, config.IMAGE_TOKEN_LENGTH)
+    lengths, _ = count_tokens_batch([texts], [num_images], tokenizer, config.IMAGE_TOKEN_LENGTH)
+    assert len(input_ids) == lengths[0]
 
 
 def test_texts_stored_as_dict_of_lists_are_read_as_turns(tokenizer):

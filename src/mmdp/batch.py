@@ -241,7 +241,7 @@ def filler_batch(batch: dict) -> dict:
     any batch: a rank that has no batch of its own at a step (the last step of an epoch with
     fewer packs than ranks; mmdp.planning.planner) runs it while the other ranks train, so
     that DDP's and FSDP's collectives meet, and Trainer pads an epoch's short last optimizer step
-    with it (mmdp.training.trainer_epochs)."""
+    with it (mmdp.training.trainer.LoaderForTrainer)."""
     out = dict(batch, filler=True)
     out["labels"] = torch.full_like(batch["labels"], config.IGNORE_INDEX)
     out["sample_index"] = batch["sample_index"][:0]

@@ -10,7 +10,7 @@ turns' tags stand for files; a reply's or a system prompt's text is text.
 Two ways to find the replies, the tokens that get labels:
 - mmdp's own ChatML template (TinyVLM, the default) marks them with {% generation %}, and
   `tokenize_conversation` reads transformers' assistant mask;
-- a real model's template (Qwen-VL, SmolVLM, LLaVA-OneVision, Gemma 3) has no such markers, and
+- a real model's template (every family of mmdp.data.families) has no such markers, and
   `reply_spans` finds them by rendering the conversation a turn at a time (see there).
 
 Example (SmolLM2 tokenizer, one image, image_token_length=2 to keep it short):
@@ -70,18 +70,15 @@ def build_messages(texts, num_images: int, tokenizer, image_token_length: int) -
     prompt, if the row has one, comes first.
     """
     turns = chat_turns(texts, (tokenizer.image_token,))
-    tagged = placed_at_tags(turns, num_images, 0)
     image_tokens = tokenizer.image_token * image_token_length
-    system = system_prompt(texts)
-    messages = [] if system is None else [{"role": "system", "content": system}]
-    for user, assistant in turns:
-        user = user.replace(IMAGE_TAG, image_tokens) if tagged else user
-        messages.append({"role": "user", "content": user})
-        messages.append({"role": "assistant", "content": assistant})
-    if not tagged:
-        first_user = messages[len(messages) - 2 * len(turns)]
-        first_user["content"] = image_tokens * num_images + first_user["content"]
-    return messages
+    messages = chat_messages(turns, num_images, 0, system_prompt(texts))
+    return [  # the blog's template takes text: each image item becomes its tokens
+        {
+            **message,
+            "content": "".join(item.get("text", image_tokens) for item in message["content"]),
+        }
+        for message in messages
+    ]
 
 
 def tokenize_conversation(
@@ -134,14 +131,6 @@ def count_tokens_batch(
         for row, row_ids in zip(rendered_rows, ids):
             lengths[row] += len(row_ids)
     return lengths, reasons
-
-
-def count_tokens(texts, num_images: int, tokenizer, image_token_length: int) -> int:
-    """The length tokenize_conversation would return for one row."""
-    lengths, reasons = count_tokens_batch([texts], [num_images], tokenizer, image_token_length)
-    if reasons[0] is not None:
-        raise BadConversation(reasons[0], "see build_messages")
-    return lengths[0]
 
 
 # Real chat templates ------------------------------------------------------------------------------
@@ -275,9 +264,7 @@ def marked_turns(
 
     if tagged:
         return [(TAGS.sub(lambda m: mark(m.group()), user), reply) for user, reply in turns], None
-    marks = [mark(IMAGE_TAG) for _ in range(num_images)] + [
-        mark(VIDEO_TAG) for _ in range(num_videos)
-    ]
+    marks = [mark(tag) for tag in [IMAGE_TAG] * num_images + [VIDEO_TAG] * num_videos]
     first_user, first_reply = turns[0]
     return [(" ".join([*marks, first_user]), first_reply), *turns[1:]], None
 

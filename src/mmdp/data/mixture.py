@@ -36,13 +36,14 @@ mmdp.report.sources.
 """
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import datasets
 import numpy as np
 
 from mmdp import config
+from mmdp.data.reading.settings import DataSettings
 from mmdp.errors import UserError
 
 SHARE_UNITS = ("tokens", "rows")
@@ -53,18 +54,10 @@ SYNTHETIC_PREFIX = "synthetic:"
 @dataclass(frozen=True)
 class Source:
     name: str
-    dataset: str  # "synthetic:TASK", a local path, or a Hub name
+    data: DataSettings  # its rows; its dataset is "synthetic:TASK", a user's files or a Hub name
     share: float
     loss_weight: float = 1.0
     labels: str = "all_turns"  # one of LABEL_POLICIES
-    subset: str | None = None
-    split: str = "train"
-    num_rows: int | None = None
-    image_root: str | None = None  # where the files its rows name by a relative path are
-    format: str | None = (
-        None  # its rows' format (mmdp.data.reading.formats; default: from its columns)
-    )
-    columns: dict | None = None  # {"old": "new"}: its columns renamed first (--columns)
 
 
 @dataclass(frozen=True)
@@ -90,7 +83,8 @@ def read_mixture(path: str | Path) -> Mixture:
 
 
 def mixture_from_dict(spec: dict, where: str = "mixture") -> Mixture:
-    known = {f for f in Source.__dataclass_fields__}
+    reading = set(DataSettings.__dataclass_fields__)
+    known = reading | set(Source.__dataclass_fields__) - {"data"}
     sources = []
     for i, entry in enumerate(spec.get("sources") or []):
         unknown = set(entry) - known
@@ -99,7 +93,9 @@ def mixture_from_dict(spec: dict, where: str = "mixture") -> Mixture:
                 f"{where}: source {i + 1} needs 'dataset' and 'share'"
                 + (f" and has unknown key(s) {', '.join(sorted(unknown))}" if unknown else "")
             )
-        source = Source(**{"name": entry.get("name", entry["dataset"]), **entry})
+        data = DataSettings(**{key: value for key, value in entry.items() if key in reading})
+        rules = {key: value for key, value in entry.items() if key not in reading}
+        source = Source(**{"name": entry["dataset"], **rules, "data": data})
         check_source(source, where)
         sources.append(source)
     if not sources:
@@ -145,29 +141,16 @@ class MixedRows:
 def load_mixture(mixture: Mixture, num_rows: int, seed: int = 0) -> MixedRows:
     """Load every source (`num_rows`: the synthetic data's size, and the default cap of each
     other source) and put them one after the other."""
-    from mmdp.data.reading.sources import (
-        CONVERSATION_FEATURES,
-        FEATURES,
-        VIDEOS,
-        load_vqa_dataset,
-        no_progress_bars,
-    )
+    from mmdp.data.reading.sources import CONVERSATION_FEATURES, FEATURES, VIDEOS, no_progress_bars
 
     parts = []
     for source in mixture.sources:
-        if source.dataset.startswith(SYNTHETIC_PREFIX):
-            part = synthetic_task(source.dataset.removeprefix(SYNTHETIC_PREFIX), num_rows, seed)
-            part = part.select(range(min(len(part), source.num_rows or len(part))))
+        data = source.data
+        if data.dataset.startswith(SYNTHETIC_PREFIX):
+            part = synthetic_task(data.dataset.removeprefix(SYNTHETIC_PREFIX), num_rows, seed)
+            part = part.select(range(min(len(part), data.num_rows or len(part))))
         else:
-            part = load_vqa_dataset(
-                source.dataset,
-                source.subset,
-                source.split,
-                source.num_rows or num_rows,
-                image_root=source.image_root,
-                format=source.format,
-                columns=source.columns,
-            )
+            part = replace(data, num_rows=data.num_rows or num_rows).load()
         parts.append(part)
     # every source's rows in one schema: the_cauldron's, with the system prompts and the videos
     # of the sources that have them (the others' empty)

@@ -27,26 +27,23 @@ def get_tokenizer(name_or_path: str | Path | None = None) -> PreTrainedTokenizer
     - the pad token is the eos token. For SmolLM2 both are `<|im_end|>`, which also closes every
       assistant reply, so nothing downstream may find padding or labels by comparing with pad_token_id.
     """
-    source = config.DEFAULT_TOKENIZER if name_or_path is None else name_or_path
-    if looks_like_a_path(str(source)) and not Path(source).exists():
-        raise UserError(f"tokenizer {str(source)!r}: no such directory")
+    source = str(config.DEFAULT_TOKENIZER if name_or_path is None else name_or_path)
+    hint = "run without --tokenizer to use the SmolLM2 tokenizer shipped in the repo"
+    if looks_like_a_path(source) and not Path(source).exists():
+        raise UserError(f"tokenizer {source!r}: no such directory")
     if not Path(source).exists():
-        require_hub(
-            f"tokenizer {str(source)!r}",
-            "run without --tokenizer to use the SmolLM2 tokenizer shipped in the repo",
-        )
+        require_hub(f"tokenizer {source!r}", hint)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
-            str(source), extra_special_tokens={"image_token": config.IMAGE_TOKEN}
+            source, extra_special_tokens={"image_token": config.IMAGE_TOKEN}
         )
     except (OSError, ValueError) as error:
         raise UserError(
-            f"could not load tokenizer {str(source)!r} ({error.__class__.__name__}); "
-            "run without --tokenizer to use the SmolLM2 tokenizer shipped in the repo"
+            f"could not load tokenizer {source!r} ({error.__class__.__name__}); {hint}"
         ) from error
     if not tokenizer.is_fast:
-        raise UserError(f"tokenizer {str(source)!r} has no fast (Rust) version, which mmdp needs")
-    tokenizer.chat_template = chat_template(tokenizer, str(source))
+        raise UserError(f"tokenizer {source!r} has no fast (Rust) version, which mmdp needs")
+    tokenizer.chat_template = chat_template(tokenizer, source)
     tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 

@@ -4,8 +4,6 @@ from torch.utils.data import Dataset
 
 from mmdp import config
 from mmdp.data.families import family_for
-from mmdp.data.families.base import ModelFamily
-from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.images import undecoded
 
 
@@ -13,9 +11,8 @@ class VQADataset(Dataset):
     """Wraps a dataset in the_cauldron's schema (see mmdp.data.reading.sources) for training.
 
     `processor`: the tokenizer of mmdp's TinyVLM (the blog's path: 64 <|image|> tokens per image,
-    images resized to `image_size` squares), or a transformers processor of a supported
-    vision-language model (Qwen2.5-VL, Qwen3-VL, SmolVLM, Idefics3, LLaVA-OneVision, Gemma 3:
-    mmdp.data.families), whose own rules then make the samples.
+    images resized to `image_size` squares), or a transformers processor of a model family mmdp
+    packs for (mmdp.data.families.FAMILIES), whose own rules then make the samples.
 
     `dataset[i]` returns a dict:
         row          the index i in the wrapped dataset (stays attached through collation)
@@ -47,10 +44,10 @@ class VQADataset(Dataset):
         # a mmdp.data.mixture.MixedRows: each row's source sets its labels and loss weight
         self.sources = None if mixture is None else mixture.mixture.sources
         self.source_of_row = None if mixture is None else mixture.source_of_row
-        if hasattr(processor, "image_processor") or isinstance(processor, ModelFamily):
-            self.family = family_for(processor)  # a real model's processor (or a family)
-        else:  # the blog's tokenizer: mmdp's TinyVLM, 64 <|image|> tokens an image
-            self.family = TinyFamily(processor, image_size, image_token_length)
+        # a real model's processor (or a family), or the blog's tokenizer: mmdp's TinyVLM
+        self.family = family_for(
+            processor, image_size=image_size, image_token_length=image_token_length
+        )
         self.tokenizer = self.family.tokenizer
 
     def __len__(self):

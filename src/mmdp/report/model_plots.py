@@ -1,7 +1,6 @@
 """The figures of stages 5-6: what a pack holds, the strategies compared, the learning curves
 (one colour per strategy, STRATEGY_COLOURS). Colours and helpers: mmdp.report.plots."""
 
-import matplotlib.lines
 import matplotlib.patches
 import numpy as np
 from matplotlib.figure import Figure
@@ -100,7 +99,21 @@ def plot_learning_curves(
     )
     # different line styles: two strategies that learn alike (naive, constrained) stay visible
     styles = dict(zip(eval_loss, ["-", "--", "-.", ":"] * len(eval_loss)))
-    _plot_held_out_loss(held_out, samples_seen, eval_loss, styles)
+    # one line per strategy: the mean over runs, with the runs' min-max as a band
+    for name, per_run in eval_loss.items():
+        losses = np.asarray(per_run, dtype=np.float64)  # [runs, checkpoints]
+        colour = STRATEGY_COLOURS.get(name)
+        band = (losses.min(axis=0), losses.max(axis=0))
+        held_out.fill_between(samples_seen, *band, color=colour, alpha=0.2, linewidth=0)
+        held_out.plot(
+            samples_seen,
+            losses.mean(axis=0),
+            marker="o",
+            markersize=4,
+            color=colour,
+            linestyle=styles[name],
+            label=f"{name} (mean, min-max over {len(losses)} runs)",
+        )
     _plot_runs(
         per_step, {name: list(zip(eval_steps[name], eval_loss[name])) for name in eval_loss}, styles
     )
@@ -119,39 +132,13 @@ def plot_learning_curves(
     return fig
 
 
-def _plot_held_out_loss(ax, samples_seen: list, eval_loss: dict, styles: dict) -> None:
-    """One line per strategy: the mean over runs, with the runs' min-max as a band."""
-    for name, per_run in eval_loss.items():
-        losses = np.asarray(per_run, dtype=np.float64)  # [runs, checkpoints]
-        colour = STRATEGY_COLOURS.get(name)
-        ax.fill_between(
-            samples_seen,
-            losses.min(axis=0),
-            losses.max(axis=0),
-            color=colour,
-            alpha=0.2,
-            linewidth=0,
-        )
-        ax.plot(
-            samples_seen,
-            losses.mean(axis=0),
-            marker="o",
-            markersize=4,
-            color=colour,
-            linestyle=styles[name],
-            label=f"{name} (mean, min-max over {len(losses)} runs)",
-        )
-
-
-def _plot_runs(ax, runs: dict, styles: dict, marker: str | None = None) -> None:
+def _plot_runs(ax, runs: dict, styles: dict) -> None:
     """One line per run, `runs[strategy]` being one (x, losses) pair per run."""
     for name, pairs in runs.items():
         for i, (x, losses) in enumerate(pairs):
             ax.plot(
                 x,
                 losses,
-                marker=marker,
-                markersize=3,
                 color=STRATEGY_COLOURS.get(name),
                 alpha=0.6,
                 linewidth=1,

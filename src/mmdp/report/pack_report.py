@@ -152,12 +152,7 @@ class PackReport(EpochReport):
         """The epoch's figures; with a patch budget, the patches per row and how full it is."""
         lines = [super().summary(), f"{'packs (rows):':<18}{len(self.tokens_per_row):,}"]
         patch_budget = budgets.max_patches if budgets else None
-        names = (
-            ("tokens", "images", "patches", "samples")
-            if patch_budget
-            else ("tokens", "images", "samples")
-        )
-        for name in names:
+        for name in ("tokens", "images", *(["patches"] if patch_budget else []), "samples"):
             s = spread(getattr(self, f"{name}_per_row"))
             lines.append(
                 f"{name + ' per row:':<18}min {s['min']}, max {s['max']}, "

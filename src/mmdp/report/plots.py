@@ -1,8 +1,7 @@
 """The figures of stages 1-4 (a sample, padding, packs), and what every figure shares: colours,
 `subplots`, `save_figure`. Stages 5-6 draw with mmdp.report.model_plots.
 
-Each helper returns a matplotlib Figure (made without pyplot: no backend, no window, nothing
-left open); `save_figure` writes it.
+Each helper returns a matplotlib Figure (made without pyplot: `subplots`); `save_figure` writes it.
 """
 
 import os
@@ -10,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import matplotlib
-import matplotlib.artist
 import matplotlib.lines
 import matplotlib.patches
 import numpy as np

@@ -20,19 +20,22 @@ def planned_drops_by_source(
     in the packs left out to equalise ranks. Added over the sources, they are `plan.dropped`."""
     usable, _ = filter_rows(weights, config.budgets)
     chosen = mixture.choose(usable, weights.lengths, epoch)
-    drops = []
-    for s in range(len(mixture.shares)):
-        mine = mixture.source_of_row == s
-        part = Weights(
-            *(a[mine] for a in (weights.lengths, weights.image_counts, weights.reasons)),
-            patch_counts=weights.patch_counts[mine],
-        )
-        _, dropped = filter_rows(part, config.budgets)
-        mine_usable = usable[mine[usable]]
-        dropped[LEFT_OUT_BY_MIXTURE] += len(mine_usable) - len(np.intersect1d(mine_usable, chosen))
-        dropped[LEFT_OUT_TO_EQUALISE_RANKS] += int(mine[chosen].sum() - mine[plan.rows].sum())
-        drops.append(+dropped)
-    return drops
+    masks = (mixture.source_of_row == s for s in range(len(mixture.shares)))
+    return [+source_drops(weights, config.budgets, m, usable, chosen, plan.rows) for m in masks]
+
+
+def source_drops(weights, budgets: Budgets, mine, usable, chosen, kept) -> Counter:
+    """The rows of one source (`mine`, a mask of rows) left out, by reason: over a budget or
+    unusable, not `chosen` by the mixture among the `usable` rows, chosen but not `kept`."""
+    part = Weights(
+        *(a[mine] for a in (weights.lengths, weights.image_counts, weights.reasons)),
+        patch_counts=weights.patch_counts[mine],
+    )
+    _, dropped = filter_rows(part, budgets)
+    mine_usable = usable[mine[usable]]
+    dropped[LEFT_OUT_BY_MIXTURE] += len(mine_usable) - len(np.intersect1d(mine_usable, chosen))
+    dropped[LEFT_OUT_TO_EQUALISE_RANKS] += int(mine[chosen].sum() - mine[kept].sum())
+    return dropped
 
 
 def source_report(
@@ -66,21 +69,14 @@ def source_report(
     report = []
     for s, source in enumerate(mixed.mixture.sources):
         mine = plan.source_of_row == s
-        part = Weights(
-            *(a[mine] for a in (weights.lengths, weights.image_counts, weights.reasons)),
-            patch_counts=weights.patch_counts[mine],
-        )
-        _, dropped = filter_rows(part, budgets)
         if report_by_source is not None:  # the one epoch report's: the plan's and the batches'
             dropped = report_by_source[source.name]["dropped"]
         else:
-            left_out = int(mine[usable].sum()) - len(np.intersect1d(usable[mine[usable]], chosen))
-            unequal = int(mine[chosen].sum()) - int(mine[every].sum())
-            dropped.update({LEFT_OUT_BY_MIXTURE: left_out, LEFT_OUT_TO_EQUALISE_RANKS: unequal})
+            dropped = source_drops(weights, budgets, mine, usable, chosen, every)
         report.append(
             {
                 "source": source.name,
-                "dataset": source.dataset,
+                "dataset": source.data.dataset,
                 "rows": int(mine.sum()),
                 "dropped": {k: v for k, v in sorted(dropped.items()) if v},
                 "samples": int(mine[every].sum()),

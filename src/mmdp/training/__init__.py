@@ -9,6 +9,5 @@ experiments 06_packing_pays_off.py's parts: same loss, same learning, speed, eve
 recipes     in your own loop (accelerate, torchrun): the micro-batches of each optimizer step,
             the loss that gives one process's gradient, gradient sync, the loader's state per rank
 trainer     MMDPTrainer: transformers' Trainer on an mmdp loader (needs the accelerate extra)
-trainer_epochs  what Trainer iterates instead: the loader's epochs in whole optimizer steps
 examples    what examples/*.py share: their settings, the embedded data, a tiny model, the sample log
 """

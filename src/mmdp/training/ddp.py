@@ -20,11 +20,10 @@ and divide by the label tokens of the whole step, all-reduced over ranks and mic
 
 Then the gradient is d/dw [sum of every token loss of the step / every label token of the
 step], exactly what one process computes on the union of the same batches. This module runs
-one step both ways (and the usual per-rank mean: the model's own loss, divided by the number of
-micro-steps) on stage 5's packed batches, and compares each gradient with one process's.
+one step this way and the usual way (ddp_gradient) on stage 5's packed batches, and compares
+each gradient with one process's.
 """
 
-import contextlib
 import copy
 import dataclasses
 import json
@@ -46,7 +45,12 @@ from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.report.metrics import write_json
 from mmdp.training.loss import label_tokens, summed_loss
-from mmdp.training.recipes import all_reduced, collective_device, touch_every_parameter
+from mmdp.training.recipes import (
+    collective_device,
+    gradient_sync,
+    step_label_tokens,
+    touch_every_parameter,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,20 +83,16 @@ def ddp_gradient(model, batches: list[dict], normalisation: str) -> torch.Tensor
     "global_tokens" (the recipe above) or "per_rank_mean" (each micro-batch's own mean over its
     label tokens, divided by the micro-steps: what a hand-written loop usually does)."""
     world_size = dist.get_world_size()
-    tokens = torch.tensor(float(sum(label_tokens(b["labels"]) for b in batches)))
-    tokens = all_reduced(tokens)  # on the backend's device: NCCL reduces GPU tensors only
+    tokens = step_label_tokens(batches)  # every rank's, all-reduced
     model.zero_grad(set_to_none=True)
     for i, batch in enumerate(batches):
-        sync = i == len(batches) - 1
-        with contextlib.nullcontext() if sync else model.no_sync():
+        with gradient_sync(model, i == len(batches) - 1):
             output = model(**vlm_inputs(batch))
             if normalisation == "global_tokens":
                 loss = summed_loss(output.logits, batch["labels"]) * world_size / tokens
             else:
                 loss = output.loss / len(batches)
-            # every parameter in every backward: a text-only micro-batch leaves the vision
-            # encoder unused, and DDP (without find_unused_parameters) waits for it
-            touch_every_parameter(loss, model).backward()
+            touch_every_parameter(loss, model).backward()  # a text-only batch: no vision
     return flat_gradient(model.module)
 
 
@@ -132,9 +132,7 @@ def compare_gradients(settings: DdpSettings) -> dict | None:
     vlm_config = TinyVLMConfig(vocab_size=len(tokenizer), image_token_id=tokenizer.image_token_id)
     model = TinyVLM(vlm_config).train()
     reference = copy.deepcopy(model)
-    # no find_unused_parameters (it warns whenever a step uses every parameter): every loss
-    # touches every parameter instead (ddp_gradient)
-    ddp_model = DistributedDataParallel(model)
+    ddp_model = DistributedDataParallel(model)  # unused parameters: touch_every_parameter
 
     mine = rank_batches(samples, settings, rank, world_size)
     gradients = {
@@ -191,19 +189,9 @@ def run_torchrun(*args: str, nproc_per_node: int = 2, timeout: int = 600) -> dic
     """
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/ddp.json"
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            str(nproc_per_node),
-            "-m",
-            "mmdp.training.ddp",
-            *args,
-            "--metrics-json",
-            out,
-        ]
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        module = ["--nproc_per_node", str(nproc_per_node), "-m", "mmdp.training.ddp", *args]
+        command = [*launcher, *module, "--metrics-json", out]
         # torchrun writes its own log folder (torchelastic_*) under the temp folder: this one
         env = {**os.environ, "TMPDIR": tmp}
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)

@@ -19,7 +19,7 @@ reported instead).
 
 Every rank runs every batch of its share, filler batches included (a rank without a pack in the
 last step, mmdp.planning.planner): they count nothing, and under FSDP every rank's forwards
-meet. MMDPTrainer.evaluate and the accelerate and torchrun examples call this function.
+meet.
 """
 
 import contextlib

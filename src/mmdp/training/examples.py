@@ -1,24 +1,17 @@
 """What the three training examples share (examples/trainer.py, examples/accelerate_loop.py,
-examples/torchrun.py): their settings (TrainingSettings: their flags), the data (the embedded rows, or your own: --dataset) in a
-planned loader (and its eval split), the model (and its LoRA adapters), and the --log-samples
-file that shows a resumed run trains exactly what an uninterrupted one does.
+examples/torchrun.py): their settings (TrainingSettings: their flags), the data (the embedded
+rows, or your own: --dataset) in a planned loader (and its eval split), the model (and its LoRA
+adapters), and the --log-samples file that shows a resumed run trains exactly what an
+uninterrupted one does.
 
 Everything runs offline on a CPU by default: the embedded synthetic rows, and TinyVLM (32-pixel
 images) or, with `--model FAMILY`, a tiny random model of that family's real transformers class
-with its processor built in code. `--model-path` trains a real checkpoint (the Hub, or a local
-folder) instead. `--videos N` mixes N synthetic clips into the rows, `--eval-ratio R` holds R of
-the rows out for an exact eval_loss, `--lora` trains peft adapters instead of every weight: the
-seed user's run (Qwen3-VL-MoE, LoRA, images and videos, 3 epochs, 2 ranks) is one command:
-
-    uv run torchrun --nproc-per-node 2 examples/trainer.py --model qwen3_vl_moe --lora \
-        --videos 24 --num-rows 120 --num-train-epochs 3 --grad-accum 16 --eval-ratio 0.1 \
-        --output-dir /tmp/seed --log-samples /tmp/seed/samples.jsonl
+with its processor built in code (the seed user's run: examples/trainer.py's docstring).
 """
 
 import dataclasses
 import hashlib
 import json
-import math
 import os
 
 import numpy as np
@@ -40,6 +33,7 @@ from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.packing_config import PackingConfig, default_config
+from mmdp.training.recipes import epoch_steps
 
 IMAGE_SIZE = 32  # small images keep a CPU step short; 32 / 4-pixel patches = 64 image tokens
 PATCH_SIZE = 4
@@ -117,12 +111,7 @@ def make_processor(settings: TrainingSettings):
         return load_processor(settings.model_path, hint=MODEL_PATH_HINT)
     if settings.model == "tiny_vlm":
         return get_tokenizer()
-    return tiny_processor(family_of(settings.model))
-
-
-def family_of(model: str) -> str:
-    """The family (mmdp.data.families) whose processor a --model uses."""
-    return model.removesuffix("_moe")
+    return tiny_processor(settings.model.removesuffix("_moe"))  # a MoE: its dense family's
 
 
 def make_loader(
@@ -176,17 +165,12 @@ def video_rows(loader) -> set[int]:
 
 
 def training_steps(settings: TrainingSettings, loader) -> int:
-    """--max-steps, or the optimizer steps of --num-train-epochs whole epochs on this loader:
-    each epoch's batches for this rank (each epoch is planned anew, so their counts differ),
-    --grad-accum a step, an epoch's last step short (mmdp.training.recipes.optimizer_steps)."""
+    """--max-steps, or the optimizer steps of --num-train-epochs whole epochs on this loader
+    (each epoch is planned anew, so their counts differ)."""
     if settings.max_steps is not None:
         return settings.max_steps
-    dataset = loader.dataset
-    batches = [
-        dataset.plan(epoch).for_rank(dataset.rank).num_steps()
-        for epoch in range(settings.num_train_epochs)
-    ]
-    return sum(math.ceil(n / settings.grad_accum) for n in batches)
+    epochs = range(settings.num_train_epochs)
+    return sum(epoch_steps(loader.dataset, e, settings.grad_accum) for e in epochs)
 
 
 def tiny_vlm(tokenizer, seed: int):

@@ -33,10 +33,9 @@ from mmdp.models.attention import flash_attention_on_cpu, use_attention
 from mmdp.models.tiny_vlm import TinyVLM, TinyVLMConfig, vlm_inputs
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Weights
-from mmdp.planning.planner import EpochPlan, filter_rows, plan_epoch
+from mmdp.planning.planner import filter_rows, plan_epoch
 from mmdp.report.epoch import nothing_to_do
 from mmdp.training.loop import (
-    PARTS,
     median_time_per_part,
     speed_of_run,
     time_logits_per_position,
@@ -114,9 +113,17 @@ def load_data(settings: ExperimentSettings) -> StageData:
     tokenizer = get_tokenizer(settings.tokenizer)
     rows = settings.data.load()
     weights = weigh_rows(rows, tokenizer).weights
-    fits = rows_that_fit(weights, settings)
+    # the usable rows within --max-length and --max-images, in dataset order (the planner's own
+    # filter, step 1)
+    fits, dropped = filter_rows(weights, settings.packing.budgets)
+    if not len(fits):
+        hint = f"raise --max-length ({settings.packing.max_length} tokens a pack)"
+        raise nothing_to_do(len(weights), dropped, hint)
+    fits = fits.tolist()
     held_out, pool = hold_out(fits, weights.reasons, settings)
-    num_packs = len(plan_whole_epoch(weights, settings).pack_starts) - 1
+    # stage 5's plan of one epoch of every row, on one rank (where no pack is left out)
+    whole_epoch = dataclasses.replace(settings.packing, packs_per_batch=1, seed=settings.seed)
+    num_packs = len(plan_epoch(weights, whole_epoch).pack_starts) - 1
     return StageData(
         tokenizer=tokenizer,
         rows=rows,
@@ -134,19 +141,6 @@ def load_data(settings: ExperimentSettings) -> StageData:
         packs_per_batch=max(1, round(settings.batch_size * num_packs / len(fits))),
         device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     )
-
-
-def rows_that_fit(weights: Weights, settings: ExperimentSettings) -> list[int]:
-    """The usable rows within --max-length and --max-images, in dataset order (the planner's
-    own filter, step 1)."""
-    fits, dropped = filter_rows(weights, settings.packing.budgets)
-    if not len(fits):
-        raise nothing_to_do(
-            len(weights),
-            dropped,
-            f"raise --max-length ({settings.packing.max_length} tokens a pack)",
-        )
-    return fits.tolist()
 
 
 def hold_out(fits: list[int], reasons, settings: ExperimentSettings) -> tuple[list[int], list[int]]:
@@ -170,21 +164,11 @@ def hold_out(fits: list[int], reasons, settings: ExperimentSettings) -> tuple[li
     return held_out, pool
 
 
-# Stage 5's loader: the only place stage 6 builds a PackedDataset.
-
-
-def plan_whole_epoch(weights: Weights, settings: ExperimentSettings) -> EpochPlan:
-    """Stage 5's plan of one epoch of every row, packed with --strategy, on one rank (its packs
-    are what counts: on one rank no pack is left out, however many packs a batch holds)."""
-    return plan_epoch(
-        weights, dataclasses.replace(settings.packing, packs_per_batch=1, seed=settings.seed)
-    )
-
-
 def packed_batches(
     data: StageData, rows: list[int], settings: ExperimentSettings, *, seed: int, epoch=0
 ) -> list[dict]:
-    """Stage 5's batches of `rows`: all of one epoch, packed with --strategy.
+    """Stage 5's batches of `rows`: all of one epoch, packed with --strategy (the only place
+    stage 6 builds a PackedDataset).
 
     PackedDataset weighs the selected rows again, as a dataset of their own: a few rows, weighed
     in a moment, so without datasets' progress bars, which would only clutter the output.
@@ -200,30 +184,20 @@ def packed_batches(
     return list(PackedDataLoader(dataset, num_workers=0))
 
 
-def padded_batches(samples, rows: list[int], collate, batch_size: int) -> list[dict]:
-    """Stages 2 and 3: consecutive rows, batch_size at a time, padded by `collate`."""
-    return [
-        collate([samples[r] for r in rows[i : i + batch_size]])
-        for i in range(0, len(rows), batch_size)
-    ]
-
-
 def strategy_batches(
     data: StageData, names, rows: list[int], settings: ExperimentSettings, seed: int, epoch=0
 ) -> dict:
-    """The same rows as naive padding, constrained padding and packing batch them."""
-    naive, constrained, packed = names
+    """The same rows as naive padding, constrained padding and packing batch them (padded as
+    stages 2 and 3 do: consecutive rows, --batch-size at a time)."""
     pad_id = data.tokenizer.pad_token_id
-    return {
-        naive: padded_batches(data.samples, rows, NaivePadCollator(pad_id), settings.batch_size),
-        constrained: padded_batches(
-            data.samples,
-            rows,
-            ConstrainedPadCollator(pad_id, settings.packing.max_length),
-            settings.batch_size,
-        ),
-        packed: packed_batches(data, rows, settings, seed=seed, epoch=epoch),
+    pads = (NaivePadCollator(pad_id), ConstrainedPadCollator(pad_id, settings.packing.max_length))
+    size = settings.batch_size
+    groups = [rows[i : i + size] for i in range(0, len(rows), size)]
+    batches = {
+        name: [collate([data.samples[r] for r in group]) for group in groups]
+        for name, collate in zip(names[:2], pads)
     }
+    return {**batches, names[2]: packed_batches(data, rows, settings, seed=seed, epoch=epoch)}
 
 
 # 1. Same loss ----------------------------------------------------------------------------------
@@ -266,10 +240,7 @@ def check_same_loss(data: StageData, names, settings: ExperimentSettings) -> dic
         for batch in batches[names[2]]:
             shifted = {**vlm_inputs(batch), "pixel_values": batch["pixel_values"].roll(1, dims=0)}
             wrong += float(summed_loss(model(**shifted).logits, batch["labels"]))
-    summed, over_tokens, over_samples = (
-        {name: losses[name][reduction] for name in names}
-        for reduction in ("summed", "mean_over_tokens", "mean_over_samples")
-    )
+    summed, over_tokens, over_samples = ({n: losses[n][i] for n in names} for i in range(3))
     reference = summed[names[0]]
     return {
         **summed,
@@ -282,8 +253,8 @@ def check_same_loss(data: StageData, names, settings: ExperimentSettings) -> dic
     }
 
 
-def losses_of(model: TinyVLM, batches: list[dict]) -> dict:
-    """The summed loss of the batches, and its mean over label tokens and over samples: each
+def losses_of(model: TinyVLM, batches: list[dict]) -> tuple[float, float, float]:
+    """(The summed loss of the batches, its mean over label tokens, its mean over samples): each
     mean over all the batches at once (add up its parts over the batches, then divide)."""
     summed = sample_sum = 0.0
     tokens = samples = 0
@@ -294,11 +265,7 @@ def losses_of(model: TinyVLM, batches: list[dict]) -> dict:
         batch_sum, batch_samples = summed_sample_means(logits, batch)
         sample_sum += float(batch_sum)
         samples += batch_samples
-    return {
-        "summed": summed,
-        "mean_over_tokens": summed / tokens,
-        "mean_over_samples": sample_sum / samples,
-    }
+    return summed, summed / tokens, sample_sum / samples
 
 
 def max_rel_diff(values: dict) -> float:
@@ -327,7 +294,6 @@ def train_over_seeds(
     runs = {
         "seeds": seeds,
         "runs": [],
-        "checkpoints": checkpoints(settings),
         "logs": {name: [] for name in names},
         "load_average": [os.getloadavg()[0]],
     }
@@ -351,9 +317,9 @@ def train_over_seeds(
 def train_one_run(
     data: StageData, names, settings: ExperimentSettings, rows, initial, seed, order, held_out
 ) -> dict:
-    """Every strategy from the `initial` weights on the same rows, one step of each in turn (all
-    three meet the same load on a shared machine); order 0 takes the rows as drawn, another a
-    seeded shuffle of them. Returns {name: training log} (mmdp.training.loop.train_in_turns)."""
+    """Every strategy from the `initial` weights on the same rows, one step of each in turn
+    (mmdp.training.loop.train_in_turns: {name: training log}); order 0 takes the rows as drawn,
+    another a seeded shuffle of them."""
     if order:
         rows = [rows[i] for i in np.random.default_rng([seed, order]).permutation(len(rows))]
     batches = strategy_batches(data, names, rows, settings, seed=seed, epoch=order)
@@ -388,7 +354,7 @@ def summarize_learning(runs, names, settings: ExperimentSettings) -> dict:
         "seeds": runs["seeds"],
         "orders": settings.orders,
         "runs": runs["runs"],  # one per seed (and order): the rows of every per-run list below
-        "samples_seen": runs["checkpoints"],
+        "samples_seen": checkpoints(settings),
         "eval_samples": settings.eval_samples,
         "eval_loss": {n: [log["eval_loss"] for log in logs[n]] for n in names},
         # a packed step may pass a checkpoint by a few samples: where each evaluation really was
@@ -404,9 +370,6 @@ def summarize_learning(runs, names, settings: ExperimentSettings) -> dict:
 
 
 # 3. Real tokens per second, and where the time goes ---------------------------------------------
-# Every ratio of two strategies (or two counts) is a ratio of their medians over the seeds, the
-# medians the printed tables show, so a reader can recompute it (medians of 4,000 and 3,200 real
-# tokens per second: 1.25x); the ratio seed by seed comes with it, for the spread.
 
 
 def summarize_speed(runs, names, data: StageData, settings: ExperimentSettings) -> dict:
@@ -460,7 +423,9 @@ def strategy_speed(per_seed: list[dict], steps_per_epoch: int) -> dict:
 
 
 def ratio_of_medians(numerator: list[float], denominator: list[float]) -> dict:
-    """The ratio of two medians over the seeds, and the ratio seed by seed (the spread).
+    """The ratio of two medians over the seeds, and the ratio seed by seed (the spread). Every
+    ratio of two strategies (or two counts) is one of these: of the medians the printed tables
+    show, so a reader can recompute it.
 
     >>> ratio_of_medians([4.0, 2.0, 9.0], [2.0, 2.0, 3.0])
     {'ratio_of_medians': 2.0, 'per_seed': [2.0, 1.0, 3.0]}
@@ -468,16 +433,6 @@ def ratio_of_medians(numerator: list[float], denominator: list[float]) -> dict:
     median = statistics.median(numerator) / statistics.median(denominator)
     per_seed = [p / q for p, q in zip(numerator, denominator)]
     return {"ratio_of_medians": round(median, 3), "per_seed": [round(r, 3) for r in per_seed]}
-
-
-def time_per_part_columns(speed: dict, names) -> dict[str, list[float]]:
-    """Where the time goes, a row per part of a step (then the total and the computed tokens),
-    a value per strategy: seconds over a run, median over the seeds."""
-    seconds, computed = speed["time_per_part"], speed["computed_tokens"]
-    columns = {part: [seconds[n][part] for n in names] for part in PARTS}
-    columns["total"] = [sum(seconds[n].values()) for n in names]
-    columns["computed tokens"] = [computed[n] for n in names]
-    return columns
 
 
 # 5. Every strategy on one epoch, from the weights -----------------------------------------------

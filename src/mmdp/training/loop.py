@@ -6,17 +6,17 @@ One optimizer step, in the order it runs, and the name each part is timed under:
     vision + embeddings       TinyVLM.embed: the vision encoder on every image, the projector,
                               the token embeddings
     language model            TinyVLM.hidden_states: the transformer layers
-    logits + loss             the output layer on the label positions only (the positions
-                              whose next label is trained) and the mean over label tokens, a
-                              chunk of positions at a time, with its gradient computed in the
-                              same pass (mmdp.training.loss.head_loss); the 49,153-wide logits
-                              of padding and prompt positions are never computed
+    logits + loss             the output layer and the mean over label tokens, on the label
+                              positions only, a chunk at a time, with its gradient in the same
+                              pass (mmdp.training.loss.head_loss): no 49,153-wide logits of
+                              padding or prompt positions
     backward: logits + loss   that gradient, scaled, down to the hidden states
     backward: the rest        on through the language model, projector and vision encoder
     optimizer                 AdamW's step
 
 The backward is cut in two at the hidden states (a detached copy that requires grad); the
-gradient is the same as that of one loss.backward().
+gradient is the same as that of one loss.backward(). On a GPU in bf16 (mixed_precision), on a
+CPU in float32.
 """
 
 import statistics
@@ -28,6 +28,7 @@ from mmdp import config
 from mmdp.batch import real_token_mask
 from mmdp.models.tiny_vlm import TinyVLM, vlm_inputs
 from mmdp.training.loss import batch_loss, head_loss, label_tokens
+from mmdp.training.recipes import mixed_precision
 
 PARTS = (
     "vision + embeddings",
@@ -41,11 +42,6 @@ PARTS = (
 
 def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-def autocast(device: torch.device):
-    """bf16 autocast on a GPU; float32 on a CPU."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
 class PartTimer:
@@ -70,7 +66,7 @@ def train_step(model: TinyVLM, batch: dict, optimizer) -> tuple[float, dict]:
     device = next(model.parameters()).device
     inputs = vlm_inputs(to_device(batch, device))
     timer = PartTimer(device)
-    with autocast(device):
+    with mixed_precision(device, device.type == "cuda"):
         embeds = model.embed(inputs.pop("input_ids"), inputs.pop("pixel_values"))
         timer.lap("vision + embeddings")
         labels = inputs.pop("labels")
@@ -99,7 +95,7 @@ def evaluate(model: TinyVLM, batches: list[dict]) -> float:
     total, tokens = 0.0, 0
     for batch in batches:
         batch = to_device(batch, device)
-        with autocast(device):
+        with mixed_precision(device, device.type == "cuda"):
             parts = batch_loss(model, vlm_inputs(batch), batch)  # label positions only
         total += float(parts.summed)
         tokens += parts.label_tokens
@@ -141,7 +137,7 @@ def train_in_turns(runs: dict, *, lr: float, checkpoints, evaluate_on) -> dict:
 
 
 def steps(model, batches, log: dict, lr: float, checkpoints: list, evaluate_on):
-    """Train `model` on `batches`, filling `log`; yields True after every step (see train)."""
+    """Train `model` on `batches`, filling `log`; yields True after every step (train_in_turns)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
 
@@ -192,7 +188,7 @@ def time_logits_per_position(
             labels[:, ::3] = config.IGNORE_INDEX
             hidden = hidden.to(device).requires_grad_()
             timer = PartTimer(device)
-            with autocast(device):
+            with mixed_precision(device, device.type == "cuda"):
                 summed, _ = head_loss(model.get_output_embeddings(), hidden, labels.to(device))
             (summed / label_tokens(labels)).backward()
             timer.lap("logits + loss")

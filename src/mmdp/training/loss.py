@@ -71,10 +71,7 @@ def label_tokens(labels: torch.Tensor) -> int:
 
 def mean_over_tokens(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Every label token weighs the same (what transformers computes): use it by default; a
-    sample with a long reply counts more than one with a short reply, as in pretraining.
-
-    Padded and packed batches of the same samples give the same value.
-    """
+    sample with a long reply counts more than one with a short reply, as in pretraining."""
     return summed_loss(logits, labels) / label_tokens(labels)
 
 
@@ -122,10 +119,8 @@ def weighted_mean_over_tokens(logits: torch.Tensor, batch: dict) -> torch.Tensor
     weight 1, whatever else the batch holds). Divided by the sum of the weights, a batch of one
     source would cancel its own weight.
 
-    DDP-exact form (as mmdp.training.ddp for summed_loss): add up summed_weighted_loss over
-    micro-batches, all-reduce label_tokens over ranks and micro-batches, and backward
-    summed_weighted_loss * world_size / tokens on each micro-batch. The trainers do it:
-    mmdp.training.recipes.micro_batch_loss (given the batch) and MMDPTrainer's token_loss.
+    Under DDP, summed_weighted_loss takes summed_loss's place in mmdp.training.ddp's recipe, as
+    mmdp.training.recipes.micro_batch_loss and MMDPTrainer's token_loss do.
     """
     return summed_weighted_loss(logits, batch) / label_tokens(batch["labels"])
 
@@ -353,10 +348,9 @@ def unwrapped_model(model) -> nn.Module:
 
 def final_logit_softcap(model) -> float | None:
     """The cap a model applies to its logits after its output layer (cap x tanh(logits / cap)),
-    None if it applies none: its text config's `final_logit_softcapping`, which transformers'
-    Gemma 2, Gemma 3 (text), Gemma 4 and PaliGemma read, except in the classes that ignore it
-    (SOFTCAP_IGNORED_BY). None in the released Gemma 3 checkpoints, and in every other family
-    mmdp packs for."""
+    None if it applies none: its text config's `final_logit_softcapping`, unless its class
+    ignores it (SOFTCAP_IGNORED_BY). None in the released Gemma 3 checkpoints, and in every
+    other family mmdp packs for."""
     model = unwrapped_model(model)
     if not hasattr(model, "config") or type(model).__name__ in SOFTCAP_IGNORED_BY:
         return None

@@ -20,11 +20,11 @@ loader and a loss); a loop of your own, with accelerate or plain torchrun, uses 
 
 Why the loss is summed and divided by the step's label tokens of every rank, not averaged per
 micro-batch: mmdp.training.ddp, and docs/stage6-findings.md part 4 (measured by stage 6:
-4.0e-8 against one process, 0.041 for each micro-batch's own mean). micro_batch_loss runs the
-model itself: it computes the logits of the trained positions only (mmdp.training.loss.batch_loss).
+4.0e-8 against one process, 0.041 for each micro-batch's own mean).
 """
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 
@@ -80,11 +80,16 @@ def optimizer_steps(loader, grad_accum: int) -> Iterator[list[dict]]:
             micro_batches = []
 
 
+def epoch_steps(dataset, epoch: int, grad_accum: int) -> int:
+    """The optimizer steps of a planned epoch (a PackedDataset's, the same on every rank), as
+    optimizer_steps groups its batches: the last step may hold fewer."""
+    return math.ceil(dataset.plan(epoch).num_steps() / grad_accum)
+
+
 def step_label_tokens(micro_batches: list[dict], *, device=None, group=None) -> torch.Tensor:
     """The label tokens of one optimizer step on every rank: its micro-batches' counts, summed,
     then all-reduced over `group` (the data-parallel group; None: the world). A 0-d float tensor
-    on `device`; by default the collective backend's device (NCCL: this process's GPU, which
-    cannot all-reduce a CPU tensor), else the CPU; micro_batch_loss moves it to the loss."""
+    on `device` (default: collective_device); micro_batch_loss moves it to the loss."""
     tokens = torch.tensor(float(sum(label_tokens(b["labels"]) for b in micro_batches)))
     return all_reduced(tokens, device=device, group=group)
 
@@ -115,12 +120,9 @@ def micro_batch_loss(
     and FSDP average the ranks' gradients. Summed over the step's micro-batches and ranks: the
     mean over every label token of the step, exactly what one process computes on all of them.
 
-    The logits are those of the trained positions only, a chunk at a time (batch_loss): the loss
-    and gradient of the full logits, without their memory. A mixture's `loss_weights` in `batch`
-    weigh each token (sum w_t * loss_t over the step's label tokens,
-    mmdp.training.loss.weighted_mean_over_tokens); a model that returns router logits
-    (output_router_logits=True) adds its router term, weighed by the micro-batch's label tokens
-    (BatchLoss.over).
+    batch_loss computes the logits of the trained positions only, a chunk at a time; a mixture's
+    `loss_weights` in `batch` weigh each token (weighted_mean_over_tokens), and a model that
+    returns router logits adds its router term (BatchLoss.over).
     """
     return batch_loss(model, inputs, batch).over(step_tokens) * world_size
 

@@ -73,30 +73,15 @@ def padding_epoch(
     )
 
 
-def packing_epoch(
-    weights: Weights,
-    strategy: str,
-    *,
-    max_length: int,
-    max_images: int,
-    packs_per_batch: int,
-    seed: int,
-) -> dict:
+def packing_epoch(weights: Weights, config: PackingConfig) -> dict:
     """Stage 5's plan with one strategy: one row per pack."""
-    config = PackingConfig(
-        max_length=max_length,
-        max_images=max_images,
-        packs_per_batch=packs_per_batch,
-        strategy=strategy,
-        seed=seed,
-    )
     plan = plan_epoch(weights, config)
     pack_of_row = np.repeat(np.arange(len(plan.pack_starts) - 1), np.diff(plan.pack_starts))
     tokens = np.bincount(pack_of_row, weights.lengths[plan.rows]).astype(np.int64)
     images = np.bincount(pack_of_row, weights.image_counts[plan.rows]).astype(np.int64)
     return summarize(
         int(tokens.sum()),
-        len(tokens) * max_length,
+        len(tokens) * config.max_length,
         len(plan.batch_starts) - 1,
         plan.dropped,
         tokens=tokens,
@@ -136,14 +121,14 @@ def compare_strategies(
         for name in PADDING_STRATEGIES
     }
     for name in PACKING_STRATEGIES:
-        results[name] = packing_epoch(
-            weights,
-            name,
+        config = PackingConfig(
             max_length=max_length,
             max_images=max_images,
             packs_per_batch=packs_per_batch,
+            strategy=name,
             seed=seed,
         )
+        results[name] = packing_epoch(weights, config)
     return results
 
 
@@ -177,10 +162,22 @@ def compare_padding(
 
 
 def padded_summary(batches, widths, dropped, *, weights: Weights, world_size: int) -> dict:
+    """The summary of padded batches, and the real tokens, images and padded tokens of each
+    step's batches, [steps, world_size]: batch b is rank b % world_size's at step
+    b // world_size. A last step that not every rank has is left out (DDP could not run it)."""
     lengths = weights.lengths.astype(np.int64)
     real = sum(int(lengths[batch].sum()) for batch in batches)
     computed = sum(width * len(batch) for batch, width in zip(batches, widths))
-    loads = padded_step_loads(batches, widths, weights, world_size)
+    steps = len(batches) // world_size
+    ran = list(zip(batches, widths))[: steps * world_size]
+    per_batch = {
+        "tokens": [int(lengths[batch].sum()) for batch, _ in ran],
+        "images": [int(weights.image_counts[batch].sum()) for batch, _ in ran],
+        "padded_tokens": [width * len(batch) for batch, width in ran],
+    }
+    loads = {
+        k: np.asarray(v, dtype=np.int64).reshape(steps, world_size) for k, v in per_batch.items()
+    }
     return {
         "utilization": round(real / computed, 6) if computed else 0.0,
         "real_tokens": real,
@@ -189,21 +186,4 @@ def padded_summary(batches, widths, dropped, *, weights: Weights, world_size: in
         "dropped": dict(sorted(dropped.items())),
         "rank_balance": rank_balance(loads, world_size),
         "padded_tokens": loads["padded_tokens"].tolist(),  # [step][rank]
-    }
-
-
-def padded_step_loads(batches, widths, weights: Weights, world_size: int) -> dict:
-    """Real tokens, images and padded tokens of every batch, as arrays [steps, world_size]:
-    batch b is rank b % world_size's at step b // world_size. A last step that not every rank
-    has is left out (DDP could not run it)."""
-    steps = len(batches) // world_size
-    batches, widths = batches[: steps * world_size], widths[: steps * world_size]
-    per_batch = {
-        "tokens": [int(weights.lengths[batch].sum()) for batch in batches],
-        "images": [int(weights.image_counts[batch].sum()) for batch in batches],
-        "padded_tokens": [width * len(batch) for batch, width in zip(batches, widths)],
-    }
-    return {
-        name: np.asarray(values, dtype=np.int64).reshape(steps, world_size)
-        for name, values in per_batch.items()
     }

@@ -50,10 +50,9 @@ methods of transformers' Trainer):
    MoE model's router term when it returns router logits (output_router_logits=True); a
    compute_loss_func of your own gets the full logits.
 6. DDP: a micro-batch without images leaves the vision tower unused, and DDP waits for every
-   gradient. Trainer's cure for a PreTrainedModel is find_unused_parameters=True, which walks
-   the autograd graph at every step and warns when a step used every parameter; MMDPTrainer
-   leaves it False (ddp_find_unused_parameters unset) and adds 0 x every trainable parameter to
-   the loss (mmdp.training.recipes.touch_every_parameter): the same gradient, no warning.
+   gradient. Instead of Trainer's find_unused_parameters=True for a PreTrainedModel, MMDPTrainer
+   adds 0 x every trainable parameter to the loss (mmdp.training.recipes.touch_every_parameter
+   says why) and leaves ddp_find_unused_parameters False when it is unset.
 7. Trainer's logs count samples and real tokens: "Num examples" and samples/s from the planned
    samples of epoch 0 (Trainer's count packs: set_initial_training_values), tokens seen from
    `real_token_mask` (include_num_input_tokens_seen="non_padding" counts tokens other than the pad
@@ -62,9 +61,8 @@ methods of transformers' Trainer):
    dataset) replaces Trainer's eval set. evaluate(), eval_strategy and load_best_model_at_end
    work as usual, but `eval_loss` is mmdp.training.evaluation's: every eval token's summed loss
    over every eval label token, all ranks together, plus `eval_SOURCE_loss` per source of a
-   mixture. Trainer's own evaluation_loop would average each batch's mean (prediction_step) over
-   batches it builds itself. With eval_strategy="epoch", the step that ends a loader epoch
-   evaluates (LoaderEpoch).
+   mixture (not Trainer's evaluation_loop: why in mmdp.training.evaluation). With
+   eval_strategy="epoch", the step that ends a loader epoch evaluates (LoaderEpoch).
 9. It refuses, in one sentence: ignore_data_skip=True (the epoch would restart),
    average_tokens_across_devices=False with several ranks (the token count would be this
    rank's only), one process on several GPUs (Trainer's nn.DataParallel, 2672, splits
@@ -82,38 +80,35 @@ optional) is `class MMDPSFTTrainer(MMDPTrainerMixin, SFTTrainer)`, with the same
 `processing_class` (your tokenizer or processor: without it SFTTrainer downloads one). SFTTrainer
 insists on a datasets.Dataset and reads its first row (trl 1.16, SFTTrainer.__init__):
 MMDPSFTTrainer passes a one-row placeholder, which nothing trains on. Its loss is MMDPTrainer's,
-computed by Trainer.compute_loss in one forward (MMDPTrainerMixin.model_loss): SFTTrainer's own
-compute_loss would run the model a second time, without gradient, for its entropy and token
-accuracy (sft_trainer.py, trl 1.16), which MMDPSFTTrainer therefore does not log. Tested on a
-tiny Llama (tests/test_trainer_exact.py): one forward per micro-batch, and the same steps and
-weights as MMDPTrainer.
+in one forward (MMDPTrainerMixin.compute_loss): SFTTrainer's own compute_loss would run the model
+a second time, without gradient, for its entropy and token accuracy (sft_trainer.py, trl 1.16),
+which MMDPSFTTrainer therefore does not log. Tested on a tiny Llama (tests/test_trainer_exact.py):
+one forward per micro-batch, and the same steps and weights as MMDPTrainer.
 """
 
 import contextlib
+import math
 import os
 import time
 import warnings
 
 import transformers.trainer as hf_trainer
-from transformers import PreTrainedModel, Trainer
+from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from mmdp.batch import filler_batch
 from mmdp.errors import require_extra
 from mmdp.loading.packed_dataset import PackedDataLoader
 from mmdp.models.inputs import model_inputs as packed_model_inputs
 from mmdp.training import evaluation
 from mmdp.training.loss import batch_loss, summed_weighted_loss
 from mmdp.training.recipes import (
+    batches_forever,
     check_launched_processes,
+    epoch_steps,
     load_loader_state,
     save_loader_state,
     touch_every_parameter,
-)
-from mmdp.training.trainer_epochs import (
-    LoaderEpoch,
-    LoaderForTrainer,
-    epoch_steps,
-    planned_max_steps,
 )
 
 # Trainer needs accelerate, which only an extra installs; without it transformers fails later, in
@@ -142,7 +137,6 @@ def token_loss(outputs, labels, num_items_in_batch=None, loss_weights=None):
     accumulation steps (Trainer.training_step).
     It counts `labels[..., 1:] != -100` or `labels != -100` depending on the model; mmdp batches
     give both the same count, since every sample's first label is -100 (mmdp.batch).
-    MMDPTrainer passes `loss_weights` from the batch (Trainer itself passes only the labels).
     """
     if num_items_in_batch is None:
         raise ValueError("Trainer counted no label tokens: the batches need a 'labels' key")
@@ -209,6 +203,107 @@ def load_model_weights(model, checkpoint: str) -> bool:
     return True
 
 
+# Epochs (item 2): what Trainer iterates instead of the loader, and the loader's epochs as Trainer's
+
+
+def planned_max_steps(loader, args) -> int:
+    """The optimizer steps of args.num_train_epochs whole planned epochs (each epoch's own
+    count: its last step may be short), or args.max_steps when it is set."""
+    if args.max_steps > 0:
+        return args.max_steps
+    if not hasattr(loader.dataset, "num_batches"):
+        raise ValueError("a stream has no length: set TrainingArguments.max_steps")
+    epochs = range(int(args.num_train_epochs))
+    return sum(epoch_steps(loader.dataset, e, args.gradient_accumulation_steps) for e in epochs)
+
+
+class LoaderForTrainer:
+    """What Trainer iterates: the mmdp loader itself, as one endless pass with no len() (item 2).
+    A planned loader's epochs end with `filler` micro-batches (mmdp.batch.filler_batch) up to a
+    whole step of `grad_accum`; a stream runs as one endless pass of full steps
+    (mmdp.training.recipes.batches_forever).
+    """
+
+    def __init__(self, loader, grad_accum: int = 1):
+        self.loader = loader
+        self.grad_accum = grad_accum
+        self.planned = hasattr(loader.dataset, "num_batches")  # PackedDataset
+
+    @property
+    def dataset(self):
+        return self.loader.dataset
+
+    def __len__(self) -> int:
+        raise TypeError("MMDPTrainer runs its loader as one pass of max_steps optimizer steps")
+
+    def __iter__(self):
+        return self.epochs_in_whole_steps() if self.planned else batches_forever(self.loader)
+
+    def epochs_in_whole_steps(self):
+        """The loader's batches epoch after epoch, each epoch padded with fillers to a multiple
+        of grad_accum. The loader moves to its next epoch before the fillers are yielded, so a
+        checkpoint taken after the step says where the next batch comes from. Ends after two
+        passes in a row without a batch (as batches_forever)."""
+        empty_passes = 0
+        while empty_passes < 2:
+            empty_passes += 1
+            planned, last = len(self.loader), None
+            for last in self.loader:
+                empty_passes = 0
+                yield last
+            self.loader.set_epoch(self.dataset.epoch + 1)
+            if last is not None:
+                fillers = -planned % self.grad_accum
+                for i in range(fillers):
+                    # only the step's last micro-batch syncs (DDP's all-reduce): the fillers
+                    # before it need no forward (MMDPTrainer.filler_loss)
+                    yield {**filler_batch(last), "forward": i == fillers - 1}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Trainer's epoch is always 0 here (one pass): the loader keeps its own epochs."""
+
+    def batches_before(self, epoch: int, batches_done: int) -> int:
+        """The micro-batches (fillers included) yielded before this position: Trainer's
+        global_step x grad_accum at a checkpoint."""
+        earlier = sum(epoch_steps(self.dataset, e, self.grad_accum) for e in range(epoch))
+        return earlier * self.grad_accum + batches_done
+
+
+class LoaderEpoch(TrainerCallback):
+    """Trainer's `epoch` is the loader's, and its epoch strategies follow the loader's epochs.
+
+    Trainer, running one pass, would log the fraction of the run as `epoch` (in Trainer._run_epoch,
+    transformers 5.23, set just before on_step_end) and save, log or evaluate "per epoch" only at
+    the end of that pass. Here the step that ends a loader epoch asks for them; at the end of the
+    pass Trainer's own "epoch" evaluation is dropped when that step has just evaluated
+    (DefaultFlowCallback.on_epoch_end asks again at the same step).
+    """
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.epochs_done = 0
+        self.evaluated_at = None  # the global step of the last evaluation
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.epochs_done = math.floor(state.epoch or 0)  # a resumed run's, from its checkpoint
+
+    def on_step_end(self, args, state, control, **kwargs):
+        dataset = self.loader.dataset
+        state.epoch = dataset.epoch + dataset.batches_done / max(len(self.loader), 1)
+        if state.epoch == int(state.epoch) and state.epoch > self.epochs_done:
+            self.epochs_done = int(state.epoch)  # this step ended an epoch
+            control.should_save |= args.save_strategy == "epoch"
+            control.should_log |= args.logging_strategy == "epoch"
+            control.should_evaluate |= args.eval_strategy == "epoch"
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.evaluated_at = state.global_step
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.evaluated_at == state.global_step:  # after DefaultFlowCallback's: not twice
+            control.should_evaluate = False
+
+
 class MMDPTrainerMixin:
     """Trainer on an mmdp loader: put it before Trainer (or a Trainer subclass) in the bases.
 
@@ -229,9 +324,7 @@ class MMDPTrainerMixin:
         if eval_loader is None and args_given is not None and args_given.eval_strategy != "no":
             raise ValueError(NO_EVAL_LOADER)
         if args_given is not None and args_given.ddp_find_unused_parameters is None:
-            # Trainer's default for a PreTrainedModel is True; every loss here touches every
-            # parameter instead (compute_loss), and DDP neither walks the graph nor warns
-            args_given.ddp_find_unused_parameters = False
+            args_given.ddp_find_unused_parameters = False  # item 6
         if eval_loader is not None:
             # Trainer requires an eval set when eval_strategy is set; only evaluate() reads it
             kwargs["eval_dataset"] = self.eval_placeholder(eval_loader)
@@ -287,36 +380,37 @@ class MMDPTrainerMixin:
         return metrics
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The batch's loss (packed_loss); under DDP, with every trainable parameter in its
-        backward (mmdp.training.recipes.touch_every_parameter: a micro-batch without images
-        leaves the vision tower unused, and DDP would wait for its gradients)."""
-        result = self.packed_loss(model, inputs, return_outputs, num_items_in_batch)
-        if return_outputs:
-            return touch_every_parameter(result[0], model), result[1]
-        return touch_every_parameter(result, model)
-
-    def packed_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The batch's loss in one forward, whatever Trainer subclass comes next (not SFTTrainer's
+        second one): a filler's, token_loss's, or that of a compute_loss_func of your own
+        (Trainer.compute_loss itself: the full logits); under DDP with every trainable parameter
+        in its backward (item 6: touch_every_parameter)."""
         model_inputs = self.model_inputs(inputs, self.model)  # unwrapped: Gemma 3 reads its config
         if inputs.get("filler"):
             forward = inputs.get("forward", True)
-            return self.filler_loss(model, model_inputs, inputs, return_outputs, forward)
-        if self.compute_loss_func is token_loss:
-            return self.token_loss(model, model_inputs, inputs, return_outputs, num_items_in_batch)
-        if inputs.get("loss_weights") is not None:
+            result = self.filler_loss(model, model_inputs, inputs, return_outputs, forward)
+        elif self.compute_loss_func is token_loss:
+            result = self.token_loss(
+                model, model_inputs, inputs, return_outputs, num_items_in_batch
+            )
+        elif inputs.get("loss_weights") is not None:
             raise ValueError(
                 "the batch carries a mixture's loss_weights, which only "
                 "mmdp.training.trainer.token_loss applies: leave compute_loss_func unset"
             )
-        return self.model_loss(model, model_inputs, return_outputs, num_items_in_batch)
+        else:
+            result = Trainer.compute_loss(
+                self, model, model_inputs, return_outputs, num_items_in_batch
+            )
+        if return_outputs:
+            return touch_every_parameter(result[0], model), result[1]
+        return touch_every_parameter(result, model)
 
     def token_loss(self, model, model_inputs, batch, return_outputs, num_items_in_batch):
-        """token_loss over the trained positions only: one forward (batch_loss), the micro-batch's
-        summed (weighted) token loss and router term over `num_items_in_batch`, the step's label
-        tokens on every rank (BatchLoss.over), times the processes as Trainer.compute_loss does
-        with average_tokens_across_devices (transformers 5.23), since DDP averages gradients.
-        Trainer takes it as scaled for gradient accumulation: compute_loss_func is set. One
-        forward, whatever Trainer subclass comes next (TRL's SFTTrainer.compute_loss would run a
-        second one, without gradient, for its entropy and accuracy metrics: trl 1.16)."""
+        """token_loss over the trained positions only (batch_loss): the micro-batch's summed
+        (weighted) token loss and router term over `num_items_in_batch`, the step's label tokens
+        on every rank (BatchLoss.over), times the processes as Trainer.compute_loss does with
+        average_tokens_across_devices (transformers 5.23), since DDP averages gradients. Trainer
+        takes it as scaled for gradient accumulation: compute_loss_func is set."""
         if num_items_in_batch is None:
             raise ValueError("Trainer counted no label tokens: the batches need a 'labels' key")
         parts = batch_loss(model, model_inputs, batch)
@@ -324,12 +418,6 @@ class MMDPTrainerMixin:
         if self.args.average_tokens_across_devices:
             loss = loss * (self.accelerator.num_processes // self.get_tp_size())
         return (loss, parts.outputs) if return_outputs else loss
-
-    def model_loss(self, model, model_inputs, return_outputs=False, num_items_in_batch=None):
-        """A compute_loss_func of your own: Trainer.compute_loss itself (one forward, the full
-        logits, then compute_loss_func), whatever Trainer subclass comes next (not SFTTrainer's
-        second forward)."""
-        return Trainer.compute_loss(self, model, model_inputs, return_outputs, num_items_in_batch)
 
     def filler_loss(self, model, model_inputs, batch, return_outputs=False, forward=True):
         """A filler's loss: exactly 0, with a gradient of exactly 0 for every parameter the
@@ -348,10 +436,7 @@ class MMDPTrainerMixin:
         return (loss, parts.outputs) if return_outputs else loss
 
     def set_initial_training_values(self, args, dataloader):
-        """Trainer's figures for its logs, in samples rather than packs: "Num examples" is the
-        samples of the first planned epoch (all ranks), and the samples behind samples/s are those
-        of the planned steps (Trainer.set_initial_training_values, transformers 5.23, counts
-        packs)."""
+        """Trainer's "Num examples" and samples/s in samples rather than packs (item 7)."""
         values = list(super().set_initial_training_values(args, dataloader))
         if self.loader_for_trainer.planned:
             values[2], values[3] = self.planned_samples(values[6])
@@ -366,10 +451,8 @@ class MMDPTrainerMixin:
         return samples, round(samples * max_steps / steps)
 
     def _track_num_input_tokens(self, inputs):
-        """Tokens seen, counted on real tokens: with include_num_input_tokens_seen="non_padding"
-        Trainer counts tokens that are not the pad id (Trainer._track_num_input_tokens,
-        transformers 5.23), and our pad id is <|im_end|>, which ends every turn. A filler counts
-        none."""
+        """Tokens seen, counted on real tokens, not on tokens other than the pad id (item 7). A
+        filler counts none."""
         name = getattr(self.model, "main_input_name", "input_ids")
         real = inputs.get("real_token_mask", inputs.get("attention_mask"))
         if real is None:
@@ -379,10 +462,9 @@ class MMDPTrainerMixin:
 
     def _save_checkpoint(self, model, trial):
         """Every rank writes its loader state into the checkpoint folder first, then Trainer
-        saves the rest. Trainer deletes older checkpoints at the end of its save
-        (rotate_checkpoints in Trainer._save_checkpoint, transformers 5.23) and runs on_save only
-        after that: a state written in on_save would leave a kill in between with a newest
-        checkpoint that cannot resume, and the previous one deleted."""
+        saves the rest (item 4): a state written in on_save, which runs after Trainer's
+        rotate_checkpoints, would leave a kill in between with a newest checkpoint that cannot
+        resume, and the previous one deleted."""
         folder = os.path.join(
             self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         )
@@ -430,8 +512,7 @@ class MMDPTrainerMixin:
             hf_trainer.skip_first_batches = accelerate_skip
 
     def restore_loader(self, checkpoint: str, batches_trained: int) -> None:
-        """Load this rank's loader state; a planned loader must be where Trainer resumes it
-        (Trainer's global_step x gradient_accumulation_steps micro-batches, fillers included)."""
+        """Load this rank's loader state; check a planned one is where Trainer resumes (item 3)."""
         load_loader_state(self.train_loader, checkpoint, self.args.process_index)
         if self.loader_for_trainer.planned:
             dataset = self.train_loader.dataset
@@ -463,7 +544,7 @@ def __getattr__(name: str):
             # SFTTrainer requires a dataset and looks at its first row; the batches are the loader's
             kwargs.setdefault("train_dataset", Dataset.from_dict({"input_ids": [[0]]}))
             with warnings.catch_warnings():
-                # TRL warns that compute_loss_func costs a second forward: not here (model_loss)
+                # TRL warns that compute_loss_func costs a second forward: not here (compute_loss)
                 warnings.filterwarnings(
                     "ignore", "`compute_loss_func` is deprecated", FutureWarning
                 )

@@ -30,7 +30,6 @@ import numpy as np
 import pyarrow as pa
 from datasets import Dataset, Features
 
-from mmdp.data.files import is_remote
 from mmdp.data.reading import column_maps, formats, sources
 from mmdp.errors import UserError, require_extra
 from mmdp.weighing import prepared, weigh
@@ -108,9 +107,12 @@ def start_ray(address: str | None, num_proc: int | None):
 
 
 def rows_on_ray(ray, settings):
-    """A Ray Dataset of the rows `settings` names, in their order (step 1)."""
-    found = data_files(settings)
-    if found is None:  # read here, weighed on Ray
+    """A Ray Dataset of the rows `settings` names, in their order (step 1): their JSON, JSON Lines
+    or parquet files (sources.data_files, as load_vqa_dataset reads them) read on the workers."""
+    name, found = settings.dataset, None
+    if name is not None and column_maps.entry_spec(name, None) is None:
+        found = sources.data_files(name, sources.absolute_root(settings.image_root))
+    if found is None or found.kind == "saved":  # read here, weighed on Ray
         rows = settings.load()
         table = rows.select_columns([c for c in ROW_COLUMNS if c in rows.column_names])
         table = table.with_format("arrow")[:]
@@ -125,32 +127,6 @@ def rows_on_ray(ray, settings):
     # blocks of BLOCK_ROWS rows, each weighed by its own task (a file's rows on many CPUs)
     read = read.repartition(target_num_rows_per_block=BLOCK_ROWS)
     return read.limit(settings.num_rows) if settings.num_rows is not None else read
-
-
-def data_files(settings) -> tuple[str, list[str], str | None, str | None] | None:
-    """(kind, files, base, source) of rows in data files the workers read, as load_vqa_dataset
-    reads them: JSON or JSON Lines files ("json": each file's rows, relative paths beside it or
-    under --image-root), or parquet files ("parquet": one dataset, relative paths under `base`,
-    its texts' source `source`); None for rows that are not in such files."""
-    name, root = settings.dataset, sources.absolute_root(settings.image_root)
-    if name is None or column_maps.entry_spec(name, None) is not None:
-        return None
-    if is_remote(name):
-        folder, _, file_name = name.rpartition("/")
-        if name.endswith(sources.JSON_SUFFIXES):
-            return "json", [name], root, None
-        return ("parquet", [name], root or folder, file_name) if name.endswith(".parquet") else None
-    path = Path(name).expanduser()
-    if not path.exists():
-        return None
-    path = path.resolve()
-    if sources.json_files(path):
-        return "json", sources.json_files(path), root, None
-    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
-        return None  # a save_to_disk folder
-    parquet = [path] if path.suffix == ".parquet" else sorted(path.glob("**/*.parquet"))
-    base = root or str(path if path.is_dir() else path.parent)
-    return ("parquet", list(map(str, parquet)), base, path.name) if parquet else None
 
 
 def read_files(batch: dict, kind: str, format, base, source, renames: dict):

@@ -1,7 +1,7 @@
 """What a model family needs from the data: its image tokens, its labels, its vision inputs.
 
-A vision-language model family (Qwen-VL, SmolVLM, LLaVA-OneVision, Gemma 3, or mmdp's TinyVLM) is
-one `ModelFamily`, wrapping the model's own processor. Every family answers the same questions,
+A vision-language model family (each of mmdp.data.families.FAMILIES, or mmdp's TinyVLM) is one
+`ModelFamily`, wrapping the model's own processor. Every family answers the same questions,
 and the loaders ask only these:
 
     weigh(texts, images)   each row's tokens, images and vision-encoder patches, from the image
@@ -45,7 +45,7 @@ from mmdp.data.conversation import (
     system_prompt,
 )
 from mmdp.data.files import in_flight
-from mmdp.data.images import BadImage, decode_image, image_size
+from mmdp.data.images import decode_image, image_size
 from mmdp.drop_reasons import VIDEO_REFUSED, BadRow
 
 # mmdp.data.videos (PyAV's readers) is imported by the methods that read a video, so that a
@@ -69,6 +69,8 @@ VIDEO_INPUTS = (
     "video_position_ids",
     "num_frames_per_video",
 )
+# mm_token_type_ids' values (ProcessorMixin.create_mm_token_type_ids, transformers 5.23)
+TEXT_TYPE, IMAGE_TYPE, VIDEO_TYPE = 0, 1, 2
 
 
 def concatenate_vision(samples: list[dict]) -> dict:
@@ -177,6 +179,7 @@ class ModelFamily:
         self.pad_token_id = self.tokenizer.eos_token_id if pad is None else pad
         # strings a conversation may not hold: they would become image or turn tokens
         self.reserved = tuple(self.tokenizer.get_added_vocab())
+        self.read_settings()
 
     # The family's rules --------------------------------------------------------------------
 
@@ -206,14 +209,24 @@ class ModelFamily:
 
     def video_layout(self, metadata, frames: list[int]) -> ImageLayout:
         """The family's: what the processor makes of a video whose `frames` are sampled (BadVideo
-        if it refuses it)."""
-        from mmdp.data.videos import BadVideo
-
-        raise BadVideo(VIDEO_REFUSED, f"{self.name or 'this'} family takes no video")
+        if it refuses it). A family that takes none refuses its videos in video_frames."""
+        raise NotImplementedError
 
     def video_inputs(self, videos: list, metadata: list) -> dict:
-        """The family's video processor on one sample's sampled frames ([T, H, W, 3] each)."""
-        raise NotImplementedError
+        """The family's video processor on one sample's sampled frames: its `video_keys` (those
+        the processor makes; the family adds any other)."""
+        out = self.processed_videos(videos, metadata)
+        return {key: out[key] for key in self.video_keys if key in out}
+
+    def processed_videos(self, videos: list, metadata: list):
+        """The video processor's outputs for videos whose frames ([T, H, W, 3] each) mmdp sampled
+        by its rule (video_frames), so that it samples no more."""
+        return self.processor.video_processor(
+            videos=list(videos),
+            video_metadata=list(metadata),
+            do_sample_frames=False,
+            return_tensors="pt",
+        )
 
     def check_vision(self, vision: dict, layouts: list[ImageLayout]) -> None:
         """The family's: raise if the image processor made other features than weighed."""
@@ -262,12 +275,6 @@ class ModelFamily:
 
     def layouts(self, sizes: list[tuple[int, int]]) -> list[ImageLayout]:
         return [self.image_layout(width, height, len(sizes)) for width, height in sizes]
-
-    def video_layouts(self, videos) -> list[ImageLayout]:
-        """The layouts of a row's videos, from their containers' headers (no frame decoded)."""
-        from mmdp.data.videos import video_metadata
-
-        return self.layouts_of_videos([video_metadata(video) for video in videos or []])
 
     def layouts_of_videos(self, metadata) -> list[ImageLayout]:
         """The layouts of videos whose headers say `metadata` (transformers VideoMetadata)."""
@@ -409,25 +416,21 @@ class ModelFamily:
     def image_costs(self, images_of_rows) -> list[tuple[int, int]]:
         """(tokens, patches) of every image of the rows, from their headers (refused images
         left out): what a report or a figure shows of a family's rules."""
-        self.read_settings()
-        costs = []
-        for sizes, _ in self.headers(images_of_rows, [None] * len(images_of_rows)):
-            try:
-                layouts = self.layouts([outcome(size) for size in sizes])
-            except BadImage:
-                continue
-            costs += [(self.image_tokens(layout), layout.patches) for layout in layouts]
-        return costs
+        return self.costs(images_of_rows, [None] * len(images_of_rows))
 
     def video_costs(self, videos_of_rows) -> list[tuple[int, int]]:
         """(tokens, patches) of every video of the rows, from their headers (refused or broken
         videos left out): what stage 5 reports of the videos it packed."""
+        return self.costs([None] * len(videos_of_rows), videos_of_rows)
+
+    def costs(self, images_of_rows, videos_of_rows) -> list[tuple[int, int]]:
         self.read_settings()
         costs = []
-        for _, metadata in self.headers([None] * len(videos_of_rows), videos_of_rows):
+        for sizes, metadata in self.headers(images_of_rows, videos_of_rows):
             try:
-                layouts = self.layouts_of_videos([outcome(one) for one in metadata])
-            except BadRow:  # a refused or broken video
+                layouts = self.layouts([outcome(size) for size in sizes])
+                layouts += self.layouts_of_videos([outcome(one) for one in metadata])
+            except BadRow:  # a refused or broken image or video
                 continue
             costs += [(self.image_tokens(layout), layout.patches) for layout in layouts]
         return costs
@@ -436,8 +439,10 @@ class ModelFamily:
         """(input_ids, labels, images, patches) of a row, its images and videos read from their
         headers (pretokenizing: mmdp.weighing.weigh, which reads the settings once a
         batch)."""
+        from mmdp.data.videos import video_metadata
+
         layouts = self.layouts([image_size(image) for image in images or []])
-        videos = self.video_layouts(videos)
+        videos = self.layouts_of_videos([video_metadata(video) for video in videos or []])
         turns = chat_turns(texts, self.reserved)
         input_ids, labels = self.encode(turns, layouts + videos, system_prompt(texts))
         patches = sum(layout.patches for layout in layouts + videos)
@@ -493,9 +498,13 @@ class ModelFamily:
         return decoded, layouts
 
     def token_types(self, input_ids: torch.Tensor) -> dict:
-        """The per-token inputs of `token_keys`: 1 on image features, 0 elsewhere."""
-        is_feature = (input_ids == self.feature_token_id).long()
-        return {key: is_feature for key in self.token_keys}
+        """The per-token inputs of `token_keys`: 1 on image features, 2 on video features, 0
+        elsewhere (ProcessorMixin.create_mm_token_type_ids)."""
+        types = sum(
+            kind * (input_ids == token).long()
+            for kind, token in enumerate(self.feature_token_ids, IMAGE_TYPE)
+        )
+        return {key: types for key in self.token_keys}
 
 
 def outcome(result):

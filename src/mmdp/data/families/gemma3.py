@@ -181,7 +181,6 @@ class Gemma3(ModelFamily):
     ):
         """Pan-and-scan settings under transformers' names, defaults as Gemma3Processor's
         (processing_gemma3.py:26-33; the checkpoint's preprocessor_config.json leaves them null)."""
-        super().__init__(processor)
         self.pan_and_scan = {
             "do_pan_and_scan": do_pan_and_scan,
             "pan_and_scan_min_crop_size": pan_and_scan_min_crop_size,
@@ -189,7 +188,7 @@ class Gemma3(ModelFamily):
             "pan_and_scan_min_ratio_to_activate": pan_and_scan_min_ratio_to_activate,
         }
         self.image_texts = {}  # crops -> the image's text, with one soft token per run
-        self.read_settings()
+        super().__init__(processor)
 
     def read_settings(self) -> dict:
         """The image processor's effective size (patches per image or crop), and pan-and-scan:
@@ -272,11 +271,7 @@ def offline_processor(
     """A Gemma3Processor with no network: the real Gemma3ImageProcessor with the checkpoint's
     settings (see IMAGE_SIZE), mmdp's SmolLM2 tokenizer plus Gemma 3's image and turn tokens under
     Gemma's names, and the real chat template."""
-    tokenizer = AutoTokenizer.from_pretrained(
-        config.DEFAULT_TOKENIZER, extra_special_tokens=dict(IMAGE_TOKENS)
-    )
-    tokenizer.add_special_tokens(dict(NAMED_TOKENS))
-    tokenizer.add_tokens(TURN_TOKENS, special_tokens=True)
+    tokenizer = gemma_tokenizer(IMAGE_TOKENS, TURN_TOKENS)
     tokenizer.chat_template = CHAT_TEMPLATE
     image_processor = Gemma3ImageProcessor(
         size={"height": image_size, "width": image_size},
@@ -290,6 +285,17 @@ def offline_processor(
         chat_template=CHAT_TEMPLATE,
         image_seq_length=image_seq_length,
     )
+
+
+def gemma_tokenizer(media_tokens: dict, turn_tokens: list):
+    """mmdp's SmolLM2 tokenizer plus a Gemma's media tokens (under the names its processor reads
+    them by), Gemma's own names for bos, eos and pad, and its turn tokens (Gemma 3's and 4's)."""
+    tokenizer = AutoTokenizer.from_pretrained(
+        config.DEFAULT_TOKENIZER, extra_special_tokens=dict(media_tokens)
+    )
+    tokenizer.add_special_tokens(dict(NAMED_TOKENS))
+    tokenizer.add_tokens(turn_tokens, special_tokens=True)
+    return tokenizer
 
 
 def tiny_processor(family: type[Gemma3] = Gemma3):

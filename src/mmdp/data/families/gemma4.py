@@ -40,17 +40,12 @@ the same with 8 px patches, for mmdp.models.tiny.gemma4's random Gemma4ForCondit
 import copy
 
 import torch
-from transformers import (
-    AutoTokenizer,
-    Gemma4ImageProcessor,
-    Gemma4Processor,
-    Gemma4VideoProcessor,
-)
+from transformers import Gemma4ImageProcessor, Gemma4Processor, Gemma4VideoProcessor
 from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
 from transformers.models.gemma4.image_processing_gemma4 import get_aspect_ratio_preserving_size
 
-from mmdp import config
 from mmdp.data.families.base import ImageLayout, ModelFamily, effective_settings, plain_settings
+from mmdp.data.families.gemma3 import gemma_tokenizer
 from mmdp.errors import UserError
 
 # The instruction-tuned checkpoints' chat template (chat_template.jinja of google/gemma-4-*-it,
@@ -77,10 +72,10 @@ CHAT_TEMPLATE = (
 )
 # The tokens Gemma4Processor reads from the tokenizer (processing_gemma4.py, __init__: it
 # refuses every call without the audio ones), under the real tokenizer's names; <|video|> it adds
-# itself. Then Gemma's own names, and the turn and channel tokens of the template.
+# itself. Then the turn and channel tokens of the template (Gemma's own names for bos, eos and
+# pad are Gemma 3's: gemma_tokenizer).
 IMAGE_TOKENS = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>"}
 AUDIO_TOKENS = {"audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}
-NAMED_TOKENS = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
 TURN_TOKENS = ["<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|video|>"]
 # The image processor's settings that decide an image's soft tokens, as it resolves them.
 GRID_SETTINGS = ("do_resize", "patch_size", "max_soft_tokens", "pooling_kernel_size")
@@ -109,10 +104,6 @@ class Gemma4(ModelFamily):
     # 32-frame video (about 2,500 tokens, 20,160 patches) with a few images
     default_max_length = 4096
     default_max_patches = 16 * 2520
-
-    def __init__(self, processor):
-        super().__init__(processor)
-        self.read_settings()
 
     def read_settings(self) -> dict:
         """The image and video processors' effective grids (as their preprocess resolves them),
@@ -153,13 +144,8 @@ class Gemma4(ModelFamily):
         return {key: out[key] for key in (*self.vision_keys, "num_soft_tokens_per_image")}
 
     def video_inputs(self, videos: list, metadata: list) -> dict:
-        """The video processor on the frames mmdp sampled by its rule (so it samples no more)."""
-        out = self.processor.video_processor(
-            videos=list(videos),
-            video_metadata=list(metadata),
-            do_sample_frames=False,
-            return_tensors="pt",
-        )
+        """...and each video's soft tokens a frame (check_vision)."""
+        out = self.processed_videos(videos, metadata)
         vision = {key: out[key] for key in self.video_keys}
         return {**vision, "num_soft_tokens_per_frame": out["num_soft_tokens_per_video"]}
 
@@ -172,12 +158,6 @@ class Gemma4(ModelFamily):
         weighed = [run for layout in layouts for run in layout.runs]
         if made != weighed:
             raise RuntimeError(f"weighed {weighed} soft tokens, the processor made {made}")
-
-    def token_types(self, input_ids: torch.Tensor) -> dict:
-        """mm_token_type_ids: 1 on image tokens, 2 on video tokens
-        (ProcessorMixin.create_mm_token_type_ids)."""
-        image, video = self.feature_token_ids
-        return {"mm_token_type_ids": (input_ids == image).long() + 2 * (input_ids == video).long()}
 
 
 def soft_tokens(width: int, height: int, grid: dict) -> int:
@@ -208,15 +188,10 @@ def offline_processor(
     """A Gemma4Processor with no network: the image, video and audio processors with the
     checkpoints' settings, mmdp's SmolLM2 tokenizer plus Gemma 4's media, turn and channel tokens
     under Gemma's names, and the chat template."""
-    tokenizer = AutoTokenizer.from_pretrained(
-        config.DEFAULT_TOKENIZER, extra_special_tokens={**IMAGE_TOKENS, **AUDIO_TOKENS}
-    )
-    tokenizer.add_special_tokens(dict(NAMED_TOKENS))
-    tokenizer.add_tokens(TURN_TOKENS, special_tokens=True)
     return Gemma4Processor(
         feature_extractor=Gemma4AudioFeatureExtractor(),
         image_processor=Gemma4ImageProcessor(**image),
-        tokenizer=tokenizer,
+        tokenizer=gemma_tokenizer({**IMAGE_TOKENS, **AUDIO_TOKENS}, TURN_TOKENS),
         video_processor=Gemma4VideoProcessor(**video),
         chat_template=CHAT_TEMPLATE,
         image_seq_length=image["max_soft_tokens"],

@@ -104,10 +104,6 @@ class InternVL(ModelFamily):
     default_max_length = 8192
     default_max_patches = 8192 * PATCHES_PER_TOKEN
 
-    def __init__(self, processor):
-        super().__init__(processor)
-        self.read_settings()
-
     def read_settings(self) -> dict:
         """The image processor's effective tile size and tile counts (as its preprocess resolves
         them; crop_to_patches is always the processor's), and the processor's tokens a tile."""
@@ -148,10 +144,8 @@ class InternVL(ModelFamily):
         return {"pixel_values": out["pixel_values"]}
 
     def video_inputs(self, videos: list, metadata: list) -> dict:
-        """Each video's frames as tiles (the video processor on the frames mmdp sampled)."""
-        frames = self.processor.video_processor(
-            videos=list(videos), do_sample_frames=False, return_tensors="pt"
-        )["pixel_values_videos"]
+        """Each video's frames as tiles."""
+        frames = self.processed_videos(videos, metadata)["pixel_values_videos"]
         return {"pixel_values_videos": frames.flatten(0, 1)}
 
     def check_vision(self, vision: dict, layouts: list[ImageLayout]) -> None:

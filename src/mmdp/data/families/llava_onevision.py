@@ -113,7 +113,6 @@ class LlavaOnevision(ModelFamily):
     default_max_patches = 37 * NUM_IMAGE_TOKENS
 
     def __init__(self, processor):
-        super().__init__(processor)
         # The processor's defaults for both are None (P.__init__): it then fails on an image, and
         # with "default" the model drops a feature of every crop and raises (M.pack_image_features,
         # M.get_image_features).
@@ -124,7 +123,7 @@ class LlavaOnevision(ModelFamily):
                 f"and vision_feature_select_strategy={strategy!r}; set them as the checkpoints "
                 f"do ({NUM_IMAGE_TOKENS} for 384 px SigLIP, {FEATURE_SELECT_STRATEGY!r})"
             )
-        self.read_settings()
+        super().__init__(processor)
 
     def read_settings(self) -> dict:
         """The image processor's effective crop size and grid pinpoints (as its preprocess
@@ -196,9 +195,10 @@ class LlavaOnevision(ModelFamily):
     def collate_vision(self, samples: list[dict]) -> dict:
         """The batch's crops and sizes in sample order, and `batch_num_images` from EVERY
         sample's image_count (0 for a text-only sample, which carries no vision inputs): the
-        model reads it as images per sample to know which images are alone in theirs. Then the
-        videos (collate_videos)."""
-        out = self.collate_videos(samples)
+        model reads it as images per sample to know which images are alone in theirs. Then every
+        video of the batch, in sample order, as one tensor."""
+        videos = [s["pixel_values_videos"] for s in samples if "pixel_values_videos" in s]
+        out = {"pixel_values_videos": torch.cat(videos)} if videos else {}
         if not any(s["image_count"] for s in samples):
             return out  # the model refuses empty pixel tensors
         with_images = [s for s in samples if s["image_count"]]
@@ -230,19 +230,6 @@ class LlavaOnevision(ModelFamily):
         features = len(text) // len(self.video_token)
         patches = len(frames) * self.processor.num_image_tokens
         return ImageLayout(self.video_token, (features,), patches, video=True)
-
-    def video_inputs(self, videos: list, metadata: list) -> dict:
-        """The video processor on the frames mmdp sampled by its rule (so it samples no more):
-        pixel_values_videos [videos, frames, 3, tile, tile]."""
-        out = self.processor.video_processor(
-            videos=list(videos), do_sample_frames=False, return_tensors="pt"
-        )
-        return {"pixel_values_videos": out["pixel_values_videos"]}
-
-    def collate_videos(self, samples: list[dict]) -> dict:
-        """Every video of the batch, in sample order, as one tensor; none without a video."""
-        videos = [s["pixel_values_videos"] for s in samples if "pixel_values_videos" in s]
-        return {"pixel_values_videos": torch.cat(videos)} if videos else {}
 
 
 def offline_processor(family: type[LlavaOnevision] = LlavaOnevision):

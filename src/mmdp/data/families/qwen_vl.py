@@ -51,6 +51,8 @@ from transformers import AutoTokenizer, Qwen2VLImageProcessor
 
 from mmdp import config
 from mmdp.data.families.base import (
+    TEXT_TYPE,
+    VIDEO_TYPE,
     ImageLayout,
     ModelFamily,
     effective_settings,
@@ -128,9 +130,6 @@ VIDEO_COUNT_SETTINGS = (
 )
 VIDEO_SAMPLING = ("do_sample_frames", "fps", "num_frames", "min_frames", "max_frames")
 
-# mm_token_type_ids' values (ProcessorMixin.create_mm_token_type_ids, transformers 5.23)
-TEXT_TYPE, IMAGE_TYPE, VIDEO_TYPE = 0, 1, 2
-
 
 class QwenVL(ModelFamily):
     """What Qwen2.5-VL and Qwen3-VL share (see the module docstring)."""
@@ -153,11 +152,10 @@ class QwenVL(ModelFamily):
     def __init__(self, processor, *, tokens_per_second: int | None = None):
         """`tokens_per_second` (Qwen2.5-VL): the model's vision_config.tokens_per_second, if it
         is not the released checkpoints' 2 (model_inputs refuses a batch built otherwise)."""
-        super().__init__(processor)
         if tokens_per_second is not None:
             self.tokens_per_second = tokens_per_second
         self.merge_size = None
-        self.read_settings()
+        super().__init__(processor)
 
     def read_settings(self) -> dict:
         """The image processor's size after its own resolution (a min_pixels or max_pixels set as
@@ -253,16 +251,6 @@ class QwenVL(ModelFamily):
             **{name: video[name] for name in names},
         }
 
-    def video_inputs(self, videos: list, metadata: list) -> dict:
-        """The video processor on the frames mmdp sampled by its rule (so it samples no more)."""
-        out = self.processor.video_processor(
-            videos=list(videos),
-            video_metadata=list(metadata),
-            do_sample_frames=False,
-            return_tensors="pt",
-        )
-        return {key: out[key] for key in ("pixel_values_videos", "video_grid_thw")}
-
     def check_vision(self, vision: dict, layouts: list[ImageLayout]) -> None:
         for key, video in (("image_grid_thw", False), ("video_grid_thw", True)):
             grid = vision.get(key)
@@ -270,13 +258,6 @@ class QwenVL(ModelFamily):
             weighed = [layout.patches for layout in layouts if layout.video == video]
             if made != weighed:
                 raise RuntimeError(f"weighed {weighed} patches, the processor made {made} ({key})")
-
-    def token_types(self, input_ids: torch.Tensor) -> dict:
-        """mm_token_type_ids: 1 on image tokens, 2 on video tokens
-        (ProcessorMixin.create_mm_token_type_ids)."""
-        image, video = self.feature_token_ids
-        types = IMAGE_TYPE * (input_ids == image).long() + VIDEO_TYPE * (input_ids == video).long()
-        return {"mm_token_type_ids": types}
 
     def positions(self, input_ids: torch.Tensor, token_types: dict, vision: dict) -> torch.Tensor:
         """[4, n]: 0..n-1, then the model's own 3-D rope index of this sample alone."""

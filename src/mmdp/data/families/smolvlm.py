@@ -113,10 +113,6 @@ class SmolVLM(ModelFamily):
     default_max_length = 4096
     default_max_patches = 65536
 
-    def __init__(self, processor):
-        super().__init__(processor)
-        self.read_settings()
-
     def read_settings(self) -> dict:
         """The image processor's effective resize and tiling (`size`, `max_image_size`,
         `do_image_splitting`, `do_resize`, as its preprocess resolves them) and the processor's
@@ -246,21 +242,14 @@ def image_text(rows: int, cols: int) -> str:
     return "".join(lines) + "\n" + global_tile
 
 
-def smolvlm_tokenizer():
-    """mmdp's SmolLM2 tokenizer (SmolVLM's text tokenizer: the same 49,152 tokens) plus the
-    family's tokens at their real ids."""
-    tokenizer = AutoTokenizer.from_pretrained(config.DEFAULT_TOKENIZER)
-    tokenizer.add_tokens(FAMILY_TOKENS, special_tokens=True)
-    return tokenizer
-
-
 def offline_processor(
     family: type[SmolVLM],
     settings: dict = CHECKPOINT_SETTINGS,
     image_seq_len: int = CHECKPOINT_IMAGE_SEQ_LEN,
 ):
     """A processor of `family` built with no network (see the module docstring)."""
-    tokenizer = smolvlm_tokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(config.DEFAULT_TOKENIZER)
+    tokenizer.add_tokens(FAMILY_TOKENS, special_tokens=True)  # at their real ids
     if family is Idefics3:
         return transformers.Idefics3Processor(
             image_processor=transformers.Idefics3ImageProcessor(**settings),

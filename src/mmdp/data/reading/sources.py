@@ -15,9 +15,11 @@ broken file becomes a counted skip instead of a crash.
 """
 
 import contextlib
+import hashlib
 import os
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 import datasets
 import pyarrow.compute as pc
@@ -25,7 +27,7 @@ from datasets import Dataset, Features, List, Value, load_dataset, load_from_dis
 from tqdm.auto import tqdm
 
 from mmdp import config
-from mmdp.data.files import is_remote, require_protocol
+from mmdp.data.files import is_remote, protocol, require_protocol
 from mmdp.data.hub import looks_like_a_path, require_hub
 from mmdp.data.images import undecoded
 from mmdp.data.reading import column_maps, formats
@@ -35,14 +37,8 @@ SYNTHETIC_VERSION = 3  # bump when generate_row changes, so old caches are not r
 
 # Images stay encoded (decode=False): see the module docstring.
 UNDECODED_IMAGES = List(datasets.Image(decode=False))
-FEATURES = Features(
-    {
-        "images": UNDECODED_IMAGES,
-        "texts": List(
-            {"user": Value("string"), "assistant": Value("string"), "source": Value("string")}
-        ),
-    }
-)
+TURN = {"user": Value("string"), "assistant": Value("string"), "source": Value("string")}
+FEATURES = Features({"images": UNDECODED_IMAGES, "texts": List(TURN)})
 # A row's videos (mmdp.data.videos): the encoded files, as images are stored, never decoded here.
 VIDEOS = List({"bytes": Value("binary"), "path": Value("string")})
 VIDEO_FEATURES = Features({**FEATURES, "videos": VIDEOS})
@@ -52,14 +48,7 @@ CONVERSATION_FEATURES = Features(
     {
         "images": UNDECODED_IMAGES,
         "videos": VIDEOS,
-        "texts": List(
-            {
-                "user": Value("string"),
-                "assistant": Value("string"),
-                "source": Value("string"),
-                "system": Value("string"),
-            }
-        ),
+        "texts": List({**TURN, "system": Value("string")}),
     }
 )
 # The files a dataset of rows may be, beside a save_to_disk folder and parquet files.
@@ -122,24 +111,15 @@ def load_vqa_dataset(
         if renames:
             raise UserError("--columns renames a --dataset's columns; the embedded rows have none")
         dataset = load_synthetic(max(num_rows or 0, config.DEFAULT_NUM_ROWS), seed=seed)
-    elif is_remote(name_or_path):
-        dataset = load_remote(name_or_path, image_root, format, renames)
-    elif Path(name_or_path).expanduser().exists():
-        path = Path(name_or_path).expanduser().resolve()
-        if json_files(path):
-            dataset = load_json(json_files(path), image_root, format, renames)
-        else:
-            refuse_entries_folder(path)
-            base = image_root or str(path if path.is_dir() else path.parent)
-            dataset = as_cauldron(load_local(path, split), format, base, path.name, renames)
+    elif (found := data_files(name_or_path, image_root)) is not None:
+        dataset = load_files(found, split, format, renames)
     elif looks_like_a_path(name_or_path):
         raise UserError(f"dataset {name_or_path!r}: no such file or directory")
     else:
         rows = load_hub(name_or_path, subset, split)
         dataset = as_cauldron(rows, format, image_root, name_or_path, renames)
     check_schema(dataset, name_or_path)
-    if dataset.features["images"] != UNDECODED_IMAGES:
-        dataset = dataset.cast_column("images", UNDECODED_IMAGES)
+    dataset = with_undecoded_images(dataset)
     if name_or_path is not None:
         for name in remote_protocols(dataset):
             require_protocol(name)
@@ -156,22 +136,95 @@ def absolute_root(image_root: str | None) -> str | None:
     return str(Path(image_root.removeprefix("file://")).expanduser().resolve())
 
 
-def json_files(path: Path) -> list[str]:
-    """The JSON and JSON Lines files of a dataset at `path` (a file, or a folder of them, not a
-    save_to_disk folder, whose JSON files describe it): none when it is not one."""
+class DataFiles(NamedTuple):
+    """A dataset's data files, as load_vqa_dataset reads them (data_files)."""
+
+    kind: str  # "json" (JSON and JSON Lines), "parquet" or "saved" (a save_to_disk folder)
+    files: list[str]  # the files; a save_to_disk folder's path
+    base: str | None  # where relative paths are (json: image_root; None: beside each file)
+    source: str | None  # the texts' source (parquet, saved): the file's or folder's name
+
+
+def data_files(name_or_path: str, image_root: str | None) -> DataFiles | None:
+    """The data files a dataset named `name_or_path` is, or None for none (a Hub name, or a
+    local path that does not exist): a remote .json, .jsonl or .parquet file; a local JSON or
+    JSON Lines file or folder of them, a save_to_disk folder, or parquet file(s). Any other file
+    or folder is one sentence. `image_root` as absolute_root gives it.
+
+    Every reader decides by it: load_vqa_dataset, load_vqa_stream, and mmdp.weighing.on_ray,
+    whose workers read JSON and parquet files themselves."""
+    if is_remote(name_or_path):
+        return remote_file(name_or_path, image_root)
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        return None
+    path = path.resolve()
+    saved = (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
     if path.is_file():
-        return [str(path)] if path.suffix in JSON_SUFFIXES else []
-    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
-        return []
-    return sorted(str(f) for suffix in JSON_SUFFIXES for f in path.glob(f"**/*{suffix}"))
-
-
-def refuse_entries_folder(path: Path) -> None:
-    """A LLaMA-Factory data folder (its dataset_info.json names datasets) is no save_to_disk
-    folder: one sentence naming how to read one of its entries."""
+        json = [str(path)] if path.suffix in JSON_SUFFIXES else []
+    else:  # a folder's, unless save_to_disk wrote it (its JSON files describe it)
+        json = [] if saved else [str(f) for s in JSON_SUFFIXES for f in path.glob(f"**/*{s}")]
+    if json:
+        return DataFiles("json", sorted(json), image_root, None)
     info = path / column_maps.INFO_FILE
-    if path.is_dir() and column_maps.looks_like_entries(info):
-        column_maps.read_entry(str(info), None)  # raises, naming its datasets
+    if path.is_dir() and column_maps.looks_like_entries(info):  # LLaMA-Factory's data folder:
+        column_maps.read_entry(str(info), None)  # one sentence naming how to read its datasets
+    base = image_root or str(path if path.is_dir() else path.parent)
+    if saved:
+        return DataFiles("saved", [str(path)], base, path.name)
+    parquet = [path] if path.suffix == ".parquet" else sorted(path.glob("**/*.parquet"))
+    if not parquet:
+        raise UserError(
+            f"{path} is neither a directory written by save_to_disk nor parquet file(s)"
+        )
+    return DataFiles("parquet", [str(f) for f in parquet], base, path.name)
+
+
+def remote_file(url: str, image_root: str | None) -> DataFiles:
+    """A remote .json, .jsonl or .parquet file of rows (fsspec)."""
+    require_protocol(protocol(url))
+    folder, _, name = url.rpartition("/")
+    if url.endswith(JSON_SUFFIXES):
+        return DataFiles("json", [url], image_root, None)
+    if url.endswith(".parquet"):
+        return DataFiles("parquet", [url], image_root or folder, name)
+    raise UserError(f"dataset {url!r}: a remote dataset is a .json, .jsonl or .parquet file")
+
+
+def load_files(
+    found: DataFiles,
+    split: str,
+    format: str | None,
+    renames: dict,
+    entry: column_maps.Entry | None = None,
+) -> Dataset:
+    """The rows of `found` in the_cauldron's schema (`split`: a save_to_disk DatasetDict's)."""
+    if found.kind == "json":
+        return load_json(found.files, found.base, format, renames, entry)
+    return as_cauldron(read_table(found, split), format, found.base, found.source, renames, entry)
+
+
+def read_table(found: DataFiles, split: str) -> Dataset:
+    """The rows of parquet files or a save_to_disk folder, as they are stored."""
+    if found.kind == "parquet":
+        # datasets keys its own cache of a remote file by the file's name alone: a parquet file
+        # replaced on S3 would be read as it was (tests/test_remote.py). Ours, beside the JSON
+        # files', is keyed by the files' stamps too.
+        stamps = hashlib.sha256(repr([file_stamp(name) for name in found.files]).encode())
+        with unreadable_files_named(found.files):
+            return load_dataset(
+                "parquet",
+                data_files=found.files,
+                split="train",
+                cache_dir=str(cache_dir() / "rows" / f"parquet-{stamps.hexdigest()[:16]}"),
+            )
+    with unreadable_files_named(sorted(Path(found.files[0]).glob("**/*.arrow"))):
+        loaded = load_from_disk(found.files[0])
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise UserError(f"{found.files[0]} has no split {split!r} (it has {', '.join(loaded)})")
+        loaded = loaded[split]
+    return loaded
 
 
 def load_entry(
@@ -185,18 +238,16 @@ def load_entry(
             f"--format {format}: a dataset_info.json entry's formatting tells its rows' format"
         )
     entry, where = column_maps.read_entry(path, name)
-    folder = path.rpartition("/")[0] or "."
     if where.hub is not None:
         rows = load_hub(where.hub, where.subset, where.split, data_dir=where.folder)
         return as_cauldron(rows, "messages", image_root, where.hub, renames, entry)
     if where.url is not None:
-        return load_remote(where.url, image_root, "messages", renames, entry)
-    base = image_root or (folder if is_remote(folder) else absolute_root(folder))
-    if where.files[0].endswith(".parquet"):
-        with unreadable_files_named(list(where.files)):
-            rows = load_dataset("parquet", data_files=list(where.files), split="train")
-        return as_cauldron(rows, "messages", base, Path(where.files[0]).name, renames, entry)
-    return load_json(list(where.files), base, "messages", renames, entry)
+        found = remote_file(where.url, image_root)
+    else:  # local files (column_maps.location_of): their folder is dataset_info.json's
+        base = image_root or absolute_root(path.rpartition("/")[0] or ".")
+        kind = "parquet" if where.files[0].endswith(".parquet") else "json"
+        found = DataFiles(kind, list(where.files), base, Path(where.files[0]).name)
+    return load_files(found, "train", "messages", renames, entry)
 
 
 def load_json(
@@ -253,50 +304,37 @@ def file_stamp(name: str) -> str:
     return str(info.get("ETag") or (info.get("size"), changed))
 
 
-def load_remote(
-    url: str,
-    image_root: str | None,
-    format: str | None,
-    renames: dict | None = None,
-    entry: column_maps.Entry | None = None,
-) -> Dataset:
-    """A remote .json, .jsonl or .parquet file of rows (fsspec)."""
-    require_protocol(url.split("://", 1)[0])
-    base = image_root or url.rsplit("/", 1)[0]
-    if url.endswith(JSON_SUFFIXES):
-        return load_json([url], image_root, format, renames, entry)
-    if url.endswith(".parquet"):
-        rows = load_dataset("parquet", data_files=[url], split="train")
-        return as_cauldron(rows, format, base, url.rsplit("/", 1)[-1], renames, entry)
-    raise UserError(f"dataset {url!r}: a remote dataset is a .json, .jsonl or .parquet file")
-
-
 def as_cauldron(
-    rows: Dataset,
+    rows,
     format: str | None,
     base: str | None,
     source: str,
     renames: dict | None = None,
     entry: column_maps.Entry | None = None,
-) -> Dataset:
-    """`rows` in the_cauldron's schema (mmdp.data.reading.formats), converted by one cached
-    `datasets.map` unless they are in it already, their images never decoded; their columns
-    renamed first (`renames`), an `entry`'s rows turned into messages rows
-    (mmdp.data.reading.column_maps)."""
+):
+    """`rows` (a Dataset, or a stream) in the_cauldron's schema (mmdp.data.reading.formats),
+    converted by `datasets.map` unless they are in it already, their images never decoded: a
+    Dataset by one cached map, a stream as it is read. Their columns renamed first (`renames`),
+    an `entry`'s rows turned into messages rows (mmdp.data.reading.column_maps). A stream whose
+    columns are unknown is converted only when `format` names another format."""
     rows = renamed_columns(rows, renames, source)
+    columns = rows.column_names
     if entry is not None:
-        column_maps.check_named(entry.named_columns(), rows.column_names, source, "the entry")
-    format = format or formats.detect_format(rows.column_names)
-    rows = undecoded(rows)  # the features only: no row is rewritten
-    if format == "the_cauldron" and not names_files(rows.features) and entry is None:
+        column_maps.check_named(entry.named_columns(), columns, source, "the entry")
+    if columns is None and format in (None, "the_cauldron"):
         return rows
+    format = format or formats.detect_format(columns)
+    rows = undecoded(rows)  # the features only: no row is rewritten
+    if format == "the_cauldron" and not (columns and names_files(rows.features)) and entry is None:
+        return rows
+    progress = {"desc": f"Reading the {format} rows"} if isinstance(rows, Dataset) else {}
     return rows.map(
         formats.convert_batch,
         batched=True,
         fn_kwargs={"format": format, "base": base, "source": source, "entry": entry},
         features=CONVERSATION_FEATURES,
-        remove_columns=rows.column_names,
-        desc=f"Reading the {format} rows",
+        remove_columns=columns,
+        **progress,
     )
 
 
@@ -392,26 +430,6 @@ def with_videos(dataset: Dataset, videos: Dataset) -> Dataset:
     return datasets.concatenate_datasets([dataset, videos])
 
 
-def load_local(path: Path, split: str) -> Dataset:
-    parquet_files = [path] if path.suffix == ".parquet" else sorted(path.glob("**/*.parquet"))
-    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
-        with unreadable_files_named(sorted(path.glob("**/*.arrow"))):
-            loaded = load_from_disk(str(path))
-    elif parquet_files:
-        with unreadable_files_named(parquet_files):
-            data_files = [str(f) for f in parquet_files]
-            loaded = load_dataset("parquet", data_files=data_files, split="train")
-    else:
-        raise UserError(
-            f"{path} is neither a directory written by save_to_disk nor parquet file(s)"
-        )
-    if isinstance(loaded, datasets.DatasetDict):
-        if split not in loaded:
-            raise UserError(f"{path} has no split {split!r} (it has {', '.join(loaded)})")
-        loaded = loaded[split]
-    return loaded
-
-
 @contextlib.contextmanager
 def unreadable_files_named(files: list[Path]):
     """Turn a failure to read local data files into one sentence naming the file at fault."""
@@ -426,11 +444,12 @@ def unreadable_files_named(files: list[Path]):
 
 def first_unreadable(files) -> str | None:
     """A sentence naming the first of `files` (parquet or Arrow) that is missing or does not
-    read whole, else None. Reads each file's footer (parquet) or every record batch (Arrow)."""
+    read whole, else None. Reads each local file's footer (parquet) or every record batch (Arrow);
+    a remote file's failure is the reader's own."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    for file in map(str, files):
+    for file in [f for f in map(str, files) if not is_remote(f)]:
         try:
             if file.endswith(".parquet"):
                 pq.ParquetFile(file).metadata  # noqa: B018 - reading the footer is the check
@@ -451,25 +470,28 @@ def first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
-def load_hub(name: str, subset: str | None, split: str, data_dir: str | None = None) -> Dataset:
+def load_hub(
+    name: str, subset: str | None, split: str, data_dir: str | None = None, streaming=False
+):
+    """A Hub dataset's rows (a stream, `streaming`), or one sentence when they cannot be had."""
     default_hint = "run without --dataset to use the embedded synthetic dataset"
     require_hub(f"dataset {name!r}", default_hint)
     try:
-        return load_dataset(name, subset, split=split, data_dir=data_dir)
+        return load_dataset(name, subset, split=split, data_dir=data_dir, streaming=streaming)
     except (ConnectionError, OSError, FileNotFoundError, ValueError) as error:
         raise UserError(
-            f"could not load dataset {name!r}"
+            f"could not {'stream' if streaming else 'load'} dataset {name!r}"
             + (f" (subset {subset!r})" if subset else "")
             + f" from the Hugging Face Hub ({error.__class__.__name__}); {default_hint}"
         ) from error
 
 
-def with_undecoded_images(stream: datasets.IterableDataset) -> datasets.IterableDataset:
-    """A stream whose images stay encoded bytes, as the loaders above give them."""
-    features = stream.features
+def with_undecoded_images(rows):
+    """Rows (a Dataset, or a stream) whose images stay encoded bytes (`UNDECODED_IMAGES`)."""
+    features = rows.features
     if features is not None and features.get("images") not in (None, UNDECODED_IMAGES):
-        stream = stream.cast_column("images", UNDECODED_IMAGES)
-    return stream
+        rows = rows.cast_column("images", UNDECODED_IMAGES)
+    return rows
 
 
 def check_schema(dataset: Dataset, source: str | None) -> None:

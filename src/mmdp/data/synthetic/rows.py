@@ -101,19 +101,22 @@ def draw_scene(scene: list[dict], side: int) -> Image.Image:
     cell = side / GRID
     for item in scene:
         scale = {"small": 0.35, "medium": 0.55, "large": 0.8}[item["size"]]
-        half = cell * scale / 2
-        cx, cy = (item["col"] + 0.5) * cell, (item["row"] + 0.5) * cell
-        box = [cx - half, cy - half, cx + half, cy + half]
-        colour = COLOURS[item["colour"]]
-        if item["shape"] == "circle":
-            draw.ellipse(box, fill=colour)
-        elif item["shape"] == "square":
-            draw.rectangle(box, fill=colour)
-        else:
-            draw.polygon(
-                [(cx, cy - half), (cx + half, cy + half), (cx - half, cy + half)], fill=colour
-            )
+        centre = ((item["col"] + 0.5) * cell, (item["row"] + 0.5) * cell)
+        draw_shape(draw, item["shape"], item["colour"], centre, cell * scale / 2)
     return image
+
+
+def draw_shape(draw: ImageDraw.ImageDraw, shape: str, colour: str, centre, half: float) -> None:
+    """A filled circle, square or triangle of half-width `half` around `centre`."""
+    cx, cy = centre
+    box = [cx - half, cy - half, cx + half, cy + half]
+    if shape == "circle":
+        draw.ellipse(box, fill=COLOURS[colour])
+    elif shape == "square":
+        draw.rectangle(box, fill=COLOURS[colour])
+    else:
+        triangle = [(cx, cy - half), (cx + half, cy + half), (cx - half, cy + half)]
+        draw.polygon(triangle, fill=COLOURS[colour])
 
 
 def plural(word: str, n: int) -> str:
@@ -227,32 +230,21 @@ def task_multiturn(rng):
             turns.append(colour_turn(rng, scene))
         elif kind == "where":
             item = rng.choice(scene)
-            turns.append(
-                (
-                    f"Where is the {item['colour']} {item['shape']}?",
-                    f"There is {describe_shape(item)}."
-                    if sum(
-                        i["shape"] == item["shape"] and i["colour"] == item["colour"] for i in scene
-                    )
-                    == 1
-                    else "There is more than one: "
-                    + "; ".join(
-                        describe_shape(i)
-                        for i in scene
-                        if i["shape"] == item["shape"] and i["colour"] == item["colour"]
-                    )
-                    + ".",
-                )
+            alike = [
+                i for i in scene if (i["shape"], i["colour"]) == (item["shape"], item["colour"])
+            ]
+            answer = (
+                f"There is {describe_shape(item)}."
+                if len(alike) == 1
+                else "There is more than one: " + "; ".join(map(describe_shape, alike)) + "."
             )
+            turns.append((f"Where is the {item['colour']} {item['shape']}?", answer))
         else:
             turns.append(("How many shapes are there in total?", str(len(scene))))
-    asked = set()
-    unique_turns = []
+    first = {}
     for question, answer in turns:  # the same question twice reads oddly: keep the first
-        if question not in asked:
-            asked.add(question)
-            unique_turns.append((question, answer))
-    return [scene_image(rng, scene)], unique_turns
+        first.setdefault(question, answer)
+    return [scene_image(rng, scene)], list(first.items())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -297,14 +289,10 @@ def task_chart(rng):
     if kind == "value":
         i = rng.randrange(len(labels))
         turn = (f"What is the value for {labels[i]} in this chart?", str(values[i]))
-    elif kind == "max":
-        top_value = max(values)
-        names = [label for label, v in zip(labels, values) if v == top_value]
-        turn = ("Which category has the highest value?", " and ".join(names))
-    elif kind == "min":
-        low_value = min(values)
-        names = [label for label, v in zip(labels, values) if v == low_value]
-        turn = ("Which category has the lowest value?", " and ".join(names))
+    elif kind in ("max", "min"):
+        extreme = max(values) if kind == "max" else min(values)
+        names = " and ".join(label for label, v in zip(labels, values) if v == extreme)
+        turn = (f"Which category has the {'highest' if kind == 'max' else 'lowest'} value?", names)
     else:
         listing = " + ".join(map(str, values))
         turn = (
@@ -395,20 +383,11 @@ def task_text_only(rng):
         return [], [(f"Spell the word '{word}' backwards.", word[::-1])]
     if kind == "capital":
         country = rng.choice(list(CAPITALS))
-        return [], [
-            (
-                f"What is the capital of {country}?",
-                f"The capital of {country} is {CAPITALS[country]}.",
-            )
-        ]
+        answer = f"The capital of {country} is {CAPITALS[country]}."
+        return [], [(f"What is the capital of {country}?", answer)]
     numbers = [rng.randint(1, 99) for _ in range(rng.randint(3, 8))]
-    listing = ", ".join(map(str, numbers))
-    return [], [
-        (
-            f"Sort these numbers from smallest to largest: {listing}.",
-            ", ".join(map(str, sorted(numbers))),
-        )
-    ]
+    question = f"Sort these numbers from smallest to largest: {', '.join(map(str, numbers))}."
+    return [], [(question, ", ".join(map(str, sorted(numbers))))]
 
 
 TASKS = {

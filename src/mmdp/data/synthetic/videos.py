@@ -20,7 +20,7 @@ from fractions import Fraction
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mmdp.data.synthetic.rows import BACKGROUND, COLOURS, SHAPES
+from mmdp.data.synthetic.rows import BACKGROUND, COLOURS, SHAPES, draw_shape
 from mmdp.data.videos import require_av
 
 FRAMES = (4, 6, 8, 12, 16, 24)
@@ -65,17 +65,7 @@ def moving_shape(
         t = k / max(frames - 1, 1)
         cx, cy = (x0 + (x1 - x0) * t) * width, (y0 + (y1 - y0) * t) * height
         image = Image.new("RGB", (width, height), BACKGROUND)
-        draw = ImageDraw.Draw(image)
-        box = [cx - half, cy - half, cx + half, cy + half]
-        if shape == "circle":
-            draw.ellipse(box, fill=COLOURS[colour])
-        elif shape == "square":
-            draw.rectangle(box, fill=COLOURS[colour])
-        else:
-            draw.polygon(
-                [(cx, cy - half), (cx + half, cy + half), (cx - half, cy + half)],
-                fill=COLOURS[colour],
-            )
+        draw_shape(ImageDraw.Draw(image), shape, colour, (cx, cy), half)
         clip.append(np.asarray(image))
     return np.stack(clip)
 
@@ -83,17 +73,7 @@ def moving_shape(
 def encode_mp4(clip: np.ndarray, fps: int) -> bytes:
     """An MP4 (MPEG-4 Part 2 video, in PyAV's bundled FFmpeg) of `clip` at `fps`; its header
     gives the exact frame count and rate (mmdp.data.videos.video_metadata)."""
-    av = require_av()
-    buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp4") as container:
-        stream = container.add_stream("mpeg4", rate=Fraction(fps))
-        stream.height, stream.width = clip.shape[1:3]
-        stream.pix_fmt = "yuv420p"
-        stream.options = {"qscale": "2"}
-        for frame in clip:
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        container.mux(stream.encode())
-    return buffer.getvalue()
+    return encode_clip(clip, fps, "mp4", "mpeg4", options={"qscale": "2"})
 
 
 # Containers whose header counts no frames (mmdp.data.videos counts their packets), and a codec
@@ -101,15 +81,19 @@ def encode_mp4(clip: np.ndarray, fps: int) -> bytes:
 NO_FRAME_COUNT = {"webm": "libvpx-vp9", "matroska": "libx264"}
 
 
-def encode_clip(clip: np.ndarray, fps: int, container: str = "webm", codec: str | None = None):
-    """`clip` in another container than MP4 (WebM: VP8 or VP9; Matroska: H.264, MPEG-4...), as
-    video datasets often hold them: bytes whose header holds no frame count."""
+def encode_clip(
+    clip: np.ndarray, fps: int, container: str = "webm", codec: str | None = None, options=None
+) -> bytes:
+    """`clip` in a container: MP4 (encode_mp4), or another, as video datasets often hold them
+    (WebM: VP8 or VP9; Matroska: H.264, MPEG-4...), whose header holds no frame count."""
     av = require_av()
     buffer = io.BytesIO()
     with av.open(buffer, mode="w", format=container) as out:
         stream = out.add_stream(codec or NO_FRAME_COUNT[container], rate=Fraction(fps))
         stream.height, stream.width = clip.shape[1:3]
         stream.pix_fmt = "yuv420p"
+        if options is not None:
+            stream.options = options
         for frame in clip:
             out.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         out.mux(stream.encode())

@@ -1,8 +1,9 @@
 """A tiny random Gemma4ForConditionalGeneration, for tests on CPU (its processor side:
 mmdp.data.families.gemma4)."""
 
-import torch
 from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+from mmdp.models.tiny import VISION, random_model, text_config
 
 
 def tiny_model(
@@ -19,31 +20,20 @@ def tiny_model(
     aligned with its tokenizer.
     """
     tokenizer, image_processor = processor.tokenizer, processor.image_processor
-    text = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "sliding_window": 32,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "global_head_dim": 16,
-        "attention_k_eq_v": True,
-        "num_global_key_value_heads": 1,
-        "hidden_size_per_layer_input": 0,  # the per-layer embeddings of the smaller models: off
-        "use_bidirectional_attention": bidirectional,
-        "max_position_embeddings": 4096,
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<turn|>")],
-    }
+    text = text_config(
+        tokenizer,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=32,
+        head_dim=16,
+        global_head_dim=16,
+        attention_k_eq_v=True,
+        num_global_key_value_heads=1,
+        hidden_size_per_layer_input=0,  # the per-layer embeddings of the smaller models: off
+        use_bidirectional_attention=bidirectional,
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<turn|>")],
+    )
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
+        **VISION,
         "num_key_value_heads": 2,
         "head_dim": 16,
         "global_head_dim": 16,
@@ -60,8 +50,4 @@ def tiny_model(
         boi_token_id=tokenizer.convert_tokens_to_ids(tokenizer.boi_token),
         eoi_token_id=tokenizer.convert_tokens_to_ids(tokenizer.eoi_token),
     )
-    torch.manual_seed(seed)
-    model = Gemma4ForConditionalGeneration._from_config(
-        config, attn_implementation=attn_implementation, dtype=torch.float32
-    )
-    return model.eval()
+    return random_model(Gemma4ForConditionalGeneration, config, seed, attn_implementation)

@@ -6,6 +6,7 @@ import transformers
 
 from mmdp.data.families import family_for
 from mmdp.data.families.qwen_vl import SPECIAL_TOKENS, Qwen2_5_VL, Qwen3_5
+from mmdp.models.tiny import random_model, text_config
 
 # Qwen3.5's text model: a Gated DeltaNet layer (linear attention: a causal conv of 4 taps, then a
 # state carried along the row) before a gated attention layer, as the released models interleave
@@ -31,23 +32,10 @@ def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa", moe:
         f"{name}_id": tokenizer.convert_tokens_to_ids(token)
         for name, token in SPECIAL_TOKENS.items()
     }
-    text = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 4096,
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "mrope_section": [2, 3, 3],
-        },
-    }
+    text = text_config(
+        tokenizer,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+    )
     vision = {
         "depth": 2,
         "hidden_size": 32,
@@ -89,12 +77,9 @@ def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa", moe:
         vision["tokens_per_second"] = Qwen2_5_VL.tokens_per_second
         model_config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
         model_class = transformers.Qwen2_5_VLForConditionalGeneration
-    torch.manual_seed(seed)
-    model = model_class._from_config(
-        model_config, attn_implementation=attn_implementation, dtype=torch.float32
-    )
+    model = random_model(model_class, model_config, seed, attn_implementation)
     with torch.no_grad():  # Qwen3.5: each head's decay 0.01-0.1 a token (transformers draws
         for layer in model.modules():  # 0.01-16): states that last tens of tokens, as some
             if hasattr(layer, "A_log"):  # heads of the released models keep
                 layer.A_log.copy_(torch.linspace(0.01, 0.1, len(layer.A_log)).log())
-    return model.eval()
+    return model

@@ -3,10 +3,10 @@ mmdp.data.families.smolvlm)."""
 
 import math
 
-import torch
 import transformers
 
 from mmdp.data.families.smolvlm import PATCH_SIZES, Idefics3, SmolVLM
+from mmdp.models.tiny import VISION, random_model, text_config
 
 
 def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa"):
@@ -21,36 +21,17 @@ def tiny_model(processor, seed: int = 0, attn_implementation: str = "sdpa"):
     scale_factor = math.isqrt(patches_per_side**2 // processor.image_seq_len)
     if (patches_per_side // scale_factor) ** 2 != processor.image_seq_len:
         raise ValueError(f"no pixel shuffle gives {processor.image_seq_len} tokens a tile")
-    text = {
-        "model_type": "llama",
-        "vocab_size": len(tokenizer),
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 8192,
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.convert_tokens_to_ids(family.end_of_turn),
-    }
-    vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "image_size": tile,
-        "patch_size": patch_size,
-    }
+    text = text_config(
+        tokenizer,
+        model_type="llama",
+        max_position_embeddings=8192,
+        eos_token_id=tokenizer.convert_tokens_to_ids(family.end_of_turn),
+    )
     model_config = family.config_class(
         text_config=text,
-        vision_config=vision,
+        vision_config={**VISION, "image_size": tile, "patch_size": patch_size},
         scale_factor=scale_factor,
         image_token_id=tokenizer.convert_tokens_to_ids(family.feature_token),
         tie_word_embeddings=False,
     )
-    torch.manual_seed(seed)
-    model = family.model_class._from_config(
-        model_config, attn_implementation=attn_implementation, dtype=torch.float32
-    )
-    return model.eval()
+    return random_model(family.model_class, model_config, seed, attn_implementation)
