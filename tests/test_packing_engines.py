@@ -10,8 +10,7 @@ from mmdp.packing.packers import FIT_DECREASING, pack
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Budgets, Weights
 from mmdp.planning import planner
-from mmdp.planning.planner import plan_epoch
-from mmdp.planning.processes import PARALLEL_MIN_BUFFERS
+from mmdp.planning.planner import PARALLEL_MIN_BUFFERS, plan_epoch
 
 # Items in up to three budgets; a budget of None is left out (never binds).
 items_in_budgets = st.integers(min_value=1, max_value=64).flatmap(

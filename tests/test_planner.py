@@ -9,7 +9,7 @@ import pytest
 from mmdp.drop_reasons import NO_TEXTS, TOO_LONG, TOO_MANY_IMAGES
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Budgets, Weights
-from mmdp.planning import planner, processes
+from mmdp.planning import planner
 from mmdp.planning.planner import (
     batch_loads,
     deal_steps,
@@ -234,7 +234,7 @@ def test_planning_peaks_under_16_bytes_a_row(monkeypatch):
     # What each row adds to the peak (two sizes, so that fixed costs cancel): the whole-epoch
     # arrays are int32 and temporaries come a slice at a time (slices shrunk here, as 100 M rows
     # make them small). The old planner (int64 copies of the epoch) added ~75 bytes a row.
-    monkeypatch.setattr(processes, "pack_weights", packs_of_four)
+    monkeypatch.setattr(planner, "pack_weights", packs_of_four)
     monkeypatch.setattr(planner, "CHUNK_ROWS", 1 << 12)
     monkeypatch.setattr(planner, "CHUNK_PACKS", 1 << 10)
     per_row = (traced_peak(400_000) - traced_peak(200_000)) / 200_000

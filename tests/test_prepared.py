@@ -15,7 +15,6 @@ from train_from_prepared import NUM_ROWS, batch_digests
 from mmdp.data.reading.sources import load_vqa_dataset
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
-from mmdp.loading import packed_dataset
 from mmdp.loading.packed_dataset import PackedDataLoader, PackedDataset
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.prepare import main as prepare
@@ -72,7 +71,7 @@ def test_a_prepared_path_gives_the_batches_of_weighing_in_the_run_and_weighs_not
     flags = ["--pretokenize"] if pretokenize else []
     prepare(["--out", str(tmp_path / "prepared"), "--num-rows", str(NUM_ROWS), *flags])
     assert f"of {NUM_ROWS} rows fit the budgets" in capsys.readouterr().out
-    monkeypatch.setattr(packed_dataset, "weigh_rows", no_weighing)
+    monkeypatch.setattr(prepared, "weigh_rows", no_weighing)
     read = PackedDataset.from_prepared(tmp_path / "prepared", VQADataset(rows, tokenizer))
     assert read.weighing.rows_weighed_here == 0
     assert (read.tokens is not None) == pretokenize  # its tokens are used when it has them
@@ -91,7 +90,7 @@ def test_a_prepared_dataset_on_an_s3_server_gives_the_same_batches_as_on_a_path(
         "tokens.arrow",
         "weights.npz",
     ]
-    monkeypatch.setattr(packed_dataset, "weigh_rows", no_weighing)
+    monkeypatch.setattr(prepared, "weigh_rows", no_weighing)
     from_path = digests(rows, tokenizer, str(tmp_path / "local"))
     assert digests(rows, tokenizer, f"{s3_bucket}/synthetic") == from_path
 

@@ -189,7 +189,7 @@ def test_workers_take_turns_and_resume_in_the_same_order():
         return {"reader_state": ReaderState(worker), "n": n}
 
     def end(worker):
-        return {"end_of_stream": True, "worker": worker}
+        return {"end_of_stream": True, "reader_state": ReaderState(worker, ended=True)}
 
     # the order a DataLoader delivers them in: worker 0, 1, 0, 1... and worker 1 ends first
     delivered = [item(0, "a"), item(1, "b"), item(0, "c"), end(1), item(0, "d"), end(0)]

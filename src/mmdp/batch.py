@@ -95,9 +95,8 @@ def build_pack(
             )
     dropped_rows = [(s["row"], s["drop_reason"]) for s in samples if s["drop_reason"] is not None]
     usable = [s for s in samples if s["drop_reason"] is None]
-    pack = layout_pack(usable, max_length, pad_token_id, family)
     return {
-        **pack,
+        **layout_pack(usable, max_length, pad_token_id, family),
         "batch_index": batch_index,
         "dropped": Counter(reason for _, reason in dropped_rows),
         "dropped_rows": dropped_rows,
@@ -133,9 +132,6 @@ def layout_pack(samples: list[dict], max_length: int, pad_token_id: int, family=
         token_keys = [key for key in TOKEN_INPUTS if samples and key in samples[0]]
     # the padding run, its own segment: [pad], or [4, pad] for Qwen-VL's 4-row positions
     positions.append(torch.arange(pad).expand(*rows, pad))
-    converted = Counter()
-    for s in samples:
-        converted.update(s["converted"])
     return {
         "input_ids": torch.cat(
             [*(s["input_ids"] for s in samples), torch.full((pad,), pad_token_id)]
@@ -155,7 +151,7 @@ def layout_pack(samples: list[dict], max_length: int, pad_token_id: int, family=
         ],
         "image_counts": [s["image_count"] for s in samples],
         "patches": sum(s["patches"] for s in samples),
-        "converted": converted,
+        "converted": sum((Counter(s["converted"]) for s in samples), Counter()),
     }
 
 
@@ -188,10 +184,8 @@ def collate_packs(packs: list[dict], family=None) -> dict:
         for i, count in enumerate(p["image_counts"]):
             sample_of_image += [samples_before + i] * count
         samples_before += len(p["sample_index"])
-    dropped, converted = Counter(), Counter()
-    for p in packs:
-        dropped.update(p["dropped"])
-        converted.update(p["converted"])
+    dropped = sum((Counter(p["dropped"]) for p in packs), Counter())
+    converted = sum((Counter(p["converted"]) for p in packs), Counter())
     cu_seq_lens = torch.tensor(cu_seq_lens, dtype=torch.int32)
     longest = max(max(p["seq_lens"]) for p in packs)
     no_weights = torch.zeros(max_length)
@@ -259,10 +253,9 @@ def filler_batch(batch: dict) -> dict:
     # keys a hand-built batch may leave out stay out
     if "sample_of_image" in batch:
         out["sample_of_image"] = batch["sample_of_image"][:0]
-    if "patches_per_pack" in batch:
-        out["patches_per_pack"] = torch.zeros_like(batch["patches_per_pack"])
-    if "loss_weights" in batch:
-        out["loss_weights"] = torch.zeros_like(batch["loss_weights"])
+    for key in ("patches_per_pack", "loss_weights"):
+        if key in batch:
+            out[key] = torch.zeros_like(batch[key])
     return out
 
 

@@ -5,12 +5,10 @@ import dataclasses
 from pathlib import Path
 
 # Where the repository's committed figures go (stages save here unless --out-dir says otherwise).
-REPO_ROOT = Path(__file__).resolve().parents[2]
-ASSETS_DIR = REPO_ROOT / "assets"
+ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 
 # The tokenizer shipped in the repo: SmolLM2's (same for the 135M and 360M models the blog uses).
 DEFAULT_TOKENIZER = Path(__file__).resolve().parent / "data" / "smollm2_tokenizer"
-HUB_TOKENIZER = "HuggingFaceTB/SmolLM2-360M-Instruct"  # what the blog loads, for users online
 
 # The special token that stands for one image embedding, and how many stand for each image
 # (nanoVLM's projector turns every image into 64 embeddings).
@@ -41,10 +39,6 @@ CHAT_TEMPLATE = (
 
 # Hugging Face's label for "no loss here" (torch.nn.CrossEntropyLoss's default ignore_index).
 IGNORE_INDEX = -100
-
-# The blog's dataset, for users with a network.
-HUB_DATASET = "HuggingFaceM4/the_cauldron"
-HUB_SUBSET = "ai2d"
 
 # The embedded synthetic dataset: how many rows the stages generate and cache by default.
 DEFAULT_NUM_ROWS = 2_000

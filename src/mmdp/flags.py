@@ -199,7 +199,6 @@ def number(kind: type, *, min=None, above=None, below=None):
 
 
 positive_int = number(int, min=1)
-non_negative_int = number(int, min=0)
 
 
 def parsed_by(parse, flag: str):

@@ -27,8 +27,9 @@ from mmdp.data.reading.settings import DataSettings, ModelSettings
 from mmdp.errors import UserError, exit_on_user_error
 from mmdp.flags import FAMILY_BUDGETS, flag_values, parse_flags
 from mmdp.packing.packing_config import PackingConfig, default_config
+from mmdp.planning.planner import filter_rows
 from mmdp.report.printing import print_settings
-from mmdp.weighing.prepared import budget_report, describe, rows_digest, write_prepared
+from mmdp.weighing.prepared import describe, rows_digest, write_prepared
 from mmdp.weighing.weigh import weigh_rows
 
 
@@ -101,7 +102,8 @@ def main(argv=None):
         "rows": num_rows,
         "share": 1.0,
     }
-    report = budget_report(weighing.weights, run)
+    usable, by_reason = filter_rows(weighing.weights, packing.budgets)
+    report = {"usable": len(usable), "dropped": dict(sorted(by_reason.items()))}
     manifest = write_prepared(
         settings.out,
         weighing.weights,

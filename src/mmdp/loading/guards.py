@@ -18,8 +18,7 @@ DataLoader over `loader.dataset` instead, and then nothing of that holds:
   never advances.
 
 So each loader refuses: `accelerator.prepare` gets one sentence at once, on every rank and before
-any collective call (the `_is_accelerate_prepared` property below: accelerate reads it first,
-Accelerator.prepare_data_loader in accelerate 1.15); any other DataLoader that iterates an owned
+any collective call (RefusesAcceleratePrepare); any other DataLoader that iterates an owned
 dataset gets one sentence from the dataset's `__iter__`.
 
 Why not set `_is_accelerate_prepared = True`, so that prepare returns the loader as it is? A

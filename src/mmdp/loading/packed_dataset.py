@@ -2,9 +2,8 @@
 
 How an epoch is made, in the blog's terms:
 
-1. Weigh every item without decoding it: a sample weighs its tokens (text + 64 per image) and
-   carries its image count. Done once per dataset and machine, in parallel, and cached
-   (mmdp.weighing.weigh).
+1. Weigh every item without decoding it: its tokens, images and patches. Done once per dataset,
+   in parallel, and cached, or read from a prepared dataset (mmdp.weighing).
 2-4. Plan the epoch from the weights alone (mmdp.planning.planner): filter and count
    what cannot be packed, shuffle with (seed, epoch), pack buffer by buffer under a token budget
    and an image budget, shuffle the packs and deal them to ranks so that every rank gets the same
@@ -34,24 +33,15 @@ from mmdp.batch import build_pack, collate_packs
 from mmdp.data.vqa_dataset import VQADataset
 from mmdp.errors import UserError
 from mmdp.loading.background import iterate_in_background
-from mmdp.loading.guards import (
-    STATEFUL_REFUSED,
-    RefusesAcceleratePrepare,
-    iterated_elsewhere,
-)
+from mmdp.loading.guards import STATEFUL_REFUSED, RefusesAcceleratePrepare, iterated_elsewhere
 from mmdp.loading.workers import check_temp_folder, name_failed_worker
-from mmdp.packing.packing_config import (
-    PackingConfig,
-    PackingSettings,
-    check_resume,
-    default_config,
-)
+from mmdp.packing.packing_config import PackingConfig, PackingSettings, check_resume, default_config
 from mmdp.planning.planner import EpochPlan, eval_split, plan_epoch
 from mmdp.ranks import rank_and_world_size
 from mmdp.weighing.overflow import fit_over_long, truncate_sample
-from mmdp.weighing.prepared import load_prepared
+from mmdp.weighing.prepared import weigh_dataset
 from mmdp.weighing.row_tokens import RowTokens
-from mmdp.weighing.weigh import Weighing, cache_key, weigh_rows
+from mmdp.weighing.weigh import Weighing, cache_key
 
 
 class PackedDataset(PackingSettings, IterableDataset):
@@ -126,14 +116,13 @@ class PackedDataset(PackingSettings, IterableDataset):
         # with the processor's settings as they are now (the weights' cache key names them)
         self.weighed_with = dataset.family.read_settings()
         self.prepared = prepared
-        if weighing is None and prepared is not None:
-            weighing = load_prepared(prepared, dataset, self.config, pretokenize=pretokenize)
-        elif weighing is None:
+        if weighing is None:
             # under torchrun every rank weighs a share, unless the caller chose the ranks: a
             # dataset then built on one rank only must not wait for the others
-            weighing = weigh_rows(
-                dataset.dataset,
-                dataset.family,
+            weighing = weigh_dataset(
+                dataset,
+                self.config,
+                prepared=prepared,
                 pretokenize=pretokenize,
                 num_proc=num_proc,
                 across_ranks=rank is None and world_size is None,
@@ -141,11 +130,7 @@ class PackedDataset(PackingSettings, IterableDataset):
         self.weighing = weighing
         # the weights planned from: with overflow="truncate", the over-long rows that can be cut
         # weigh their cut length, as the samples built from them will (mmdp.weighing.overflow)
-        self.weights, self.truncated_rows = weighing.weights, np.zeros(0, dtype=np.int64)
-        if self.config.overflow == "truncate":
-            self.weights, self.truncated_rows = fit_over_long(
-                weighing.weights, dataset.dataset, dataset.family, self.config.max_length
-            )
+        self.weights, self.truncated_rows = fit_over_long(weighing.weights, dataset, self.config)
         self.tokens = None if weighing.tokens is None else RowTokens(weighing.tokens)
         # with the tokens at hand, building a pack reads only the images (and videos) of its rows
         media = [name for name in ("images", "videos") if name in dataset.dataset.column_names]
@@ -183,10 +168,9 @@ class PackedDataset(PackingSettings, IterableDataset):
 
     @classmethod
     def from_prepared(cls, url: str, dataset: VQADataset, **settings) -> "PackedDataset":
-        """A PackedDataset that weighs nothing: the weights (and tokens, if prepared with them) of
-        `dataset`'s rows are read from a prepared dataset at `url`, a path or any fsspec URL
-        (`uv run -m mmdp.prepare`; mmdp.weighing.prepared). It is refused in one sentence (a
-        UserError) when prepared for another model, processor, budget or rows."""
+        """A PackedDataset that weighs nothing (`prepared=url`, a path or any fsspec URL: see
+        Args); refused in one sentence (a UserError) when prepared for another model, processor,
+        budget or rows."""
         return cls(dataset, prepared=url, **settings)
 
     # 2-4. Plan the epoch ------------------------------------------------------------------------
@@ -266,12 +250,9 @@ class PackedDataset(PackingSettings, IterableDataset):
         }
 
     def state_dict(self) -> dict:
-        """Refused: the state is the loader's (PackedDataLoader.state_dict).
-
-        torchdata's StatefulDataLoader saves the state_dict of any dataset that has one, inside each
-        worker (try_to_serialize in torchdata.stateful_dataloader.worker, torchdata 0.11), where
-        batches_done never advances: it would resume at the start of the epoch. This raises instead.
-        """
+        """Refused: the state is the loader's (PackedDataLoader.state_dict). torchdata's
+        StatefulDataLoader would save this one inside each worker, where batches_done never
+        advances (mmdp.loading.guards)."""
         raise TypeError(STATEFUL_REFUSED)
 
     def load_state_dict(self, state: dict) -> None:
@@ -348,11 +329,7 @@ class PackedDataset(PackingSettings, IterableDataset):
         videos = media.get("videos") or [None] * len(rows)
         samples = []
         for row, row_images, row_videos in zip(rows, media["images"], videos):
-            input_ids, labels = self.tokens[row]
-            tokenized = (
-                torch.tensor(input_ids, dtype=torch.long),
-                torch.tensor(labels, dtype=torch.long),
-            )
+            tokenized = tuple(torch.tensor(t, dtype=torch.long) for t in self.tokens[row])
             media_of_row = {"images": row_images, "videos": row_videos}
             samples.append(self.dataset.sample(media_of_row, row, tokenized=tokenized))
         return samples
@@ -398,9 +375,8 @@ class PackedDataLoader(RefusesAcceleratePrepare, DataLoader):
             batches = super().__iter__()
         finally:
             self.dataset._loader_starting = False
-        pids = [worker.pid for worker in getattr(batches, "_workers", [])]
         where = lambda: (self.dataset.rank, self.dataset.batches_done)  # noqa: E731
-        for batch in name_failed_worker(batches, where, pids):
+        for batch in name_failed_worker(batches, where):
             self.dataset.batches_done = batch["batch_index"] + 1
             batch["epoch"] = self.dataset.epoch  # the batch's own, whatever is fetched ahead
             yield batch

@@ -11,8 +11,7 @@ strategies, same two budgets, the same filter and packing steps as the planner
 Every DataLoader worker of every rank is a *reader* with its own share of the stream. A reader:
 
 1. Fills a buffer with the next `buffer_size` rows of its share and weighs them without decoding
-   an image, by its model family's rules (mmdp.data.families.base: TinyVLM's 64 tokens per image, or
-   a real processor's tokens and patches from each image's header).
+   an image, by its model family's rules (as mmdp.weighing.weigh weighs a dataset on disk).
 2. Skips, and counts by reason, the rows that are too long for `max_length`, have more images
    than `max_images`, or have no usable conversation.
 3. Shuffles the buffer, packs it under both budgets and shuffles the packs: the buffer is the
@@ -73,19 +72,12 @@ from mmdp.errors import UserError
 from mmdp.loading.background import iterate_in_background
 from mmdp.loading.guards import RefusesAcceleratePrepare, iterated_elsewhere
 from mmdp.loading.workers import check_temp_folder, name_failed_worker
-from mmdp.packing.packing_config import (
-    PackingConfig,
-    PackingSettings,
-    check_resume,
-    default_config,
-)
+from mmdp.packing.packing_config import PackingConfig, PackingSettings, check_resume, default_config
 from mmdp.packing.weights import Weights
 from mmdp.planning.planner import pack_buffer
 from mmdp.ranks import ANSWER_TIMEOUT, all_ranks_have_a_batch, rank_and_world_size
 
 # 1. A reader's share of the stream, and where it is (what a resume starts from) ----------------
-
-END = object()  # the end of a plain iterable
 
 
 class ReaderStream:
@@ -123,26 +115,20 @@ class ReaderStream:
                     taken.append((self.rows_taken * self.readers + self.reader, row))
                     self.rows_taken += 1
             except Exception as error:  # a damaged or vanished file: say which, in one sentence
-                raise UserError(self.unreadable(error)) from error
+                named = first_unreadable(stream_files(self.stream))  # else the error itself
+                raise UserError(
+                    named
+                    or f"the stream failed after {self.rows_taken:,} rows of reader {self.reader} "
+                    f"({error.__class__.__name__}: {first_line(error)})"
+                ) from error
             return taken
-        while len(taken) < n:  # a plain iterable: keep 1 row in `readers`
-            row = next(self.iterator, END)
-            if row is END:
-                break
+        for row in self.iterator:  # a plain iterable: keep 1 row in `readers`
             if self.rows_taken % self.readers == self.reader:
                 taken.append((self.rows_taken, row))
             self.rows_taken += 1
+            if len(taken) == n:
+                break
         return taken
-
-    def unreadable(self, error: Exception) -> str:
-        """Why the stream stopped: the data file at fault when one is, else the error itself."""
-        named = first_unreadable(stream_files(self.stream))
-        if named is not None:
-            return named
-        return (
-            f"the stream failed after {self.rows_taken:,} rows of reader {self.reader} "
-            f"({error.__class__.__name__}: {first_line(error)})"
-        )
 
     def state_dict(self) -> dict:
         """Where this reader is: rows taken, and the datasets stream's own state."""
@@ -321,15 +307,19 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
         # Collate here, while the producer thread builds the next packs (as a DataLoader does
         # with its batches in the worker's main thread).
         for item in produced:
-            yield item if "end_of_stream" in item else collate(item, self.family)
+            if "end_of_stream" not in item:  # a batch's packs, and its reader's state
+                state = item["reader_state"]
+                item = {**collate_packs(item["packs"], self.family), "reader_state": state}
+            yield item
 
     def produce(self, worker: int, num_workers: int, resume: ReaderState | None):
         """Steps 1-4 for one reader: the packs of each batch with the reader's state, then an
-        end-of-stream item with the rows dropped after its last batch. `resume`: the state of
-        the last batch yielded before a restart (None: the start of the epoch)."""
+        end-of-stream item with its ended state and the rows dropped after its last batch.
+        `resume`: the state of the last batch yielded before a restart (None: the epoch's start)."""
         resume = resume or ReaderState(worker)
+        ended = ReaderState(worker, ended=True)  # the state its end-of-stream item carries
         if resume.ended:
-            yield {"end_of_stream": True, "worker": worker, "dropped": Counter()}
+            yield {"end_of_stream": True, "reader_state": ended, "dropped": Counter()}
             return
         reader = self.rank * num_workers + worker
         stream = ReaderStream(self.rows, reader, self.world_size * num_workers, resume.buffer_start)
@@ -354,7 +344,7 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
                 buffer = ReaderState(worker, stream.state_dict(), buffer.buffer + 1)
             if packs:  # the reader's last, short batch
                 yield {"packs": packs, "reader_state": state}
-            yield {"end_of_stream": True, "worker": worker, "dropped": not_reported}
+            yield {"end_of_stream": True, "reader_state": ended, "dropped": not_reported}
         finally:
             stream.close()
 
@@ -385,11 +375,6 @@ class StreamingPackedDataset(PackingSettings, IterableDataset):
         )
 
 
-def collate(item: dict, family) -> dict:
-    """A reader's packs, collated into a batch that carries its reader's state."""
-    return {**collate_packs(item["packs"], family), "reader_state": item["reader_state"]}
-
-
 # The loader: order, reader states, ranks that stop together ---------------------------------
 
 
@@ -413,9 +398,8 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
     all-reduce within `answer_timeout` (it died or hangs) makes the others raise
     RanksStoppedAnswering, naming it.
 
-    `len()` is not known ahead: a trainer needs a number of steps. It owns its dataset: another
-    DataLoader that iterates the dataset (accelerate's, torchdata's) gets one sentence saying what
-    to do instead, and so does `accelerator.prepare(loader)` (mmdp.loading.guards).
+    `len()` is not known ahead: a trainer needs a number of steps. It owns its dataset, as
+    PackedDataLoader does (mmdp.loading.guards).
     """
 
     def __init__(
@@ -449,9 +433,8 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
         self.batches_done = 0
 
     def set_epoch(self, epoch: int) -> None:
-        """A new shuffle for a new epoch. The epoch it is already in keeps its position:
-        trainers call set_epoch before every pass (Trainer._run_epoch, transformers 5.23), and right
-        after a resume that call must not restart the epoch."""
+        """A new shuffle for a new epoch; the epoch it is already in keeps its position (a resume
+        followed by a trainer's set_epoch: PackedDataset.set_epoch)."""
         if epoch != self.dataset.epoch:
             self.dataset.set_epoch(epoch)
             self.start_epoch()
@@ -469,9 +452,8 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
         # Where each worker resumes from: travels to the workers with the dataset.
         self.dataset.resume_states = list(self.reader_states)
         loaded = super().__iter__()
-        pids = [worker.pid for worker in getattr(loaded, "_workers", [])]
         where = lambda: (self.dataset.rank, self.batches_done)  # noqa: E731
-        items = in_turns(name_failed_worker(loaded, where, pids), self.readers, self.next_worker)
+        items = in_turns(name_failed_worker(loaded, where), self.readers, self.next_worker)
         batches = self.follow(items)
         try:
             while True:
@@ -495,12 +477,11 @@ class StreamingDataLoader(RefusesAcceleratePrepare, DataLoader):
     def follow(self, items):
         """The batches of `items`, keeping each worker's reader state and the drops at the end."""
         for item in items:
-            worker = worker_of(item)
+            worker = item["reader_state"].worker
+            self.reader_states[worker] = item["reader_state"]
             if "end_of_stream" in item:
-                self.reader_states[worker] = ReaderState(worker, ended=True)
                 self.dropped_at_end.update(item["dropped"])
                 continue
-            self.reader_states[worker] = item["reader_state"]
             self.next_worker = (worker + 1) % self.readers
             item["batch_index"] = self.batches_done
             self.batches_done += 1
@@ -575,7 +556,7 @@ def in_turns(items, readers: int, first: int):
     active = [True] * readers
     turn = first
     for item in items:
-        waiting[worker_of(item)].append(item)
+        waiting[item["reader_state"].worker].append(item)
         while active[turn] and waiting[turn]:
             item = waiting[turn].popleft()
             if "end_of_stream" in item:
@@ -584,11 +565,6 @@ def in_turns(items, readers: int, first: int):
             turn = next_active(turn, active)
     if any(waiting):
         raise RuntimeError("a worker's batches came after its end of stream")
-
-
-def worker_of(item: dict) -> int:
-    """The worker that produced a batch or an end-of-stream item."""
-    return item["worker"] if "end_of_stream" in item else item["reader_state"].worker
 
 
 def next_active(turn: int, active: list[bool]) -> int:

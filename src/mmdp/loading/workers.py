@@ -35,13 +35,10 @@ RAISED = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
 DIED = re.compile(r"DataLoader worker \(pid(?:\(s\))? (\d+)")
 
 
-def name_failed_worker(
-    batches: Iterable, where: Callable[[], tuple[int, int]], pids: list[int]
-) -> Iterator:
-    """The batches, with a worker's failure raised as one WorkerFailed.
-
-    `where()`: (rank, number of the batch about to be yielded); `pids`: the workers' process
-    ids, in worker order (to name a worker that died)."""
+def name_failed_worker(batches: Iterable, where: Callable[[], tuple[int, int]]) -> Iterator:
+    """The batches of a DataLoader's iterator, with a worker's failure raised as one
+    WorkerFailed. `where()`: (rank, number of the batch about to be yielded)."""
+    pids = [worker.pid for worker in getattr(batches, "_workers", [])]  # to name one that died
     iterator = iter(batches)
     while True:
         try:

@@ -2,10 +2,8 @@
 
 Private: call `pack` or `pack_flat` (mmdp.packing.packers). They check the items, choose the order
 the items go in, and call an engine here; every engine returns (items, starts) as `pack_flat`
-does, and the tests hold each to a loop that places one item at a time
-(tests/packing_oracles.py) on thousands of random inputs. A Python call costs about as much as a
-step of these loops, so each engine's hot loop is one method over all the items (or runs), its
-steps written out.
+does. A Python call costs about as much as a step of these loops, so each engine's hot loop is
+one method over all the items (or runs), its steps written out.
 
 Any budgets: greedy (`next_fit`), a pack at a time: a bisection of the running totals finds
 where each pack ends.
@@ -230,14 +228,10 @@ class FirstFitIndex:
 
 
 def first_fit_runs(runs, max_length: int, max_images: int, placed: Placements, opened) -> None:
-    """First fit, a run (length, image count, items, shortest length after) at a time.
-
-    The lowest-numbered pack that fits takes as many of the run as fit, then the next one, and
-    so on; the rest open new packs. `FirstFitIndex` finds that pack. A pack joins the heaps at
-    most once per item it takes: O(n log n) in all (times the number of heaps looked at per
-    pick: at most the most images an item has + 1). `opened`: (room, image slots) of the packs
-    `placed` opened already, by number.
-    """
+    """First fit, a run (length, image count, items, shortest length after) at a time
+    (`FirstFitIndex.place`). A pack joins the heaps at most once per item it takes: O(n log n)
+    in all (times the number of heaps looked at per pick: at most the most images an item has +
+    1). `opened`: (room, image slots) of the packs `placed` opened already, by number."""
     index = FirstFitIndex(most=max(count for _, count, _, _ in runs))
     length, _, _, _ = runs[0]
     index.open_packs(*opened, length, min(length for length, _, _, _ in runs))

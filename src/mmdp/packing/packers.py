@@ -60,11 +60,9 @@ Strategies:
 Ties go to the lowest index, or the lowest-numbered pack: the same input gives the same packs.
 
 This file holds the strategies' rules, the checks and the order items are placed in; the engines
-that place them are private (mmdp.packing._engines, _best_fit, _placements): with tokens
-and images, a buffer of 4,096 cauldron-like items packs in a few ms and a million items of 1 to
-32,768 tokens in about a second; with a patch budget, a vectorised scan of the open packs takes
-tens of ms per buffer. tests/packing_oracles.py places the items one at a time, as the rules
-above say, and the tests hold the engines to it on thousands of random inputs.
+that place them, at scale, are private (mmdp.packing._engines, _best_fit, _placements; their
+docstring gives their speed). tests/packing_oracles.py places the items one at a time, as the
+rules above say, and the tests hold the engines to it on thousands of random inputs.
 """
 
 from typing import Literal, get_args
@@ -103,18 +101,10 @@ def pack(
             pack.
 
     A budget left out (None) never binds. Packs come in the order they were opened; within a
-    pack, items come in the order they were placed. Without patch counts the fast engines run (a
-    few ms per 4,096 items); with them, an engine that scans the open packs in every budget (tens
-    of ms).
+    pack, items come in the order they were placed.
     """
-    items, starts = pack_flat(
-        lengths,
-        max_length=max_length,
-        strategy=strategy,
-        image_counts=image_counts,
-        max_images=max_images,
-        patch_counts=patch_counts,
-        max_patches=max_patches,
+    items, starts = pack_checked(
+        lengths, Budgets(max_length, max_images, max_patches), strategy, image_counts, patch_counts
     )
     return [items[a:b].tolist() for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
 

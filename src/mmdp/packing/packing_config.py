@@ -71,22 +71,15 @@ class PackingConfig:
         return dataclasses.asdict(self)
 
 
-def default_config(family=None, **settings) -> PackingConfig:
+def default_config(family, **settings) -> PackingConfig:
     """The PackingConfig of a model family (a mmdp.data.families ModelFamily) when its budgets
     are not given: its own token and patch budgets per pack (`default_max_length`,
     `default_max_patches`: a few of its images a pack, e.g. Qwen-VL 2,048 tokens and 8,192
-    patches), PackingConfig's defaults for the rest. `settings` that are not None override them
-    (a script passes its flags as they are: an unset flag is None).
-
-    TinyVLM's family keeps PackingConfig's own (512 tokens, no patch budget); without a family,
-    PackingConfig() with the settings.
+    patches; TinyVLM's are PackingConfig's own, 512 tokens and no patch budget), PackingConfig's
+    defaults for the rest. `settings` that are not None override them (a script passes its flags
+    as they are: an unset flag is None).
     """
-    budgets = {}
-    if family is not None:
-        budgets = {
-            "max_length": family.default_max_length,
-            "max_patches": family.default_max_patches,
-        }
+    budgets = {"max_length": family.default_max_length, "max_patches": family.default_max_patches}
     given = {name: value for name, value in settings.items() if value is not None}
     return PackingConfig(**{**budgets, **given})
 

@@ -26,7 +26,7 @@ class Budgets:
     max_patches: int | None = None  # vision-encoder patches per pack
 
     def per_unit(self) -> tuple:
-        """(tokens, images, patches): the budgets in Weights.sizes()'s order."""
+        """(tokens, images, patches): the budgets in Weights.columns()'s order."""
         return (self.max_length, self.max_images, self.max_patches)
 
     def over(self, columns) -> list[np.ndarray]:
@@ -64,10 +64,6 @@ class Weights:
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every row's size per unit, one array a unit: (lengths, image counts, patch counts)."""
         return (self.lengths, self.image_counts, self.patch_counts)
-
-    def sizes(self):
-        """Each row's size in every unit, in row order: (length, images, patches)."""
-        return zip(*(column.tolist() for column in self.columns()))
 
     @classmethod
     def from_lists(cls, lengths, image_counts, reasons=None, patch_counts=None) -> "Weights":

@@ -38,7 +38,10 @@ Example (tests/test_planner.py traces it): lengths [3, 6, 2, 5], max_length 8, b
 step of 2 packs, the heavier first: rank 0 gets [1, 2] (8 tokens), rank 1 gets [3, 0].
 """
 
+import multiprocessing
+import os
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -50,9 +53,9 @@ from mmdp.drop_reasons import (
     TOO_MANY_IMAGES,
     TOO_MANY_PATCHES,
 )
+from mmdp.packing.packers import pack_weights
 from mmdp.packing.packing_config import PackingConfig
 from mmdp.packing.weights import Budgets, Weights
-from mmdp.planning.processes import PackingJob, pack_in_processes, planning_workers
 
 # Whole-epoch arrays are int32 (`index_dtype`) and written in place; element-wise work on them
 # goes a slice at a time, so that its temporaries (numpy's int64 indices, masks) stay a few MB
@@ -60,6 +63,10 @@ from mmdp.planning.processes import PackingJob, pack_in_processes, planning_work
 CHUNK_ROWS = 1 << 20  # rows per slice
 CHUNK_PACKS = 1 << 16  # packs per slice
 EVAL_SPLIT_STREAM = 11  # a seed word of the eval split's own: it never replays a shuffle
+# Processes pack buffers only from this many on: below, starting them costs more than it saves
+# (a buffer of 4,096 rows packs in a few ms; a forked process starts in tens of ms).
+PARALLEL_MIN_BUFFERS = 256
+RANGE_ROWS = 1 << 20  # at most this many rows go to a process at a time
 
 
 @dataclass
@@ -241,6 +248,88 @@ def pack_buffers(
     return rows, starts_of(sizes, index_dtype(len(rows)))
 
 
+# Step 2 in several processes: ranges of whole buffers, the same plan ---------------------------
+
+
+@dataclass
+class PackingJob:
+    """What packing a range of buffers needs: the weights, the budgets, the strategy."""
+
+    weights: Weights
+    budgets: Budgets  # a PackingConfig's, whole
+    strategy: str
+    buffer_size: int
+
+    def pack(self, rows: np.ndarray) -> np.ndarray:
+        """Pack `rows` buffer_size at a time, reordering them in place; the rows per pack."""
+        weights, budgets, sizes = self.weights, self.budgets, []
+        for start in range(0, len(rows), self.buffer_size):
+            buffer = rows[start : start + self.buffer_size]
+            lengths, images, patches = (column[buffer] for column in weights.columns())
+            of_buffer = Weights(lengths, images, patch_counts=patches)
+            items, starts = pack_weights(of_buffer, budgets, self.strategy)
+            buffer[:] = buffer[items]  # buffer[items] is a copy: safe to write back
+            sizes.append(np.diff(starts).astype(np.int32))
+        return np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int32)
+
+
+def planning_workers(num_buffers: int) -> int:
+    """How many processes pack `num_buffers` buffers: the cores this process may use, shared
+    between the ranks of this machine (torchrun's LOCAL_WORLD_SIZE); 1 below
+    PARALLEL_MIN_BUFFERS buffers, in a daemon process (a DataLoader worker may not start
+    processes), and where processes cannot be forked (Windows)."""
+    if (
+        num_buffers < PARALLEL_MIN_BUFFERS
+        or multiprocessing.current_process().daemon
+        or "fork" not in multiprocessing.get_all_start_methods()
+    ):
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+_job: PackingJob | None = None  # a packing process's job, set once as it starts
+
+
+def start_packing_process(job: PackingJob) -> None:
+    global _job
+    _job = job
+
+
+def pack_range(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """In a packing process: a range of buffers' rows -> (rows in pack order, rows per pack)."""
+    sizes = _job.pack(rows)
+    return rows, sizes
+
+
+def pack_in_processes(rows: np.ndarray, job: PackingJob, workers: int) -> list[np.ndarray]:
+    """`job.pack` over ranges of whole buffers in `workers` processes, reordering `rows` in
+    place; the rows per pack of each range, in order.
+
+    The processes are forked, so they share the weights (copy on write, read only) instead of
+    receiving them; each range's rows go and come back through a pipe (4 bytes a row each way).
+    About four ranges per process, at most RANGE_ROWS rows each, so that a slow process holds
+    the others up little.
+    """
+    num_buffers = -(-len(rows) // job.buffer_size)
+    per_range = max(1, min(RANGE_ROWS // job.buffer_size, num_buffers // (4 * workers)))
+    step = per_range * job.buffer_size
+    bounds = [(a, min(a + step, len(rows))) for a in range(0, len(rows), step)]
+    sizes = []
+    with ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=start_packing_process,
+        initargs=(job,),
+    ) as pool:
+        for (a, z), (packed, part_sizes) in zip(
+            bounds, pool.map(pack_range, (rows[a:z] for a, z in bounds))
+        ):
+            rows[a:z] = packed
+            sizes.append(part_sizes)
+    return sizes
+
+
 def starts_of(sizes: np.ndarray, dtype) -> np.ndarray:
     """[0, sizes[0], sizes[0] + sizes[1], ...]: where each pack begins, and the end."""
     starts = np.zeros(len(sizes) + 1, dtype=dtype)
@@ -370,7 +459,7 @@ def deal_equal_steps(
 
 def plan_epoch(
     weights: Weights,
-    config: PackingConfig | None = None,
+    config: PackingConfig,
     *,
     world_size: int = 1,
     epoch: int = 0,
@@ -378,7 +467,7 @@ def plan_epoch(
     split: np.ndarray | None = None,
 ) -> EpochPlan:
     """Steps 1-3: the epoch's plan for every rank, the same wherever it is computed, packed and
-    batched as `config` says (None: PackingConfig()).
+    batched as `config` says.
 
     `mixture` (a mmdp.planning.source_shares.MixturePlan): the rows come from several
     sources, each with its share; after step 1 it chooses the epoch's rows (some left out, some
@@ -388,7 +477,6 @@ def plan_epoch(
     `split` (bool per row, `eval_split`): the epoch takes only the rows it marks (a training or
     an evaluation split); the others are neither planned nor counted.
     """
-    config = PackingConfig() if config is None else config
     rows, dropped = filter_rows(weights, config.budgets, split)
     if mixture is not None:
         usable = rows
@@ -463,9 +551,7 @@ def shuffle_and_pack(
 
 
 def pack_buffer(
-    weights: Weights,
-    rng: np.random.Generator,
-    config: PackingConfig | None = None,
+    weights: Weights, rng: np.random.Generator, config: PackingConfig
 ) -> tuple[list[np.ndarray], Counter]:
     """Steps 1-2 for one buffer of a stream (mmdp.loading.streaming): its packs (positions in the
     buffer) and its drops, by reason.
@@ -475,7 +561,6 @@ def pack_buffer(
     "binpack": row 1 is too long; FFD takes 6, 5, 3, 2 and makes the packs [2, 3] (6 + 2) and
     [4, 0] (5 + 3), in a shuffled order; dropped {"too_long": 1}.
     """
-    config = PackingConfig() if config is None else config
     rows, dropped = filter_rows(weights, config.budgets)
     whole_buffer = replace(config, buffer_size=max(len(weights), 1))
     packed_rows, pack_starts, order = shuffle_and_pack(rows, weights, rng, whole_buffer)
@@ -515,11 +600,7 @@ def batch_loads(plan: EpochPlan, weights: Weights) -> dict[str, np.ndarray]:
     batch_of_pack = np.repeat(np.arange(len(plan.batch_starts) - 1), np.diff(plan.batch_starts))
     batch_of_row = batch_of_pack[pack_of_row]
     num_batches = len(plan.batch_starts) - 1
-    loads = {
-        "tokens": weights.lengths,
-        "images": weights.image_counts,
-        "patches": weights.patch_counts,
-    }
+    loads = dict(zip(("tokens", "images", "patches"), weights.columns()))
     return {
         name: np.bincount(batch_of_row, per_row[plan.rows], minlength=num_batches)
         .astype(np.int64)

@@ -16,7 +16,7 @@ from datasets import Dataset, load_from_disk
 from mmdp.errors import UserError
 from mmdp.packing.weights import Weights
 
-# The arrays of a weights file, in the order ranks send them to each other.
+# The arrays of a weights file, named as Weights' fields, in the order ranks send them.
 ARRAYS = ("lengths", "image_counts", "patch_counts", "reasons")
 
 

@@ -73,18 +73,22 @@ def truncate_sample(sample: dict, max_length: int, family) -> dict:
     return {**sample, **cut, "truncated": True}
 
 
-def fit_over_long(weights: Weights, rows, family, max_length: int) -> tuple[Weights, np.ndarray]:
-    """(weights, rows cut): `weights` with every usable row over max_length that can be cut
-    weighed at its cut length (`cut_length`, on the tokens the family's `tokenize` gives, read
-    from the image and video headers: no pixel decoded), and those rows. The rows that cannot be
-    cut keep their length: the planner drops them (`too_long`). Only the over-long rows are
-    tokenized (a few in most datasets)."""
+def fit_over_long(weights: Weights, dataset, config) -> tuple[Weights, np.ndarray]:
+    """(weights, rows cut): what a PackedDataset of `dataset` (a VQADataset) plans from under
+    `config`. With overflow="truncate", every usable row over max_length that can be cut weighs
+    its cut length (`cut_length`, on the tokens the family's `tokenize` gives, read from the image
+    and video headers: no pixel decoded); the rows that cannot be cut keep their length, and the
+    planner drops them (`too_long`). Only the over-long rows are tokenized (a few in most
+    datasets). With overflow="drop", `weights` as they are, and no row cut."""
+    if config.overflow != "truncate":
+        return weights, np.zeros(0, dtype=np.int64)
+    max_length, family = config.max_length, dataset.family
     over = np.flatnonzero((weights.reasons == 0) & (weights.lengths > max_length))
     if not len(over):
         return weights, over
     family.read_settings()
     lengths = weights.lengths.copy()
-    media = undecoded(rows).select(over.tolist())
+    media = undecoded(dataset.dataset).select(over.tolist())
     for row, item in zip(over.tolist(), media):
         input_ids, labels, _, _ = family.tokenize(item["texts"], item["images"], item.get("videos"))
         lengths[row] = cut_length(labels, media_end(family, input_ids), max_length) or lengths[row]

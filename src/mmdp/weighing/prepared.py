@@ -3,8 +3,8 @@
 `uv run -m mmdp.prepare --out URL` weighs every row of a dataset (mmdp.weighing.weigh; with
 --pretokenize it keeps each sample's input_ids and labels too) and writes the result to a local
 folder or any fsspec URL (s3://, gs://, hf://, ...), with a manifest of everything the weights
-depend on. Training reads it from there on every rank and node (PackedDataset.from_prepared) and
-weighs nothing. What lies under URL:
+depend on. Training reads it from there on every rank and node and weighs nothing (`weigh_dataset`,
+which PackedDataset calls: without a URL, it weighs the rows). What lies under URL:
 
     manifest.json              written last: until it exists, URL holds no prepared dataset
     parts-<id>/weights.npz     each row's tokens, images, patches and drop reason
@@ -46,10 +46,9 @@ from mmdp.data.families.tiny import TinyFamily
 from mmdp.data.reading.sources import cache_dir
 from mmdp.errors import UserError
 from mmdp.packing.packing_config import PackingConfig
-from mmdp.packing.weights import Budgets, Weights
-from mmdp.planning.planner import filter_rows
+from mmdp.packing.weights import Weights
 from mmdp.weighing.cache import ARRAYS, checksum, weights_of
-from mmdp.weighing.weigh import WEIGHING_VERSION, Weighing
+from mmdp.weighing.weigh import WEIGHING_VERSION, Weighing, weigh_rows
 
 # Bump when the layout under URL or the manifest's meaning changes.
 PREPARED_VERSION = 2  # 2: the rows' digest hashes each row's own digest (what Ray's workers send)
@@ -179,13 +178,6 @@ def versions() -> dict:
     return {"mmdp": version("mmdp"), "transformers": transformers.__version__}
 
 
-def budget_report(weights: Weights, run: dict) -> dict:
-    """The rows usable under the run's budgets, and the others by reason (what prepare prints)."""
-    budgets = Budgets(run["max_length"], run["max_images"], run["max_patches"])
-    usable, dropped = filter_rows(weights, budgets)
-    return {"usable": len(usable), "dropped": dict(sorted(dropped.items()))}
-
-
 # Writing ----------------------------------------------------------------------------------------
 
 
@@ -215,10 +207,7 @@ def commit(fs, root: str, manifest: dict) -> None:
 
 def stage_parts(folder: Path, weights: Weights, tokens: Dataset | None) -> dict:
     """Write the parts into a local folder; their names and sha256, for the manifest."""
-    arrays = dict(
-        zip(ARRAYS, (weights.lengths, weights.image_counts, weights.patch_counts, weights.reasons))
-    )
-    np.savez(folder / "weights.npz", **arrays)
+    np.savez(folder / "weights.npz", **{name: getattr(weights, name) for name in ARRAYS})
     if tokens is not None:
         table = tokens.flatten_indices().with_format("arrow")[:]
         with pa.OSFile(str(folder / "tokens.arrow"), "wb") as sink:
@@ -264,12 +253,18 @@ def open_url(url: str):
         raise UserError(f"reading {url} needs a package: {error} (uv sync --extra s3)") from error
 
 
-def load_prepared(url: str, dataset, config: PackingConfig, *, pretokenize: bool) -> Weighing:
-    """The weights (and tokens, when prepared with them) of `dataset`'s rows, read from `url`
-    after checking that it was prepared for this run. Nothing is weighed."""
-    start = time.perf_counter()
-    manifest = read_manifest(url)
+def weigh_dataset(
+    dataset, config: PackingConfig, *, prepared: str | None, pretokenize: bool, **weighing
+) -> Weighing:
+    """The weights (and, with `pretokenize`, the tokens) of a VQADataset's rows: weighed now or
+    read from the cache (weigh_rows, which takes `weighing`: num_proc, across_ranks), or read
+    from the URL `prepared` after checking that it was prepared for this run and `config`'s
+    budgets: nothing is weighed."""
     rows = dataset.dataset
+    if prepared is None:
+        return weigh_rows(rows, dataset.family, pretokenize=pretokenize, **weighing)
+    start, url = time.perf_counter(), prepared
+    manifest = read_manifest(url)
     run = describe(dataset.family, config, len(rows), rows_digest(rows))
     check_matches(manifest, run, url)
     if pretokenize and "tokens.arrow" not in manifest["files"]:

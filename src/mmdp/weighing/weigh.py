@@ -14,12 +14,11 @@ single image. Tokenizing the text of millions of rows takes minutes, so it is do
 3. Save the result under the cache folder (MMDP_CACHE), keyed by everything it depends on: the
    dataset's fingerprint, the family's fingerprint (tokenizer, chat template, the processor's
    settings that change a count), and this module's version. A second run, another rank or a
-   restart loads it. The save is atomic (written beside, then renamed) and checked when loaded
-   (a manifest holds the rows and a checksum): a truncated or edited cache is weighed again,
-   never planned from. Weights with a remote file that did not answer (`unreachable_file`) are
-   not saved when no other process waits for them: the network failed, not the file, and the
-   next run reads it again (under torchrun, where the machine's other ranks wait for the cache,
-   they are saved, and a warning names the folder to delete to read those files again).
+   restart loads it (mmdp.weighing.cache: saved atomically, checked when loaded: a truncated or
+   edited cache is weighed again). Weights with a remote file that did not answer
+   (`unreachable_file`) are not saved when no other process waits for them: the network failed,
+   not the file, and the next run reads it again (under torchrun, where the machine's other ranks
+   wait for the cache, they are saved, and a warning names the folder to delete to read them).
 
 Two ways under torchrun:
 - `across_ranks=True` (PackedDataset's choice when its ranks come from torch.distributed): every
@@ -28,8 +27,6 @@ Two ways under torchrun:
   whose cache is warm weighs nothing and only takes part in the gathers.
 - otherwise (a dataset built on one rank only, say): local rank 0 of each machine weighs all the
   rows, and the other local ranks wait for its cache, with no collective call.
-
-The cache on disk is mmdp.weighing.cache.
 """
 
 import contextlib
@@ -82,6 +79,7 @@ WAIT_FOR_WEIGHING = timedelta(hours=6)
 WHILE_WEIGHING = "while the ranks weighed the rows together"
 POLL_SECONDS = 0.5
 
+# A row's weight as weigh_batch writes it, in the order of its arrays (mmdp.weighing.cache.ARRAYS)
 WEIGHT_FEATURES = {
     "length": Value("int32"),
     "image_count": Value("int32"),
@@ -168,9 +166,8 @@ def weigh_on_this_machine(rows, family, pretokenize: bool, num_proc, path: Path)
         scratch = scratch_path(path)
         arrays, tokens = weigh(rows, family, pretokenize, num_proc, scratch)
         alone = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) == 1  # no local rank waits for it
-        if unreachable(arrays, None if alone else path):
-            if alone:
-                return weights_of(arrays), tokens, len(rows)
+        if unreachable(arrays, None if alone else path) and alone:
+            return weights_of(arrays), tokens, len(rows)
         save(path, arrays, tokens)
     finally:
         weigher.unlink(missing_ok=True)
@@ -181,8 +178,7 @@ def wait_for(path: Path, local_rank: int) -> None:
     """Wait until local rank 0 of this machine has saved the weights under `path`, with no
     collective call; raise at once if it stopped while weighing (its process is gone), or after
     WAIT_FOR_WEIGHING, looking every POLL_SECONDS."""
-    timeout = WAIT_FOR_WEIGHING
-    deadline = time.monotonic() + timeout.total_seconds()
+    deadline = time.monotonic() + WAIT_FOR_WEIGHING.total_seconds()
     if not is_complete(path):
         print(f"local rank {local_rank}: waiting for local rank 0 to weigh the rows", flush=True)
     while not is_complete(path):
@@ -194,7 +190,7 @@ def wait_for(path: Path, local_rank: int) -> None:
             )
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"local rank {local_rank} waited {timeout} for local rank 0 to weigh "
+                f"local rank {local_rank} waited {WAIT_FOR_WEIGHING} for local rank 0 to weigh "
                 f"the rows into {path}; did local rank 0 build the same dataset?"
             )
         time.sleep(POLL_SECONDS)
@@ -313,12 +309,7 @@ def weigh(rows, family, pretokenize: bool, num_proc, scratch: Path | None):
     # one read of whole columns: indexing a formatted column row by row would take longer than
     # tokenizing (bench/bench_scale.py measured it)
     columns = weighed.select_columns(list(WEIGHT_FEATURES)).with_format("numpy")[:]
-    arrays = {
-        "lengths": columns["length"],
-        "image_counts": columns["image_count"],
-        "patch_counts": columns["patches"],
-        "reasons": columns["reason"],
-    }
+    arrays = {name: columns[feature] for name, feature in zip(ARRAYS, WEIGHT_FEATURES)}
     tokens = weighed.select_columns(list(TOKEN_FEATURES)) if pretokenize else None
     return arrays, tokens
 
@@ -367,14 +358,8 @@ def weigh_batch(batch: dict, indices, family, pretokenize: bool, image_counts) -
     videos = batch.get("videos") or [None] * len(images)
     if not pretokenize:
         lengths, counts, patches, reasons = family.weigh(batch["texts"], images, videos)
-        return {
-            "length": lengths,
-            "image_count": counts,
-            "patches": patches,
-            "reason": [CODE[reason] for reason in reasons],
-        }
-    keys = ("length", "image_count", "patches", "reason", "input_ids", "labels")
-    out = {key: [] for key in keys}
+        return dict(zip(WEIGHT_FEATURES, (lengths, counts, patches, [CODE[r] for r in reasons])))
+    out = {key: [] for key in (*WEIGHT_FEATURES, *TOKEN_FEATURES)}
     family.read_settings()  # once for the batch: tokenize reads what it found
     for texts, row_images, row_videos in zip(batch["texts"], images, videos):
         try:
@@ -384,10 +369,8 @@ def weigh_batch(batch: dict, indices, family, pretokenize: bool, image_counts) -
             input_ids = labels = torch.zeros(0, dtype=torch.long)
             count = row_images if isinstance(row_images, int) else len(row_images or [])
             patches, reason = 0, error.reason
-        out["length"].append(len(input_ids))
-        out["image_count"].append(count)
-        out["patches"].append(patches)
-        out["reason"].append(CODE[reason])
-        out["input_ids"].append(input_ids.numpy().astype(np.int32))
-        out["labels"].append(labels.numpy().astype(np.int32))
+        input_ids, labels = (tokens.numpy().astype(np.int32) for tokens in (input_ids, labels))
+        row = (len(input_ids), count, patches, CODE[reason], input_ids, labels)  # out's columns
+        for column, value in zip(out.values(), row):
+            column.append(value)
     return out
