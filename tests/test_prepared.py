@@ -5,6 +5,7 @@ and refused in one sentence when it was made for another run or never finished."
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import fsspec
@@ -38,6 +39,10 @@ def s3_bucket():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
+    # moto keeps its buckets in this process, not in the server: another test file's server (the
+    # Ray tests import this fixture) may have left the bucket behind on this pytest worker
+    reset = f"http://{host}:{port}/moto-api/reset"
+    urllib.request.urlopen(urllib.request.Request(reset, method="POST")).close()
     with pytest.MonkeyPatch.context() as env:
         env.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
         env.setenv("AWS_ACCESS_KEY_ID", "testing")
