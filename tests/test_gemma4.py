@@ -15,7 +15,7 @@ import json
 
 import pytest
 import torch
-from conftest import PACKED_LENGTH
+from conftest import two_packs_of_three
 from datasets import Dataset
 from PIL import Image
 from test_families import (
@@ -25,7 +25,7 @@ from test_families import (
     summed_losses_packed,
     turn,
 )
-from test_video import clip, processor_outputs
+from test_video import ATTENTION, clip, processor_outputs
 from transformers.masking_utils import create_sliding_window_causal_mask
 from transformers.models.gemma4.modeling_gemma4 import (
     create_masks_for_vision_model,
@@ -135,32 +135,12 @@ ROWS = [
 def packed(tiny):
     """ROWS in two packs (3 and 2 samples, a padding tail in each), and their samples."""
     samples = [tiny.make_sample(row, i) for i, row in enumerate(ROWS)]
-    packs = [
-        build_pack(
-            part,
-            [len(s["input_ids"]) for s in part],
-            max_length=PACKED_LENGTH,
-            pad_token_id=0,
-            batch_index=0,
-        )
-        for part in (samples[:3], samples[3:])
-    ]
-    return collate_packs(packs, tiny), samples
+    return two_packs_of_three(tiny, samples), samples
 
 
 @pytest.fixture(scope="module")
 def alone_eager(tiny, model, packed):
     return summed_losses_alone(tiny, model, packed[1])
-
-
-# The default suite checks eager (whose alone losses the trap reuses); the other implementations
-# run with the slow group (uv run pytest -m slow), as tests/test_video.py does.
-ATTENTION = (
-    "eager",
-    pytest.param("sdpa", marks=pytest.mark.slow),
-    pytest.param("flex_attention", marks=pytest.mark.slow),
-    pytest.param("flash_attention_2", marks=pytest.mark.slow),
-)
 
 
 @pytest.mark.parametrize("attention", ATTENTION, indirect=True)

@@ -10,7 +10,7 @@ import io
 
 import pytest
 import torch
-from conftest import PACKED_LENGTH
+from conftest import two_packs_of_three
 from PIL import Image
 from test_families import (
     cell,
@@ -20,10 +20,9 @@ from test_families import (
     summed_losses_packed,
     turn,
 )
-from test_video import clip, processor_outputs
+from test_video import ATTENTION, clip, processor_outputs
 from transformers import GotOcr2ImageProcessor, InternVLProcessor
 
-from mmdp.batch import build_pack, collate_packs
 from mmdp.data.conversation import chat_messages, chat_turns
 from mmdp.data.families import family_for, offline_processor, tiny_processor
 from mmdp.data.families.internvl import IMAGE_SETTINGS
@@ -146,30 +145,12 @@ def model(tiny):
 @pytest.fixture(scope="module")
 def packed(tiny):
     samples = [tiny.make_sample(row, i) for i, row in enumerate(ROWS)]
-    packs = [
-        build_pack(
-            part,
-            [len(s["input_ids"]) for s in part],
-            max_length=PACKED_LENGTH,
-            pad_token_id=0,
-            batch_index=0,
-        )
-        for part in (samples[:3], samples[3:])
-    ]
-    return collate_packs(packs, tiny), samples
+    return two_packs_of_three(tiny, samples), samples
 
 
 @pytest.fixture(scope="module")
 def alone_eager(tiny, model, packed):
     return summed_losses_alone(tiny, model, packed[1])
-
-
-ATTENTION = (
-    "eager",
-    pytest.param("sdpa", marks=pytest.mark.slow),
-    pytest.param("flex_attention", marks=pytest.mark.slow),
-    pytest.param("flash_attention_2", marks=pytest.mark.slow),
-)
 
 
 @pytest.mark.parametrize("attention", ATTENTION, indirect=True)
