@@ -34,6 +34,7 @@ def s3_bucket():
     """A real S3-compatible server in this process (moto's server mode, as s3fs's own tests use),
     with an empty bucket; its address reaches s3fs (and child processes) through the
     environment, as a user's AWS_ENDPOINT_URL would."""
+    import s3fs
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
@@ -48,8 +49,12 @@ def s3_bucket():
         env.setenv("AWS_ACCESS_KEY_ID", "testing")
         env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
         env.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        fsspec.filesystem("s3", skip_instance_cache=True).mkdir("prepared")
+        # s3fs caches its filesystems by their arguments, not by the endpoint read from the
+        # environment: one made for another file's server (stopped since) would be reused here
+        s3fs.S3FileSystem.clear_instance_cache()
+        fsspec.filesystem("s3").mkdir("prepared")
         yield "s3://prepared"
+    s3fs.S3FileSystem.clear_instance_cache()
     server.stop()
 
 
