@@ -295,7 +295,7 @@ def print_where_the_time_goes(speed, names) -> None:
 
 
 def check_ddp_gradient(settings: ExperimentSettings) -> dict:
-    """mmdp.training.ddp under torchrun: two ranks (gloo, CPU), two micro-steps each, of stage 5's
+    """mmdp.check_ddp (mmdp.training.ddp's step) under torchrun: two ranks (gloo, CPU), two micro-steps each, of stage 5's
     packed batches of the same rows (its own --num-rows), each normalisation's gradient against
     one process's over the same batches."""
     if settings.skip_ddp:
@@ -314,7 +314,7 @@ def check_ddp_gradient(settings: ExperimentSettings) -> dict:
     return {
         **result,
         "seconds": round(time.perf_counter() - started, 1),
-        "command": "torchrun --standalone --nproc_per_node 2 -m mmdp.training.ddp",
+        "command": "torchrun --standalone --nproc_per_node 2 -m mmdp.check_ddp",
     }
 
 

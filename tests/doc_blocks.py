@@ -148,7 +148,7 @@ RUN = {
     "-m mmdp.prepare": (
         "tests/test_prepared.py::test_pack_prepared_with_another_max_length_exits_2_with_one_sentence"
     ),
-    "torchrun -m mmdp.training.ddp": (
+    "torchrun -m mmdp.check_ddp": (
         "tests/test_ddp.py::test_packed_ddp_matches_one_process_only_with_tokens_counted_over_all"
         "_ranks (-m slow; its step, in tests/torchrun_trainers.py's launch)"
     ),

@@ -6,7 +6,7 @@ the ranks' gradients averaged as DDP averages them, is one process's gradient on
 batches; each rank's own mean loss is not (the ranks hold unequal label tokens).
 
 Slow: the same under torchrun with DDP itself, 2 ranks (gloo, CPU): mmdp.training.ddp's step
-(`torchrun ... -m mmdp.training.ddp` alone), run in tests/torchrun_trainers.py's launch with the
+(`torchrun ... -m mmdp.check_ddp` alone), run in tests/torchrun_trainers.py's launch with the
 trainers' checks (each launch starts 3 processes that import torch and transformers: 20-30 s).
 """
 

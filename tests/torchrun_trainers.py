@@ -5,7 +5,7 @@
 1. tests/torchrun_checks.py: each way to train (examples/trainer.py, accelerate_loop.py,
    torchrun.py), its files in OUT/checks/WAY (tests/test_trainers.py reads them);
 2. mmdp.training.ddp: stage 6's one DDP step against one process, OUT/ddp/ddp.json
-   (tests/test_ddp.py reads it; alone: `torchrun ... -m mmdp.training.ddp`);
+   (tests/test_ddp.py reads it; alone: `torchrun ... -m mmdp.check_ddp`);
 3. tests/torchrun_matrix.py: every family on every path, OUT/matrix/results.json
    (tests/test_trainer_matrix.py reads it).
 

@@ -2,7 +2,7 @@
 (`num_rows` is --num-rows), its type, default and help taken from the field, and the parsed flags
 given back as those dataclasses. The library declares its settings (DataSettings, PackingConfig,
 TrainingSettings...) and never reads a flag: only the scripts and the CLIs (mmdp.prepare,
-`python -m mmdp.training.ddp`) import this module. No torch here: stage 4 parses with it too.
+mmdp.check_ddp) import this module. No torch here: stage 4 parses with it too.
 
     @dataclasses.dataclass(frozen=True)
     class Stage2Settings:

@@ -1,6 +1,6 @@
 """Packed batches under DDP: the loss that gives the same gradient as one process (stage 6).
 
-    uv run torchrun --standalone --nproc_per_node 2 -m mmdp.training.ddp --metrics-json /tmp/ddp.json
+    uv run torchrun --standalone --nproc_per_node 2 -m mmdp.check_ddp --metrics-json /tmp/ddp.json
 
 Each rank averages its loss over its own label tokens, ranks hold different numbers of them
 (more so with packing: a pack holds as many tokens, not as many samples), and DDP then averages
@@ -182,15 +182,16 @@ def compare_gradients(settings: DdpSettings) -> dict | None:
 
 
 def run_torchrun(*args: str, nproc_per_node: int = 2, timeout: int = 600) -> dict:
-    """Run this module under torchrun on this machine (gloo) and return rank 0's results.
+    """Run this module's step under torchrun on this machine (gloo; its CLI, mmdp.check_ddp) and
+    return rank 0's results.
 
-    `args` are this module's flags (mmdp.flags.command_line of DdpSettings); raises RuntimeError
+    `args` are that CLI's flags (mmdp.flags.command_line of DdpSettings); raises RuntimeError
     with torchrun's last line if it fails.
     """
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/ddp.json"
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        module = ["--nproc_per_node", str(nproc_per_node), "-m", "mmdp.training.ddp", *args]
+        module = ["--nproc_per_node", str(nproc_per_node), "-m", "mmdp.check_ddp", *args]
         command = [*launcher, *module, "--metrics-json", out]
         # torchrun writes its own log folder (torchelastic_*) under the temp folder: this one
         env = {**os.environ, "TMPDIR": tmp}
@@ -200,9 +201,3 @@ def run_torchrun(*args: str, nproc_per_node: int = 2, timeout: int = 600) -> dic
             raise RuntimeError(f"torchrun failed: {lines[-1] if lines else 'no output'}")
         with open(out) as f:
             return json.load(f)
-
-
-if __name__ == "__main__":  # the CLI: its flags made from DdpSettings by the scripts' layer
-    from mmdp.flags import parse_flags
-
-    main(parse_flags(DdpSettings, __doc__, prog="python -m mmdp.training.ddp"))
