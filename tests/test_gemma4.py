@@ -25,7 +25,7 @@ from test_families import (
     summed_losses_packed,
     turn,
 )
-from test_video import ATTENTION, clip, processor_outputs
+from test_video import ATTENTION, clip, losses_packed_and_alone, processor_outputs
 from transformers.masking_utils import create_sliding_window_causal_mask
 from transformers.models.gemma4.modeling_gemma4 import (
     create_masks_for_vision_model,
@@ -149,17 +149,8 @@ def test_packed_samples_with_videos_see_only_themselves(
 ):
     """Called as Trainer calls the model (model(**inputs)); alone under the same attention
     (flex_attention: eager, which it equals on one sample)."""
-    batch, samples = packed
-    assert batch["num_frames_per_video"].tolist() == [2, 2]
-    alone = alone_eager
-    try:
-        if attention not in ("eager", "flex_attention"):
-            use_attention(language_model(model), attention)
-            alone = summed_losses_alone(tiny, model, samples)
-        use_attention(language_model(model), attention)
-        packed_losses = summed_losses_packed(model, batch)
-    finally:
-        use_attention(model, "eager")
+    assert packed[0]["num_frames_per_video"].tolist() == [2, 2]
+    packed_losses, alone = losses_packed_and_alone(tiny, model, packed, alone_eager, attention)
     assert packed_losses == pytest.approx(alone, rel=1e-5)
 
 

@@ -14,20 +14,18 @@ from conftest import two_packs_of_three
 from PIL import Image
 from test_families import (
     cell,
-    language_model,
     packs_tiles_swapped,
     summed_losses_alone,
     summed_losses_packed,
     turn,
 )
-from test_video import ATTENTION, clip, processor_outputs
+from test_video import ATTENTION, clip, losses_packed_and_alone, processor_outputs
 from transformers import GotOcr2ImageProcessor, InternVLProcessor
 
 from mmdp.data.conversation import chat_messages, chat_turns
 from mmdp.data.families import family_for, offline_processor, tiny_processor
 from mmdp.data.families.internvl import IMAGE_SETTINGS
 from mmdp.drop_reasons import VIDEO_REFUSED
-from mmdp.models.attention import use_attention
 from mmdp.models.inputs import model_inputs
 from mmdp.models.tiny import tiny_model
 
@@ -162,15 +160,7 @@ def test_packed_samples_with_videos_see_only_themselves(
     batch, samples = packed
     tiles = sum(s["patches"] for s in samples) // (4 * tiny.processor.image_seq_length)
     assert len(batch["pixel_values"]) == tiles and "pixel_values_videos" not in batch
-    alone = alone_eager
-    try:
-        if attention not in ("eager", "flex_attention"):
-            use_attention(language_model(model), attention)
-            alone = summed_losses_alone(tiny, model, samples)
-        use_attention(language_model(model), attention)
-        packed_losses = summed_losses_packed(model, batch)
-    finally:
-        use_attention(model, "eager")
+    packed_losses, alone = losses_packed_and_alone(tiny, model, packed, alone_eager, attention)
     assert packed_losses == pytest.approx(alone, rel=1e-5)
 
 

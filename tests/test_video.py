@@ -301,17 +301,26 @@ def test_packed_samples_with_videos_see_only_themselves(
 ):
     """Called as Trainer calls the model (model(**inputs)); alone under the same attention
     (flex_attention: eager, which it equals on one sample)."""
+    packed_losses, alone = losses_packed_and_alone(
+        tiny_family, model, packed, alone_eager, attention
+    )
+    assert packed_losses == pytest.approx(alone, rel=1e-5)
+
+
+def losses_packed_and_alone(family, model, packed, alone_eager, attention) -> tuple[list, list]:
+    """Each sample's summed loss in the packed batch under `attention`, the model called as
+    Trainer calls it (model(**inputs)), and each alone under the same attention (flex_attention:
+    `alone_eager`, which it equals on one sample)."""
     batch, samples = packed
     alone = alone_eager
     try:
         if attention not in ("eager", "flex_attention"):
             use_attention(language_model(model), attention)
-            alone = summed_losses_alone(tiny_family, model, samples)
+            alone = summed_losses_alone(family, model, samples)
         use_attention(language_model(model), attention)
-        packed_losses = summed_losses_packed(model, batch)
+        return summed_losses_packed(model, batch), alone
     finally:
         use_attention(model, "eager")
-    assert packed_losses == pytest.approx(alone, rel=1e-5)
 
 
 def videos_out_of_order(batch: dict, inputs: dict) -> dict:
