@@ -10,6 +10,7 @@ One local Ray instance of 2 CPUs serves the module (about 10 s to start on a bus
 import json
 import os
 import signal
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -230,3 +231,38 @@ def test_a_worker_that_dies_every_time_ends_in_one_sentence_and_writes_nothing(
     assert sentence.startswith(f"weighing on Ray failed (a worker died {on_ray.TASK_RETRIES + 1}")
     assert sentence.endswith("nothing was written") and "\n" not in sentence
     assert (sorted(p.name for p in out.iterdir()), (out / "manifest.json").read_text()) == before
+
+
+def test_a_file_whose_reading_kills_its_worker_ends_in_one_sentence_after_the_retries(
+    ray_cpus, users_data, tmp_path, monkeypatch
+):
+    """Reading is a Ray task of its own (not fused with weighing's): Ray Data's default for it
+    would retry forever, as for a .json of several GB that kills every worker loading it whole."""
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+
+    def dies_reading(batch, *args):  # on_ray.read_files, on a worker the OOM killer kills
+        (attempts / uuid.uuid4().hex).touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+        yield from ()
+
+    monkeypatch.setattr(on_ray, "read_files", dies_reading)
+    rows = str(users_data / "jsonl" / "part-0.jsonl")
+    with pytest.raises(UserError) as failed:
+        prepare(["--out", str(tmp_path / "out"), "--dataset", rows, "--engine", "ray"])
+    sentence = str(failed.value)
+    assert sentence.startswith(f"weighing on Ray failed (a worker died {on_ray.TASK_RETRIES + 1}")
+    assert len(list(attempts.iterdir())) == on_ray.TASK_RETRIES + 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_cluster_that_reports_no_cpus_still_writes_its_prepared_dataset(
+    ray_cpus, tmp_path, monkeypatch, capsys
+):
+    """An autoscaling cluster's head has no CPUs (ray start --num-cpus=0) until workers join, and
+    none again once they leave: the rate a CPU is left out, never a division by 0 after weighing."""
+    monkeypatch.setattr(on_ray, "cpus", lambda ray: 0)
+    prepare(["--out", str(tmp_path / "ray"), "--num-rows", "300", "--engine", "ray"])
+    out = capsys.readouterr().out
+    assert "Weighing on Ray (0 CPUs)" in out and " a CPU)" not in out
+    assert prepared(tmp_path / "ray")[0]["rows"] == 300

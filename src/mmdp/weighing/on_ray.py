@@ -13,8 +13,9 @@
 3. Gather them here in the rows' order (Ray Data's preserve_order): each row keeps the index
    load_vqa_dataset gives it.
 
-A task whose worker dies (killed, out of memory, a node lost) is run again, up to TASK_RETRIES
-times, then the run ends in one sentence; until every row is weighed nothing is written.
+A task whose worker dies (killed, out of memory, a node lost), reading or weighing, is run again,
+up to TASK_RETRIES times, then the run ends in one sentence; until every row is weighed nothing
+is written.
 """
 
 import contextlib
@@ -56,7 +57,7 @@ def weigh_on_ray(
     ray = start_ray(address, num_proc)
     start = time.perf_counter()
     with warnings.catch_warnings():  # max_retries is ray_remote_args, deprecated in Ray 2.60
-        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)  # (reading's, in rows_on_ray, too)
         weighed = rows_on_ray(ray, settings).map_batches(
             weigh_block,
             batch_size=weigh.BATCH_ROWS,
@@ -64,8 +65,7 @@ def weigh_on_ray(
             fn_kwargs={"pickled_family": pickle.dumps(family)},
             max_retries=TASK_RETRIES,
         )
-    cpus = int(ray.cluster_resources().get("CPU", 0))
-    print(f"Weighing on Ray ({cpus} CPUs): blocks of {BLOCK_ROWS:,} rows", flush=True)
+    print(f"Weighing on Ray ({cpus(ray)} CPUs): blocks of {BLOCK_ROWS:,} rows", flush=True)
     with one_sentence():
         blocks = list(weighed.iter_batches(batch_size=None, batch_format="pyarrow"))
     if not blocks:
@@ -75,10 +75,18 @@ def weigh_on_ray(
     weigh.unreachable(arrays)
     picked = table["digest"].take(prepared.picked_rows(len(table))).to_pylist()
     seconds = time.perf_counter() - start
-    rate = f"{len(table) / seconds:,.0f} rows/s, {len(table) / seconds / cpus:,.0f} a CPU"
+    rate = f"{len(table) / seconds:,.0f} rows/s"
+    if now := cpus(ray):  # an autoscaling cluster's head may have none, its workers gone already
+        rate += f", {len(table) / seconds / now:,.0f} a CPU"
     print(f"Weighed {len(table):,} rows on Ray in {seconds:.1f} s ({rate})")
     weighing = weigh.Weighing(weights_of(arrays), None, len(table), seconds, Path("ray"))
     return weighing, prepared.digest_of_rows(picked)
+
+
+def cpus(ray) -> int:
+    """The CPUs of the cluster (or local instance) at this moment: an autoscaling cluster's grow
+    and shrink as it runs."""
+    return int(ray.cluster_resources().get("CPU", 0))
 
 
 def start_ray(address: str | None, num_proc: int | None):
@@ -121,8 +129,11 @@ def rows_on_ray(ray, settings):
     kind, files, base, source = found
     renames = column_maps.renames_of(settings.columns)
     read = ray.data.from_items([{"file": file} for file in files], override_num_blocks=len(files))
-    read = read.map_batches(
-        read_files, batch_size=1, fn_args=(kind, settings.format, base, source, renames)
+    read = read.map_batches(  # a reading that kills its worker (a huge .json) ends too
+        read_files,
+        batch_size=1,
+        fn_args=(kind, settings.format, base, source, renames),
+        max_retries=TASK_RETRIES,
     )
     # blocks of BLOCK_ROWS rows, each weighed by its own task (a file's rows on many CPUs)
     read = read.repartition(target_num_rows_per_block=BLOCK_ROWS)
@@ -180,5 +191,5 @@ def one_sentence():
             raise UserError(str(cause).splitlines()[0]) from None
         what = f"{error.__class__.__name__}: {(str(error).strip() or '-').splitlines()[-1]}"
         if isinstance(error, ray.exceptions.WorkerCrashedError):
-            what = f"a worker died {TASK_RETRIES + 1} times weighing the same rows: {what}"
+            what = f"a worker died {TASK_RETRIES + 1} times on the same rows: {what}"
         raise UserError(f"weighing on Ray failed ({what}); nothing was written") from error
