@@ -108,6 +108,7 @@ def test_a_familys_batch_carries_its_vision_keys_and_the_model_gets_them(name, m
     built = []
     for name in PACKED_MASKS:
         monkeypatch.setitem(PACKED_MASKS, name, lambda batch, model: built.append(1) or {})
+    monkeypatch.setattr(family_named("qwen3_5"), "linear_attention", False)  # keys, no model
     family = family_for(tiny_processor(name))
     batch = packed_batch(family)
     assert batch["model_family"] == family.name
@@ -157,6 +158,7 @@ def test_a_saved_batch_of_every_family_loads_with_weights_only(name, tmp_path, m
     class (what mmdp saved before) is refused."""
     for mask in PACKED_MASKS:  # needs no model here
         monkeypatch.setitem(PACKED_MASKS, mask, lambda batch, model: {})
+    monkeypatch.setattr(family_named("qwen3_5"), "linear_attention", False)  # nor here
     family = family_named(name)
     module = importlib.import_module(family.__module__)
     batch = packed_batch(

@@ -96,6 +96,16 @@ def test_without_the_kernels_a_hybrid_model_is_refused_in_one_sentence(family, b
     assert error > 1e-3
 
 
+def test_a_qwen3_5_batch_without_its_model_is_refused(family, batch, kernels):
+    """Without the model model_inputs cannot lay the batch out as one row nor give the conv its
+    seq_idx: with one pack a batch, installed kernels would take it and mix the samples (the
+    model's Qwen3_5GatedDeltaNet passes cu_seq_lens_q on, causal_conv1d_fn gets no seq_idx)."""
+    batch, _ = batch
+    with pytest.raises(ValueError, match=r"^a qwen3_5 batch needs its model, model_inputs\(batch"):
+        model_inputs(batch)
+    model_inputs(batch, tiny_model(family.processor))  # with it, laid out (no error)
+
+
 def test_each_missing_kernel_is_named_and_one_that_drops_the_bounds_is_refused(family, batch):
     """With flash-linear-attention alone, causal-conv1d is named; a causal_conv1d_fn whose
     signature has no seq_idx is refused too: transformers would pass it none
@@ -155,7 +165,8 @@ def test_the_varlen_kernel_takes_one_row(family, batch, kernels):
     flash-linear-attention refuses them)."""
     batch, _ = batch
     model = tiny_model(family.processor)
-    two_rows = model_inputs(batch, model=None)  # the keys of any packed batch, [B, L]
+    # the keys of any packed batch, [B, L]: a batch that names no family, passed without a model
+    two_rows = model_inputs({k: v for k, v in batch.items() if k != "model_family"})
     with pytest.raises(ValueError, match="batch size is expected to be 1"):
         model(**two_rows)
 

@@ -75,10 +75,10 @@ def model_inputs(batch: dict, model=None) -> dict:
     mmdp.models.gemma3_masks), and so do hybrid models (Qwen3.5): their batch is laid out as one
     row with the bounds of every sample for every kind of layer (`one_row`).
 
-    Raises on a transformers too old to build the per-sample mask from position_ids, and (a
-    UserError, one sentence) on a model whose config differs from what the batch was built for
-    (`check_model_settings`) or a hybrid model without kernels that keep samples apart
-    (`check_linear_attention`).
+    Raises on a transformers too old to build the per-sample mask from position_ids, on a Gemma
+    or Qwen3.5 batch without its model (ValueError), and (a UserError, one sentence) on a model
+    whose config differs from what the batch was built for (`check_model_settings`) or a hybrid
+    model without kernels that keep samples apart (`check_linear_attention`).
     """
     check_transformers()
     if model is not None:
@@ -99,6 +99,12 @@ def model_inputs(batch: dict, model=None) -> dict:
         inputs.update({key: batch[key] for key in keys if key in batch})
     if family and family.packed_mask:
         inputs["attention_mask"] = PACKED_MASKS[family.packed_mask](batch, model)
+    if family and family.linear_attention and model is None:  # no model: no one row, no seq_idx
+        raise ValueError(
+            f"a {family.name} batch needs its model, model_inputs(batch, model): its "
+            "linear-attention layers keep packed samples apart only in one row with every "
+            "sample's bounds, and only the model says which kernels take them"
+        )
     if model is not None and is_hybrid(model):
         check_linear_attention(model)
         return one_row(inputs)

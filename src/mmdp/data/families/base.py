@@ -160,6 +160,9 @@ class ModelFamily:
     # None: the model masks each sample of a pack from its restarting position_ids; else the
     # name of the attention mask mmdp builds for it instead (mmdp.models.inputs.PACKED_MASKS)
     packed_mask: str | None = None
+    # whether its model has linear-attention layers (a state carried along the row): its batch
+    # needs the model, which lays it out as one row with every sample's bounds (mmdp.models.inputs)
+    linear_attention = False
     # the family's budgets when none is given: tokens a pack holds, and patches (None: no patch
     # budget); each family sets them for a few images a pack. Read only by
     # mmdp.packing.packing_config.default_config, the one place that resolves them

@@ -375,6 +375,7 @@ class Qwen3_5(Qwen3VL):
     name = "qwen3_5"
     model_class = transformers.Qwen3_5Model
     config_class = transformers.Qwen3_5Config
+    linear_attention = True
 
 
 # How the offline processors sample and cap videos: qwen-vl-utils' rule, which the Qwen-VL
